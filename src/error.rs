@@ -1,0 +1,108 @@
+//! Every way a request can end without a response.
+//!
+//! callshaper promises that each submitted request ends in exactly one
+//! outcome: the vendor's response, or one of these errors. None of them is a
+//! hang: each is answered at once or within a bound the caller chose.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+
+/// Why a request ended without a response.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The lane's queue already holds `capacity` waiting requests; this one
+    /// was refused at once instead of waiting behind them.
+    #[error("lane `{lane}` is full: {capacity} requests already waiting")]
+    QueueFull {
+        /// The lane that refused the request.
+        lane: String,
+        /// The lane's queue bound.
+        capacity: usize,
+    },
+
+    /// At admission, the lane predicted this request could not be released
+    /// within its `max_wait` (queue position, pace and current pause).
+    #[error("lane `{lane}` would release this request in {predicted:?}, past max_wait {max_wait:?}")]
+    WouldExceedMaxWait {
+        /// The lane that refused the request.
+        lane: String,
+        /// How long the lane predicted the request would wait.
+        predicted: Duration,
+        /// The limit the caller or the lane set.
+        max_wait: Duration,
+    },
+
+    /// The request waited `max_wait` in total without being released (a
+    /// pause announced after it was admitted kept it back).
+    #[error("lane `{lane}` did not release this request within max_wait {max_wait:?}")]
+    MaxWaitElapsed {
+        /// The lane the request waited on.
+        lane: String,
+        /// The limit the caller or the lane set.
+        max_wait: Duration,
+    },
+
+    /// The vendor asked the lane to pause for longer than `max_pause`. The
+    /// lane pauses for `max_pause`; this request ends here with the vendor's
+    /// value so the caller can decide.
+    #[error("vendor asked lane `{lane}` to pause {requested:?}, more than max_pause {max_pause:?}")]
+    PauseTooLong {
+        /// The lane that was throttled.
+        lane: String,
+        /// The pause the vendor asked for.
+        requested: Duration,
+        /// The lane's limit.
+        max_pause: Duration,
+    },
+
+    /// The vendor kept answering with a retryable status until the retry
+    /// limits ran out.
+    #[error("gave up after {attempts} attempts; last status {last_status}")]
+    RetriesExhausted {
+        /// How many times the request was sent.
+        attempts: u32,
+        /// The vendor's last answer.
+        last_status: StatusCode,
+    },
+
+    /// The request could not be sent or its response not read, and it was
+    /// not (or no longer) retried.
+    #[error("transport error after {attempts} attempts: {source}")]
+    Transport {
+        /// How many times the request was sent.
+        attempts: u32,
+        /// The underlying reqwest error.
+        #[source]
+        source: reqwest::Error,
+    },
+
+    /// The request could not be built (an invalid URL or header).
+    #[error("invalid request: {0}")]
+    InvalidRequest(#[source] reqwest::Error),
+
+    /// [`Shaper::shutdown`](crate::Shaper::shutdown) was called before this
+    /// request was released.
+    #[error("the shaper was shut down")]
+    Shutdown,
+}
+
+/// A builder setting that cannot work, named by field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid `{field}`: {problem}")]
+pub struct ConfigError {
+    /// The setting at fault, e.g. `rate.count`.
+    pub field: &'static str,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+impl ConfigError {
+    pub(crate) fn new(field: &'static str, problem: impl Into<String>) -> Self {
+        Self {
+            field,
+            problem: problem.into(),
+        }
+    }
+}

@@ -1,0 +1,510 @@
+//! A lane: one upstream quota, one FIFO queue, one dispatcher.
+//!
+//! Everything that sends to a vendor under one quota waits in the lane's
+//! bounded queue. A single dispatcher task looks at the head and releases it
+//! when three things agree:
+//!
+//! 1. the lane is not paused (`paused_until` only moves forward);
+//! 2. a slot under the concurrency cap is free (if there is a cap);
+//! 3. the meter says the time has come.
+//!
+//! Releasing means handing the waiting caller a [`Turn`]; the caller then
+//! sends its request itself. A caller that gave up (dropped its future, or
+//! its `max_wait` ran out) is skipped and charged nothing: the meter is
+//! charged only once the turn was really handed over.
+//!
+//! A throttled request goes back in with its original sequence number
+//! through a second, unbounded channel, and the dispatcher always serves the
+//! lowest sequence number it holds, so the request keeps its place at the
+//! head.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio::time::{Instant, sleep, sleep_until};
+
+use crate::error::{ConfigError, Error};
+use crate::meter::{LeakyBucket, Rate};
+use crate::retry::Backoff;
+
+/// How one lane behaves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LanePolicy {
+    /// The vendor's quota.
+    pub rate: Rate,
+    /// Added to the vendor's window before dividing it into release slots, so
+    /// that timer lateness and network jitter cannot push a strict vendor
+    /// over. Default 5 ms.
+    pub headroom: Duration,
+    /// How many requests may wait; one more is refused with
+    /// [`Error::QueueFull`]. Default 10,000.
+    pub queue_capacity: usize,
+    /// The longest a request may wait to be released (queue and pauses, not
+    /// time on the wire). `None` (the default) waits as long as it takes.
+    pub max_wait: Option<Duration>,
+    /// Requests of this lane on the wire at once. `None` (the default): no
+    /// cap beyond the rate.
+    pub max_in_flight: Option<usize>,
+    /// The longest pause a vendor may impose. A longer `Retry-After` pauses
+    /// the lane this long and ends the request with
+    /// [`Error::PauseTooLong`]. Default 120 s.
+    pub max_pause: Duration,
+    /// The pause after a throttle that says nothing usable about when to
+    /// come back; grows with consecutive throttles (equal jitter) and
+    /// resets on success. Default 1 s doubling up to 60 s.
+    pub fallback: Backoff,
+    /// An idle lane (nothing queued, not paused, meter rested) is dropped
+    /// after this long. Default 60 s.
+    pub idle_timeout: Duration,
+}
+
+impl LanePolicy {
+    /// A policy for `rate` with the defaults above.
+    pub fn new(rate: Rate) -> Self {
+        Self {
+            rate,
+            headroom: Duration::from_millis(5),
+            queue_capacity: 10_000,
+            max_wait: None,
+            max_in_flight: None,
+            max_pause: Duration::from_secs(120),
+            fallback: Backoff::new(Duration::from_secs(1), Duration::from_secs(60)),
+            idle_timeout: Duration::from_secs(60),
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        self.rate.validate()?;
+        if self.queue_capacity == 0 {
+            return Err(ConfigError::new("queue_capacity", "must be at least 1"));
+        }
+        if self.max_in_flight == Some(0) {
+            return Err(ConfigError::new("max_in_flight", "must be at least 1"));
+        }
+        if self.fallback.base.is_zero() || self.fallback.cap < self.fallback.base {
+            return Err(ConfigError::new(
+                "fallback",
+                "base must be above zero and cap at least base",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Permission to send one request now. Dropping it frees the lane's
+/// in-flight slot, if the lane has a cap.
+#[derive(Debug)]
+pub struct Turn {
+    _in_flight: Option<OwnedSemaphorePermit>,
+}
+
+/// What a lane is doing right now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LaneSnapshot {
+    /// The lane's key.
+    pub key: String,
+    /// Requests waiting to be released (throttled ones included).
+    pub queued: usize,
+    /// Time left in the current pause, if any.
+    pub paused_for: Option<Duration>,
+    /// Turns handed out so far.
+    pub released: u64,
+    /// Throttled answers (429, 503) seen so far.
+    pub throttles: u64,
+    /// The spacing between two releases.
+    pub interval: Duration,
+}
+
+struct Ticket {
+    seq: u64,
+    turn: oneshot::Sender<Turn>,
+}
+
+/// Called by the dispatcher when its lane has been idle for the policy's
+/// `idle_timeout`; the owner may then drop the lane.
+pub(crate) type OnIdle = Box<dyn Fn() + Send + Sync>;
+
+/// One upstream quota: a FIFO queue, a meter and a pause, drained by one
+/// dispatcher task.
+///
+/// [`Shaper`](crate::Shaper) creates lanes by itself; a `Lane` can also pace
+/// anything else (a gRPC client, a database) on its own:
+///
+/// ```
+/// use std::time::Duration;
+/// use callshaper::{Lane, LanePolicy, Rate};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let lane = Lane::new("sms", LanePolicy::new(Rate::new(10, Duration::from_secs(1))))?;
+/// let start = tokio::time::Instant::now();
+/// for _ in 0..3 {
+///     let _turn = lane.acquire().await?;
+///     // ... call the vendor ...
+/// }
+/// assert!(start.elapsed() >= Duration::from_millis(200));
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Lane {
+    queue: async_channel::Sender<Ticket>,
+    requeue: async_channel::Sender<Ticket>,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    key: String,
+    policy: LanePolicy,
+    meter: Mutex<LeakyBucket>,
+    paused_until: Mutex<Option<Instant>>,
+    in_flight: Option<Arc<Semaphore>>,
+    next_seq: AtomicU64,
+    throttle_streak: AtomicU32,
+    released: AtomicU64,
+    throttles: AtomicU64,
+    /// Tickets the dispatcher holds (the head and requeued ones).
+    held: AtomicUsize,
+}
+
+/// A mutex whose data stays valid even if a holder panicked: every critical
+/// section here is a single assignment.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Lane {
+    /// A lane named `key` under `policy`; its dispatcher runs on the current
+    /// tokio runtime until every handle to the lane is dropped.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime, like `tokio::spawn`.
+    pub fn new(key: impl Into<String>, policy: LanePolicy) -> Result<Self, ConfigError> {
+        policy.validate()?;
+        Ok(Self::spawn(key.into(), policy, None))
+    }
+
+    /// Start the dispatcher of a lane whose policy is already validated.
+    pub(crate) fn spawn(key: String, policy: LanePolicy, on_idle: Option<OnIdle>) -> Self {
+        let (queue, queue_rx) = async_channel::bounded(policy.queue_capacity);
+        let (requeue, requeue_rx) = async_channel::unbounded();
+        let shared = Arc::new(Shared {
+            key,
+            meter: Mutex::new(LeakyBucket::new(policy.rate, policy.headroom)),
+            paused_until: Mutex::new(None),
+            in_flight: policy.max_in_flight.map(|n| Arc::new(Semaphore::new(n))),
+            next_seq: AtomicU64::new(0),
+            throttle_streak: AtomicU32::new(0),
+            released: AtomicU64::new(0),
+            throttles: AtomicU64::new(0),
+            held: AtomicUsize::new(0),
+            policy,
+        });
+        let dispatcher = Dispatcher {
+            shared: shared.clone(),
+            queue: queue_rx,
+            requeue: requeue_rx,
+            front: BTreeMap::new(),
+            on_idle,
+        };
+        tokio::spawn(dispatcher.run());
+        Self {
+            queue,
+            requeue,
+            shared,
+        }
+    }
+
+    /// The lane's key.
+    pub fn key(&self) -> &str {
+        &self.shared.key
+    }
+
+    /// The lane's policy.
+    pub fn policy(&self) -> &LanePolicy {
+        &self.shared.policy
+    }
+
+    /// Wait for this caller's turn, in FIFO order, under the policy's
+    /// `max_wait`.
+    pub async fn acquire(&self) -> Result<Turn, Error> {
+        let max_wait = self.shared.policy.max_wait;
+        let mut place = self.enter(max_wait)?;
+        self.wait(&mut place).await
+    }
+
+    /// Join the back of the queue: refused at once when the queue is full or
+    /// when the predicted wait is past `max_wait`.
+    pub(crate) fn enter(&self, max_wait: Option<Duration>) -> Result<Place, Error> {
+        let now = Instant::now();
+        if let Some(max_wait) = max_wait {
+            let predicted = self.predicted_wait(now);
+            if predicted > max_wait {
+                return Err(Error::WouldExceedMaxWait {
+                    lane: self.shared.key.clone(),
+                    predicted,
+                    max_wait,
+                });
+            }
+        }
+        let seq = self.shared.next_seq.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        match self.queue.try_send(Ticket { seq, turn: tx }) {
+            Ok(()) => Ok(Place {
+                seq,
+                turn: Some(rx),
+                deadline: max_wait.map(|d| (now + d, d)),
+            }),
+            Err(async_channel::TrySendError::Full(_)) => Err(Error::QueueFull {
+                lane: self.shared.key.clone(),
+                capacity: self.shared.policy.queue_capacity,
+            }),
+            Err(async_channel::TrySendError::Closed(_)) => Err(Error::Shutdown),
+        }
+    }
+
+    /// Put a released request back at the head of the queue, keeping its
+    /// place.
+    pub(crate) fn reenter(&self, place: &mut Place) -> Result<(), Error> {
+        if let Some((deadline, max_wait)) = place.deadline {
+            let release = self.paused_until().unwrap_or_else(Instant::now);
+            if release > deadline {
+                return Err(Error::WouldExceedMaxWait {
+                    lane: self.shared.key.clone(),
+                    predicted: release.saturating_duration_since(Instant::now()),
+                    max_wait,
+                });
+            }
+        }
+        let (tx, rx) = oneshot::channel();
+        place.turn = Some(rx);
+        self.requeue
+            .try_send(Ticket {
+                seq: place.seq,
+                turn: tx,
+            })
+            .map_err(|_| Error::Shutdown)
+    }
+
+    /// Wait until the dispatcher hands this place its turn.
+    pub(crate) async fn wait(&self, place: &mut Place) -> Result<Turn, Error> {
+        let Some(rx) = place.turn.take() else {
+            return Err(Error::Shutdown);
+        };
+        let turn = match place.deadline {
+            None => rx.await,
+            Some((deadline, max_wait)) => {
+                tokio::select! {
+                    biased;
+                    turn = rx => turn,
+                    () = sleep_until(deadline) => {
+                        return Err(Error::MaxWaitElapsed {
+                            lane: self.shared.key.clone(),
+                            max_wait,
+                        });
+                    }
+                }
+            }
+        };
+        turn.map_err(|_| Error::Shutdown)
+    }
+
+    /// Pause the whole lane for `pause` from now, clamped to `max_pause`.
+    /// A pause only ever moves forward: a shorter one than the current
+    /// leaves it as it is. Returns the instant the lane resumes.
+    pub fn pause_for(&self, pause: Duration) -> Instant {
+        let until = Instant::now() + pause.min(self.shared.policy.max_pause);
+        let mut paused = lock(&self.shared.paused_until);
+        let until = paused.map_or(until, |current| current.max(until));
+        *paused = Some(until);
+        until
+    }
+
+    /// The lane was throttled with no usable hint: pause for the fallback
+    /// backoff, which grows with each consecutive throttle.
+    pub(crate) fn throttled(&self, hint: Option<Duration>) -> Duration {
+        self.shared.throttles.fetch_add(1, Ordering::Relaxed);
+        let streak = self.shared.throttle_streak.fetch_add(1, Ordering::Relaxed);
+        hint.unwrap_or_else(|| self.shared.policy.fallback.equal_jitter(streak))
+    }
+
+    /// The vendor accepted a request: the fallback backoff starts over.
+    pub(crate) fn succeeded(&self) {
+        self.shared.throttle_streak.store(0, Ordering::Relaxed);
+    }
+
+    fn paused_until(&self) -> Option<Instant> {
+        let until = (*lock(&self.shared.paused_until))?;
+        (until > Instant::now()).then_some(until)
+    }
+
+    /// Queue depth, pace and pause give the wait a new request would see.
+    fn predicted_wait(&self, now: Instant) -> Duration {
+        let meter = lock(&self.shared.meter);
+        let head = meter.earliest(now).max(self.paused_until().unwrap_or(now));
+        let ahead = u32::try_from(self.queued()).unwrap_or(u32::MAX);
+        (head - now).saturating_add(meter.interval().saturating_mul(ahead))
+    }
+
+    fn queued(&self) -> usize {
+        self.queue.len() + self.requeue.len() + self.shared.held.load(Ordering::Relaxed)
+    }
+
+    /// True when forgetting this lane loses nothing: nobody waiting, no
+    /// pause, the meter rested.
+    pub(crate) fn is_idle(&self) -> bool {
+        let now = Instant::now();
+        self.queued() == 0
+            && self.paused_until().is_none()
+            && lock(&self.shared.meter).is_idle(now)
+    }
+
+    /// Refuse new requests and end every waiting one with
+    /// [`Error::Shutdown`].
+    pub(crate) fn close(&self) {
+        self.queue.close();
+        self.requeue.close();
+    }
+
+    /// What the lane is doing right now.
+    pub fn snapshot(&self) -> LaneSnapshot {
+        let now = Instant::now();
+        LaneSnapshot {
+            key: self.shared.key.clone(),
+            queued: self.queued(),
+            paused_for: self.paused_until().map(|until| until - now),
+            released: self.shared.released.load(Ordering::Relaxed),
+            throttles: self.shared.throttles.load(Ordering::Relaxed),
+            interval: lock(&self.shared.meter).interval(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Lane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lane").field("key", &self.shared.key).finish_non_exhaustive()
+    }
+}
+
+/// A caller's place in a lane: its sequence number (kept across retries)
+/// and the channel its next turn arrives on.
+pub(crate) struct Place {
+    seq: u64,
+    turn: Option<oneshot::Receiver<Turn>>,
+    deadline: Option<(Instant, Duration)>,
+}
+
+struct Dispatcher {
+    shared: Arc<Shared>,
+    queue: async_channel::Receiver<Ticket>,
+    requeue: async_channel::Receiver<Ticket>,
+    /// Requeued tickets and the current head, by sequence number.
+    front: BTreeMap<u64, oneshot::Sender<Turn>>,
+    on_idle: Option<OnIdle>,
+}
+
+impl Dispatcher {
+    async fn run(mut self) {
+        while self.step().await {}
+        // Closed: whoever still waits learns it at once.
+        self.front.clear();
+        while self.queue.try_recv().is_ok() || self.requeue.try_recv().is_ok() {}
+    }
+
+    /// Release at most one turn; false once the lane is closed.
+    async fn step(&mut self) -> bool {
+        if self.queue.is_closed() {
+            return false;
+        }
+        while let Ok(ticket) = self.requeue.try_recv() {
+            self.front.insert(ticket.seq, ticket.turn);
+        }
+        self.shared.held.store(self.front.len(), Ordering::Relaxed);
+        let Some((&seq, head)) = self.front.first_key_value() else {
+            return self.wait_for_work().await;
+        };
+        if head.is_closed() {
+            self.front.remove(&seq);
+            return true;
+        }
+
+        let now = Instant::now();
+        let paused_until = *lock(&self.shared.paused_until);
+        if let Some(until) = paused_until
+            && until > now
+        {
+            return self.or_requeued(sleep_until(until)).await;
+        }
+
+        let permit = match &self.shared.in_flight {
+            None => None,
+            Some(slots) => match slots.clone().try_acquire_owned() {
+                Ok(permit) => Some(permit),
+                Err(_) => {
+                    // Only the dispatcher takes slots: once one is free it
+                    // is still free on the next step.
+                    let free = slots.clone();
+                    return self.or_requeued(async move { drop(free.acquire().await) }).await;
+                }
+            },
+        };
+
+        let at = lock(&self.shared.meter).earliest(now);
+        if at > now {
+            return self.or_requeued(sleep_until(at)).await;
+        }
+
+        if let Some(head) = self.front.remove(&seq)
+            && head.send(Turn { _in_flight: permit }).is_ok()
+        {
+            lock(&self.shared.meter).commit(now);
+            self.shared.released.fetch_add(1, Ordering::Relaxed);
+        }
+        true
+    }
+
+    /// Nothing to release: wait for a request, or report idleness.
+    async fn wait_for_work(&mut self) -> bool {
+        let idle = self.shared.policy.idle_timeout;
+        let ticket = tokio::select! {
+            biased;
+            ticket = self.requeue.recv() => ticket,
+            ticket = self.queue.recv() => ticket,
+            () = sleep(idle) => {
+                if let Some(on_idle) = &self.on_idle {
+                    on_idle();
+                }
+                return true;
+            }
+        };
+        match ticket {
+            Ok(ticket) => {
+                self.front.insert(ticket.seq, ticket.turn);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Wait for `until`, but come back early when a throttled request
+    /// returns: it may belong before the current head.
+    async fn or_requeued(&mut self, until: impl Future<Output = ()>) -> bool {
+        tokio::select! {
+            biased;
+            ticket = self.requeue.recv() => match ticket {
+                Ok(ticket) => {
+                    self.front.insert(ticket.seq, ticket.turn);
+                    true
+                }
+                Err(_) => false,
+            },
+            () = until => true,
+        }
+    }
+}

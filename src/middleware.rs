@@ -1,0 +1,52 @@
+//! [`Shaper`] as a `reqwest_middleware::Middleware`, for an existing
+//! middleware stack.
+//!
+//! Place it so that whatever must run once per attempt (auth signing,
+//! tracing) comes after it: the shaper calls the rest of the chain once for
+//! every attempt it makes. A per-request limit on the wait travels as the
+//! [`MaxWait`] extension.
+
+use reqwest::{Request, Response};
+use reqwest_middleware::{Middleware, Next};
+
+use crate::client::{Failure, MaxWait, SendFailure, Shaper};
+
+#[async_trait::async_trait]
+impl Middleware for Shaper {
+    async fn handle(
+        &self,
+        request: Request,
+        extensions: &mut http::Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<Response> {
+        let max_wait = extensions.get::<MaxWait>().map(|m| m.0);
+        let shared = extensions.clone();
+        let outcome = self
+            .drive(request, max_wait, |attempt| {
+                let next = next.clone();
+                let mut extensions = shared.clone();
+                async move { next.run(attempt, &mut extensions).await }
+            })
+            .await;
+        outcome.map_err(|failure| match failure {
+            Failure::Shaper(error) => reqwest_middleware::Error::middleware(error),
+            Failure::Send { source, .. } => source,
+        })
+    }
+}
+
+impl SendFailure for reqwest_middleware::Error {
+    fn is_connect(&self) -> bool {
+        match self {
+            Self::Reqwest(error) => error.is_connect(),
+            Self::Middleware(_) => false,
+        }
+    }
+
+    fn is_transient(&self) -> bool {
+        match self {
+            Self::Reqwest(error) => SendFailure::is_transient(error),
+            Self::Middleware(_) => false,
+        }
+    }
+}

@@ -1,0 +1,288 @@
+//! A vendor with a quota, for tests: a wiremock responder that counts like a
+//! strict API gateway and records every arrival.
+//!
+//! [`Vendor`] accepts at most `limit` requests in any sliding window of
+//! `window` (the strictest way a vendor counts) and answers the rest with 429,
+//! `Retry-After`, `X-RateLimit-Limit/-Remaining/-Reset` and
+//! `Cache-Control: no-store`, like a real gateway. It can also be told to
+//! throttle everything for a while. Its arrival log answers the question a
+//! quota test asks: "were there ever more than N arrivals in a window W?".
+//!
+//! # Virtual time
+//!
+//! The vendor reads tokio's clock of the runtime it was created on, so a
+//! test under `#[tokio::test(start_paused = true)]` sees arrivals in virtual
+//! time. wiremock serves from a thread of its own, though, and tokio's paused
+//! clock jumps ahead whenever the test's runtime has nothing to do, which
+//! includes the moments a request is on the wire to that thread. Send through
+//! [`HoldClock`] in such tests: it keeps the clock still while an attempt is
+//! on the wire, so the vendor and the shaper agree on when things happened.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use reqwest::{Request, Response};
+use tokio::runtime::Handle;
+use tokio::time::Instant;
+use wiremock::matchers::any;
+use wiremock::{Mock, MockServer, Respond, ResponseTemplate};
+
+use crate::client::{BoxFuture, Transport};
+
+/// How a throttled answer says when to come back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RetryAfter {
+    /// `Retry-After: <seconds>` (may be negative, to test clients).
+    Seconds(i64),
+    /// `Retry-After: <HTTP-date>`, this many seconds ahead of the wall clock.
+    HttpDate(u64),
+    /// `retry-after-ms: <milliseconds>`.
+    Millis(u64),
+    /// `Retry-After` with these exact bytes (garbage, to test clients).
+    Raw(String),
+    /// No hint at all.
+    Omitted,
+}
+
+/// One request as the vendor saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Arrival {
+    /// When it arrived, since the vendor was created.
+    pub at: Duration,
+    /// The request's method.
+    pub method: String,
+    /// The request's path and query.
+    pub path: String,
+    /// The status the vendor answered.
+    pub status: u16,
+}
+
+/// A vendor that allows `limit` requests in any window of `window`.
+///
+/// ```
+/// use std::time::Duration;
+/// use callshaper::testing::Vendor;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let vendor = Vendor::strict(2, Duration::from_secs(1)).start().await;
+/// let client = reqwest::Client::new();
+/// let mut statuses = Vec::new();
+/// for _ in 0..3 {
+///     statuses.push(client.get(vendor.uri()).send().await.unwrap().status().as_u16());
+/// }
+/// assert_eq!(statuses, [200, 200, 429]);
+/// assert_eq!(vendor.throttled(), 1);
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Vendor {
+    inner: Arc<Inner>,
+    server: Option<Arc<MockServer>>,
+}
+
+struct Inner {
+    limit: usize,
+    window: Duration,
+    clock: Option<Handle>,
+    start: Instant,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    accepted: VecDeque<Instant>,
+    log: Vec<Arrival>,
+    forced: Option<(Instant, RetryAfter)>,
+}
+
+impl Vendor {
+    /// A vendor that accepts at most `limit` requests in any sliding window
+    /// of `window` and answers 429 beyond.
+    pub fn strict(limit: usize, window: Duration) -> Self {
+        let clock = Handle::try_current().ok();
+        let start = now(clock.as_ref());
+        Self {
+            inner: Arc::new(Inner {
+                limit,
+                window,
+                clock,
+                start,
+                state: Mutex::default(),
+            }),
+            server: None,
+        }
+    }
+
+    /// Start a wiremock server on loopback that answers every request like
+    /// this vendor.
+    pub async fn start(mut self) -> Self {
+        let server = MockServer::start().await;
+        self.mount(&server).await;
+        self.server = Some(Arc::new(server));
+        self
+    }
+
+    /// Answer every request `server` receives like this vendor.
+    pub async fn mount(&self, server: &MockServer) {
+        Mock::given(any()).respond_with(self.clone()).mount(server).await;
+    }
+
+    /// The base URL of the server [`start`](Self::start) launched.
+    ///
+    /// # Panics
+    ///
+    /// If the vendor was not started with [`start`](Self::start).
+    pub fn uri(&self) -> String {
+        self.server
+            .as_ref()
+            .map(|server| server.uri())
+            .expect("Vendor::uri needs Vendor::start")
+    }
+
+    /// From now on, for `period`, answer every request 429 with this hint.
+    pub fn throttle_for(&self, period: Duration, retry_after: RetryAfter) {
+        let until = now(self.inner.clock.as_ref()) + period;
+        self.state().forced = Some((until, retry_after));
+    }
+
+    /// Every request so far, in arrival order.
+    pub fn arrivals(&self) -> Vec<Arrival> {
+        self.state().log.clone()
+    }
+
+    /// How many 429s the vendor answered.
+    pub fn throttled(&self) -> usize {
+        self.state().log.iter().filter(|a| a.status == 429).count()
+    }
+
+    /// The most arrivals (any status) in any window `(t - window, t]`.
+    pub fn max_in_any_window(&self, window: Duration) -> usize {
+        max_in_any_window(self.state().log.iter().map(|a| a.at), window)
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.inner.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The most instants (sorted ascending) in any window `(t - window, t]`.
+pub fn max_in_any_window(sorted: impl IntoIterator<Item = Duration>, window: Duration) -> usize {
+    let times: Vec<Duration> = sorted.into_iter().collect();
+    let mut first = 0;
+    let mut most = 0;
+    for (last, &t) in times.iter().enumerate() {
+        while times[first] + window <= t {
+            first += 1;
+        }
+        most = most.max(last + 1 - first);
+    }
+    most
+}
+
+/// Tokio's clock of `runtime` (virtual under a paused test clock), or the
+/// real one.
+fn now(runtime: Option<&Handle>) -> Instant {
+    let _entered = runtime.map(Handle::enter);
+    Instant::now()
+}
+
+impl Respond for Vendor {
+    fn respond(&self, request: &wiremock::Request) -> ResponseTemplate {
+        let inner = &self.inner;
+        let now = now(inner.clock.as_ref());
+        let mut state = self.state();
+        if let Some(floor) = now.checked_sub(inner.window) {
+            while state.accepted.front().is_some_and(|&t| t <= floor) {
+                state.accepted.pop_front();
+            }
+        }
+        let forced = match &state.forced {
+            Some((until, hint)) if now < *until => Some(hint.clone()),
+            _ => None,
+        };
+        let limit = inner.limit.to_string();
+        let (status, template) = if let Some(hint) = forced {
+            (429, with_hint(ResponseTemplate::new(429), &hint))
+        } else if state.accepted.len() >= inner.limit {
+            // The oldest accepted request leaves the window at `free`.
+            let free = state.accepted.front().map_or(now, |&t| t + inner.window);
+            let wait = free - now;
+            let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+            let template = ResponseTemplate::new(429)
+                .insert_header("retry-after", secs.to_string())
+                .insert_header("x-ratelimit-limit", limit)
+                .insert_header("x-ratelimit-remaining", "0")
+                .insert_header("x-ratelimit-reset", epoch_secs_after(wait));
+            (429, template)
+        } else {
+            state.accepted.push_back(now);
+            let remaining = inner.limit - state.accepted.len();
+            let template = ResponseTemplate::new(200)
+                .insert_header("x-ratelimit-limit", limit)
+                .insert_header("x-ratelimit-remaining", remaining.to_string())
+                .insert_header("x-ratelimit-reset", epoch_secs_after(inner.window));
+            (200, template)
+        };
+        let path = match request.url.query() {
+            Some(query) => format!("{}?{query}", request.url.path()),
+            None => request.url.path().to_owned(),
+        };
+        state.log.push(Arrival {
+            at: now - inner.start,
+            method: request.method.to_string(),
+            path,
+            status,
+        });
+        template.insert_header("cache-control", "no-store")
+    }
+}
+
+fn with_hint(template: ResponseTemplate, hint: &RetryAfter) -> ResponseTemplate {
+    match hint {
+        RetryAfter::Seconds(secs) => template.insert_header("retry-after", secs.to_string()),
+        RetryAfter::HttpDate(ahead) => {
+            let date = SystemTime::now() + Duration::from_secs(*ahead);
+            template.insert_header("retry-after", httpdate::fmt_http_date(date))
+        }
+        RetryAfter::Millis(ms) => template.insert_header("retry-after-ms", ms.to_string()),
+        RetryAfter::Raw(raw) => template.insert_header("retry-after", raw.as_str()),
+        RetryAfter::Omitted => template,
+    }
+}
+
+/// The wall-clock epoch second `after` from now, as GitHub's
+/// `x-ratelimit-reset` gives it.
+fn epoch_secs_after(after: Duration) -> String {
+    let reset = SystemTime::now() + after;
+    let secs = reset
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() + u64::from(d.subsec_nanos() > 0));
+    secs.to_string()
+}
+
+/// A [`Transport`] that keeps tokio's paused test clock still while an
+/// attempt is on the wire (see the module docs for why).
+///
+/// It holds a `spawn_blocking` task for the length of each attempt: tokio
+/// does not auto-advance a paused clock while blocking work is running.
+/// Outside a paused clock it changes nothing but costs a blocking task per
+/// attempt, so it belongs in tests only.
+#[derive(Debug, Clone)]
+pub struct HoldClock<T>(pub T);
+
+impl<T: Transport> Transport for HoldClock<T> {
+    fn send(&self, request: Request) -> BoxFuture<reqwest::Result<Response>> {
+        let attempt = self.0.send(request);
+        Box::pin(async move {
+            let (release, held) = std::sync::mpsc::channel::<()>();
+            let hold = tokio::task::spawn_blocking(move || held.recv());
+            let outcome = attempt.await;
+            drop(release);
+            // A hold that failed to run changes no outcome.
+            let _ = hold.await;
+            outcome
+        })
+    }
+}

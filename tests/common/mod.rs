@@ -1,0 +1,42 @@
+//! Shared set-up for the integration tests: a strict vendor on real
+//! wiremock HTTP, and shapers whose attempts hold tokio's paused clock.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use callshaper::testing::HoldClock;
+use callshaper::{Error, Shaper, ShaperBuilder};
+
+pub const SECOND: Duration = Duration::from_secs(1);
+
+/// A shaper builder at `count` per second whose attempts keep the paused
+/// test clock still while on the wire.
+pub fn shaper(count: u32) -> ShaperBuilder {
+    Shaper::builder()
+        .rate(count, SECOND)
+        .transport(HoldClock(reqwest::Client::new()))
+}
+
+/// Send `n` GETs to `{base}/r/{i}` from `n` tasks, spawned in order, and
+/// collect their outcomes in the same order.
+pub async fn burst(shaper: &Shaper, base: &str, n: usize) -> Vec<Result<reqwest::Response, Error>> {
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let call = shaper.get(format!("{base}/r/{i}")).send();
+            tokio::spawn(call)
+        })
+        .collect();
+    let mut outcomes = Vec::with_capacity(n);
+    for task in tasks {
+        outcomes.push(task.await.expect("a caller task panicked"));
+    }
+    outcomes
+}
+
+/// The request indices in the order the vendor saw them.
+pub fn order(arrivals: &[callshaper::testing::Arrival]) -> Vec<usize> {
+    arrivals
+        .iter()
+        .filter_map(|a| a.path.strip_prefix("/r/")?.parse().ok())
+        .collect()
+}

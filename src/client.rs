@@ -288,7 +288,12 @@ impl Shaper {
                         };
                     }
                     let backoff = policy.backoff.full_jitter(failures - 1);
-                    tracing::debug!(lane = lane.key(), attempts, ?backoff, "retrying a failed request");
+                    tracing::debug!(
+                        lane = lane.key(),
+                        attempts,
+                        ?backoff,
+                        "retrying a failed request"
+                    );
                     tokio::time::sleep(backoff).await;
                     request = next;
                 }
@@ -489,7 +494,10 @@ impl ShaperBuilder {
     /// Check the settings and build the shaper.
     pub fn build(self) -> Result<Shaper, ConfigError> {
         let rate = self.rate.ok_or_else(|| {
-            ConfigError::new("rate", "not set: call .rate(count, per) with the vendor's quota")
+            ConfigError::new(
+                "rate",
+                "not set: call .rate(count, per) with the vendor's quota",
+            )
         })?;
         let mut policy = self.policy.unwrap_or_else(|| LanePolicy::new(rate));
         policy.rate = rate;
@@ -572,7 +580,10 @@ impl RequestBuilder {
     }
 
     /// Anything else reqwest's builder can do.
-    pub fn with(mut self, edit: impl FnOnce(reqwest::RequestBuilder) -> reqwest::RequestBuilder) -> Self {
+    pub fn with(
+        mut self,
+        edit: impl FnOnce(reqwest::RequestBuilder) -> reqwest::RequestBuilder,
+    ) -> Self {
         self.inner = edit(self.inner);
         self
     }

@@ -24,7 +24,9 @@ pub enum Error {
 
     /// At admission, the lane predicted this request could not be released
     /// within its `max_wait` (queue position, pace and current pause).
-    #[error("lane `{lane}` would release this request in {predicted:?}, past max_wait {max_wait:?}")]
+    #[error(
+        "lane `{lane}` would release this request in {predicted:?}, past max_wait {max_wait:?}"
+    )]
     WouldExceedMaxWait {
         /// The lane that refused the request.
         lane: String,

@@ -297,22 +297,26 @@ impl Lane {
         let Some(rx) = place.turn.take() else {
             return Err(Error::Shutdown);
         };
-        let turn = match place.deadline {
-            None => rx.await,
-            Some((deadline, max_wait)) => {
-                tokio::select! {
-                    biased;
-                    turn = rx => turn,
-                    () = sleep_until(deadline) => {
-                        return Err(Error::MaxWaitElapsed {
-                            lane: self.shared.key.clone(),
-                            max_wait,
-                        });
-                    }
-                }
-            }
+        let Some((deadline, max_wait)) = place.deadline else {
+            return rx.await.map_err(|_| Error::Shutdown);
         };
-        turn.map_err(|_| Error::Shutdown)
+        let mut rx = rx;
+        tokio::select! {
+            biased;
+            turn = &mut rx => return turn.map_err(|_| Error::Shutdown),
+            () = sleep_until(deadline) => {}
+        }
+        // A release due at the deadline itself is woken in the same tick:
+        // let the dispatcher run once before giving up.
+        tokio::task::yield_now().await;
+        match rx.try_recv() {
+            Ok(turn) => Ok(turn),
+            Err(oneshot::error::TryRecvError::Closed) => Err(Error::Shutdown),
+            Err(oneshot::error::TryRecvError::Empty) => Err(Error::MaxWaitElapsed {
+                lane: self.shared.key.clone(),
+                max_wait,
+            }),
+        }
     }
 
     /// Pause the whole lane for `pause` from now, clamped to `max_pause`.
@@ -360,9 +364,7 @@ impl Lane {
     /// pause, the meter rested.
     pub(crate) fn is_idle(&self) -> bool {
         let now = Instant::now();
-        self.queued() == 0
-            && self.paused_until().is_none()
-            && lock(&self.shared.meter).is_idle(now)
+        self.queued() == 0 && self.paused_until().is_none() && lock(&self.shared.meter).is_idle(now)
     }
 
     /// Refuse new requests and end every waiting one with
@@ -388,7 +390,9 @@ impl Lane {
 
 impl std::fmt::Debug for Lane {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Lane").field("key", &self.shared.key).finish_non_exhaustive()
+        f.debug_struct("Lane")
+            .field("key", &self.shared.key)
+            .finish_non_exhaustive()
     }
 }
 
@@ -450,7 +454,9 @@ impl Dispatcher {
                     // Only the dispatcher takes slots: once one is free it
                     // is still free on the next step.
                     let free = slots.clone();
-                    return self.or_requeued(async move { drop(free.acquire().await) }).await;
+                    return self
+                        .or_requeued(async move { drop(free.acquire().await) })
+                        .await;
                 }
             },
         };

@@ -147,8 +147,14 @@ mod tests {
 
     #[test]
     fn throttles_failures_and_the_rest() {
-        assert_eq!(classify_status(StatusCode::TOO_MANY_REQUESTS), Verdict::Throttled);
-        assert_eq!(classify_status(StatusCode::SERVICE_UNAVAILABLE), Verdict::Throttled);
+        assert_eq!(
+            classify_status(StatusCode::TOO_MANY_REQUESTS),
+            Verdict::Throttled
+        );
+        assert_eq!(
+            classify_status(StatusCode::SERVICE_UNAVAILABLE),
+            Verdict::Throttled
+        );
         assert_eq!(classify_status(StatusCode::BAD_GATEWAY), Verdict::Failed);
         assert_eq!(classify_status(StatusCode::NOT_IMPLEMENTED), Verdict::Done);
         assert_eq!(classify_status(StatusCode::FORBIDDEN), Verdict::Done);

@@ -47,7 +47,11 @@ pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
         return Some(seconds(secs));
     }
     let date = httpdate::parse_http_date(value.to_str().ok()?.trim()).ok()?;
-    Some(date.duration_since(now).unwrap_or(Duration::ZERO).min(LONGEST))
+    Some(
+        date.duration_since(now)
+            .unwrap_or(Duration::ZERO)
+            .min(LONGEST),
+    )
 }
 
 /// A decimal number (`3`, `1.5`, `-2`), with surrounding whitespace.
@@ -92,19 +96,37 @@ mod tests {
         let cases: &[(&[(&'static str, &[u8])], Option<Duration>)] = &[
             (&[("retry-after", b"3")], Some(Duration::from_secs(3))),
             (&[("Retry-After", b" 3 ")], Some(Duration::from_secs(3))),
-            (&[("retry-after", b"1.5")], Some(Duration::from_millis(1500))),
+            (
+                &[("retry-after", b"1.5")],
+                Some(Duration::from_millis(1500)),
+            ),
             (&[("retry-after", b"0")], Some(Duration::ZERO)),
             (&[("retry-after", b"-5")], Some(Duration::ZERO)),
-            (&[("retry-after", ahead.as_bytes())], Some(Duration::from_secs(7))),
+            (
+                &[("retry-after", ahead.as_bytes())],
+                Some(Duration::from_secs(7)),
+            ),
             (&[("retry-after", behind.as_bytes())], Some(Duration::ZERO)),
-            (&[("retry-after", b"99999999")], Some(Duration::from_secs(99_999_999))),
-            (&[("retry-after", b"999999999999999999999999")], Some(LONGEST)),
-            (&[("retry-after-ms", b"250")], Some(Duration::from_millis(250))),
+            (
+                &[("retry-after", b"99999999")],
+                Some(Duration::from_secs(99_999_999)),
+            ),
+            (
+                &[("retry-after", b"999999999999999999999999")],
+                Some(LONGEST),
+            ),
+            (
+                &[("retry-after-ms", b"250")],
+                Some(Duration::from_millis(250)),
+            ),
             (
                 &[("retry-after-ms", b"250"), ("retry-after", b"9")],
                 Some(Duration::from_millis(250)),
             ),
-            (&[("retry-after-ms", b"soon"), ("retry-after", b"9")], Some(Duration::from_secs(9))),
+            (
+                &[("retry-after-ms", b"soon"), ("retry-after", b"9")],
+                Some(Duration::from_secs(9)),
+            ),
             (&[("retry-after", b"soon")], None),
             (&[("retry-after", b"inf")], None),
             (&[("retry-after", b"NaN")], None),
@@ -126,7 +148,10 @@ mod tests {
         for _ in 0..20_000 {
             let len = rng.usize(0..24);
             let bytes: Vec<u8> = (0..len)
-                .map(|_| *rng.choice(b"0123456789.-+ eE:GMTinfa,\t\xff".iter()).unwrap())
+                .map(|_| {
+                    *rng.choice(b"0123456789.-+ eE:GMTinfa,\t\xff".iter())
+                        .unwrap()
+                })
                 .collect();
             if let Ok(value) = HeaderValue::from_bytes(&bytes) {
                 let mut map = HeaderMap::new();

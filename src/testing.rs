@@ -126,7 +126,10 @@ impl Vendor {
 
     /// Answer every request `server` receives like this vendor.
     pub async fn mount(&self, server: &MockServer) {
-        Mock::given(any()).respond_with(self.clone()).mount(server).await;
+        Mock::given(any())
+            .respond_with(self.clone())
+            .mount(server)
+            .await;
     }
 
     /// The base URL of the server [`start`](Self::start) launched.
@@ -163,7 +166,10 @@ impl Vendor {
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        self.inner.state.lock().unwrap_or_else(PoisonError::into_inner)
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -214,7 +220,7 @@ impl Respond for Vendor {
                 .insert_header("retry-after", secs.to_string())
                 .insert_header("x-ratelimit-limit", limit)
                 .insert_header("x-ratelimit-remaining", "0")
-                .insert_header("x-ratelimit-reset", epoch_secs_after(wait));
+                .insert_header("x-ratelimit-reset", epoch_secs_after(wait).to_string());
             (429, template)
         } else {
             state.accepted.push_back(now);
@@ -222,7 +228,10 @@ impl Respond for Vendor {
             let template = ResponseTemplate::new(200)
                 .insert_header("x-ratelimit-limit", limit)
                 .insert_header("x-ratelimit-remaining", remaining.to_string())
-                .insert_header("x-ratelimit-reset", epoch_secs_after(inner.window));
+                .insert_header(
+                    "x-ratelimit-reset",
+                    epoch_secs_after(inner.window).to_string(),
+                );
             (200, template)
         };
         let path = match request.url.query() {
@@ -243,7 +252,10 @@ fn with_hint(template: ResponseTemplate, hint: &RetryAfter) -> ResponseTemplate 
     match hint {
         RetryAfter::Seconds(secs) => template.insert_header("retry-after", secs.to_string()),
         RetryAfter::HttpDate(ahead) => {
-            let date = SystemTime::now() + Duration::from_secs(*ahead);
+            // HTTP-dates have whole seconds: round up, so that a client
+            // waiting until the date waits at least `ahead`.
+            let date = epoch_secs_after(Duration::from_secs(*ahead));
+            let date = SystemTime::UNIX_EPOCH + Duration::from_secs(date);
             template.insert_header("retry-after", httpdate::fmt_http_date(date))
         }
         RetryAfter::Millis(ms) => template.insert_header("retry-after-ms", ms.to_string()),
@@ -252,14 +264,13 @@ fn with_hint(template: ResponseTemplate, hint: &RetryAfter) -> ResponseTemplate 
     }
 }
 
-/// The wall-clock epoch second `after` from now, as GitHub's
+/// The wall-clock epoch second `after` from now (rounded up), as GitHub's
 /// `x-ratelimit-reset` gives it.
-fn epoch_secs_after(after: Duration) -> String {
+fn epoch_secs_after(after: Duration) -> u64 {
     let reset = SystemTime::now() + after;
-    let secs = reset
+    reset
         .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() + u64::from(d.subsec_nanos() > 0));
-    secs.to_string()
+        .map_or(0, |d| d.as_secs() + u64::from(d.subsec_nanos() > 0))
 }
 
 /// A [`Transport`] that keeps tokio's paused test clock still while an
@@ -274,15 +285,18 @@ pub struct HoldClock<T>(pub T);
 
 impl<T: Transport> Transport for HoldClock<T> {
     fn send(&self, request: Request) -> BoxFuture<reqwest::Result<Response>> {
-        let attempt = self.0.send(request);
-        Box::pin(async move {
-            let (release, held) = std::sync::mpsc::channel::<()>();
-            let hold = tokio::task::spawn_blocking(move || held.recv());
-            let outcome = attempt.await;
-            drop(release);
-            // A hold that failed to run changes no outcome.
-            let _ = hold.await;
-            outcome
-        })
+        Box::pin(hold_clock(self.0.send(request)))
     }
+}
+
+/// Run `work` with tokio's paused clock held still, as [`HoldClock`] does
+/// for each attempt; for other layers, such as a `reqwest_middleware` stack.
+pub async fn hold_clock<F: std::future::Future>(work: F) -> F::Output {
+    let (release, held) = std::sync::mpsc::channel::<()>();
+    let hold = tokio::task::spawn_blocking(move || held.recv());
+    let outcome = work.await;
+    drop(release);
+    // A hold that failed to run changes no outcome.
+    let _ = hold.await;
+    outcome
 }

@@ -20,17 +20,19 @@ pub fn shaper(count: u32) -> ShaperBuilder {
 /// Send `n` GETs to `{base}/r/{i}` from `n` tasks, spawned in order, and
 /// collect their outcomes in the same order.
 pub async fn burst(shaper: &Shaper, base: &str, n: usize) -> Vec<Result<reqwest::Response, Error>> {
-    let tasks: Vec<_> = (0..n)
-        .map(|i| {
-            let call = shaper.get(format!("{base}/r/{i}")).send();
-            tokio::spawn(call)
-        })
+    let tasks = (0..n)
+        .map(|i| tokio::spawn(shaper.get(format!("{base}/r/{i}")).send()))
         .collect();
-    let mut outcomes = Vec::with_capacity(n);
+    join_all(tasks).await
+}
+
+/// Await every task, in order.
+pub async fn join_all<T: Send + 'static>(tasks: Vec<tokio::task::JoinHandle<T>>) -> Vec<T> {
+    let mut out = Vec::with_capacity(tasks.len());
     for task in tasks {
-        outcomes.push(task.await.expect("a caller task panicked"));
+        out.push(task.await.expect("a caller task panicked"));
     }
-    outcomes
+    out
 }
 
 /// The request indices in the order the vendor saw them.

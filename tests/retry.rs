@@ -1,0 +1,164 @@
+//! Which failures are retried: throttles for any method, other failures for
+//! idempotent methods only, connection failures always; and the limits.
+
+mod common;
+
+use std::time::Duration;
+
+use callshaper::Error;
+use common::{SECOND, shaper};
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+async fn vendor_failing_first(status: u16, times: u64, verb: &str) -> MockServer {
+    let server = MockServer::start().await;
+    Mock::given(method(verb))
+        .and(path("/op"))
+        .respond_with(ResponseTemplate::new(status).insert_header("retry-after", "1"))
+        .up_to_n_times(times)
+        .with_priority(1)
+        .mount(&server)
+        .await;
+    Mock::given(method(verb))
+        .and(path("/op"))
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&server)
+        .await;
+    server
+}
+
+async fn sent(server: &MockServer) -> usize {
+    server.received_requests().await.map_or(0, |r| r.len())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_post_is_not_retried_after_a_500() {
+    let server = vendor_failing_first(500, 1, "POST").await;
+    let shaper = shaper(10).build().unwrap();
+
+    let response = shaper
+        .post(format!("{}/op", server.uri()))
+        .body("pay 10")
+        .send()
+        .await
+        .unwrap();
+
+    assert_eq!(
+        response.status(),
+        500,
+        "the vendor's answer goes back as it is"
+    );
+    assert_eq!(sent(&server).await, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_post_is_retried_after_a_429() {
+    let server = vendor_failing_first(429, 1, "POST").await;
+    let shaper = shaper(10).build().unwrap();
+    let started = tokio::time::Instant::now();
+
+    let response = shaper
+        .post(format!("{}/op", server.uri()))
+        .body("pay 10")
+        .send()
+        .await
+        .unwrap();
+
+    assert_eq!(response.status(), 200);
+    assert_eq!(sent(&server).await, 2);
+    assert!(
+        started.elapsed() >= SECOND,
+        "after the vendor's Retry-After"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_post_is_retried_after_a_500_when_the_user_opts_in() {
+    let server = vendor_failing_first(500, 1, "POST").await;
+    let shaper = shaper(10).retry_non_idempotent(true).build().unwrap();
+
+    let response = shaper
+        .post(format!("{}/op", server.uri()))
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+
+    assert_eq!(response.status(), 200);
+    assert_eq!(sent(&server).await, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_get_is_retried_after_5xx_until_max_attempts() {
+    let server = vendor_failing_first(502, 2, "GET").await;
+    let shaper = shaper(10).build().unwrap();
+    let response = shaper
+        .get(format!("{}/op", server.uri()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(sent(&server).await, 3);
+
+    let server = vendor_failing_first(500, 100, "GET").await;
+    let outcome = shaper.get(format!("{}/op", server.uri())).send().await;
+    match outcome {
+        Err(Error::RetriesExhausted {
+            attempts,
+            last_status,
+        }) => {
+            assert_eq!((attempts, last_status.as_u16()), (3, 500));
+        }
+        other => panic!("expected RetriesExhausted, got {other:?}"),
+    }
+    assert_eq!(sent(&server).await, 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_connection_is_retried_then_reported() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/op", closed.local_addr().unwrap());
+    drop(closed);
+    let shaper = shaper(10).build().unwrap();
+
+    let outcome = shaper.post(url).body("never sent").send().await;
+
+    match outcome {
+        Err(Error::Transport { attempts, source }) => {
+            assert_eq!(
+                attempts, 3,
+                "a connection never made is safe to retry, even for POST"
+            );
+            assert!(source.is_connect());
+        }
+        other => panic!("expected Transport, got {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn bad_input_is_a_typed_error() {
+    let shaper = shaper(10).build().unwrap();
+    let outcome = shaper.get("not a url").send().await;
+    assert!(
+        matches!(outcome, Err(Error::InvalidRequest(_))),
+        "{outcome:?}"
+    );
+
+    let missing_rate = callshaper::Shaper::builder().build().unwrap_err();
+    assert_eq!(missing_rate.field, "rate");
+    let zero = callshaper::Shaper::builder()
+        .rate(0, SECOND)
+        .build()
+        .unwrap_err();
+    assert_eq!(zero.field, "rate.count");
+    let instant = callshaper::Shaper::builder()
+        .rate(1, Duration::ZERO)
+        .build()
+        .unwrap_err();
+    assert_eq!(instant.field, "rate.per");
+    let no_queue = callshaper::Shaper::builder()
+        .rate(1, SECOND)
+        .queue_capacity(0)
+        .build();
+    assert_eq!(no_queue.unwrap_err().field, "queue_capacity");
+}

@@ -1,0 +1,161 @@
+//! A throttled lane pauses as a whole, for as long as the vendor says, and
+//! every request still ends well and in order.
+
+mod common;
+
+use std::time::Duration;
+
+use callshaper::Error;
+use callshaper::testing::{Arrival, RetryAfter, Vendor};
+use common::{SECOND, burst, order, shaper};
+
+/// After every 429, nothing arrives for at least `pause`.
+fn assert_silent_after_each_throttle(arrivals: &[Arrival], pause: impl Fn(usize) -> Duration) {
+    let throttles: Vec<_> = arrivals
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| a.status == 429)
+        .collect();
+    assert!(!throttles.is_empty(), "the vendor never throttled");
+    for (n, (i, throttle)) in throttles.iter().enumerate() {
+        if let Some(next) = arrivals.get(i + 1) {
+            let gap = next.at - throttle.at;
+            assert!(
+                gap >= pause(n),
+                "throttle {n}: next arrival after {gap:?}: {arrivals:#?}"
+            );
+        }
+    }
+}
+
+async fn paused_by(hint: RetryAfter, period: Duration) -> Vec<Arrival> {
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    vendor.throttle_for(period, hint);
+    let shaper = shaper(10).build().unwrap();
+
+    let outcomes = burst(&shaper, &vendor.uri(), 30).await;
+
+    for outcome in outcomes {
+        assert_eq!(outcome.unwrap().status(), 200);
+    }
+    let arrivals = vendor.arrivals();
+    let accepted: Vec<_> = arrivals
+        .iter()
+        .filter(|a| a.status == 200)
+        .cloned()
+        .collect();
+    assert_eq!(
+        order(&accepted),
+        (0..30).collect::<Vec<_>>(),
+        "FIFO, retries in place"
+    );
+    assert!(vendor.max_in_any_window(SECOND) <= 10);
+    arrivals
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_seconds_pauses_the_whole_lane() {
+    let arrivals = paused_by(RetryAfter::Seconds(3), Duration::from_secs(5)).await;
+    assert_silent_after_each_throttle(&arrivals, |_| Duration::from_secs(3));
+    // Throttled at 0 s and 3 s, accepted from 6 s on: two 429s, no storm.
+    assert_eq!(arrivals.iter().filter(|a| a.status == 429).count(), 2);
+    assert_eq!(order(&arrivals[..3]), [0, 0, 0], "the head keeps its place");
+    assert!(arrivals[2].at >= Duration::from_secs(6));
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_http_date_pauses_the_whole_lane() {
+    let arrivals = paused_by(RetryAfter::HttpDate(3), Duration::from_secs(5)).await;
+    // The date is whole wall-clock seconds, read a moment after it was
+    // written: allow that moment.
+    assert_silent_after_each_throttle(&arrivals, |_| Duration::from_millis(2_950));
+    assert_eq!(arrivals.iter().filter(|a| a.status == 429).count(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_ms_pauses_the_whole_lane() {
+    let arrivals = paused_by(RetryAfter::Millis(2_500), Duration::from_secs(4)).await;
+    assert_silent_after_each_throttle(&arrivals, |_| Duration::from_millis(2_500));
+    assert_eq!(arrivals.iter().filter(|a| a.status == 429).count(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_hint_the_fallback_pause_grows() {
+    // Fallback: 1 s doubling, equal jitter: the nth pause is at least
+    // 2^n / 2 seconds.
+    let arrivals = paused_by(RetryAfter::Omitted, Duration::from_secs(6)).await;
+    assert_silent_after_each_throttle(&arrivals, |n| Duration::from_millis(500 << n));
+    // 0.5 + 1 + 2 + 4 s of floors: at most four throttles fit in 6 s.
+    let throttles = arrivals.iter().filter(|a| a.status == 429).count();
+    assert!((2..=4).contains(&throttles), "{throttles} throttles");
+}
+
+#[tokio::test(start_paused = true)]
+async fn garbage_hint_falls_back_to_the_growing_pause() {
+    let arrivals = paused_by(RetryAfter::Raw("soon-ish".into()), Duration::from_secs(3)).await;
+    assert_silent_after_each_throttle(&arrivals, |n| Duration::from_millis(500 << n));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pause_past_max_pause_is_a_typed_error_not_a_hang() {
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    vendor.throttle_for(Duration::from_secs(3600), RetryAfter::Seconds(99_999_999));
+    let shaper = shaper(10)
+        .max_pause(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let started = tokio::time::Instant::now();
+
+    let outcomes = burst(&shaper, &vendor.uri(), 3).await;
+
+    for outcome in outcomes {
+        match outcome {
+            Err(Error::PauseTooLong {
+                requested,
+                max_pause,
+                ..
+            }) => {
+                assert_eq!(requested, Duration::from_secs(99_999_999));
+                assert_eq!(max_pause, Duration::from_secs(10));
+            }
+            other => panic!("expected PauseTooLong, got {other:?}"),
+        }
+    }
+    // The lane paused max_pause after each refusal, never longer.
+    let arrivals = vendor.arrivals();
+    assert_eq!(arrivals.len(), 3);
+    assert!(arrivals[1].at - arrivals[0].at >= Duration::from_secs(10));
+    assert!(started.elapsed() < Duration::from_secs(21));
+}
+
+#[tokio::test(start_paused = true)]
+async fn negative_or_past_hints_mean_now_and_end_at_max_throttles() {
+    for hint in [
+        RetryAfter::Seconds(-5),
+        RetryAfter::Raw("Thu, 01 Jan 1970 00:00:00 GMT".into()),
+    ] {
+        let vendor = Vendor::strict(10, SECOND).start().await;
+        vendor.throttle_for(Duration::from_millis(950), hint.clone());
+        let shaper = shaper(10).build().unwrap();
+
+        let outcomes = burst(&shaper, &vendor.uri(), 3).await;
+
+        // No pause: the head retries at the lane's pace, ten throttles in
+        // 950 ms, then gives up with the vendor's last status.
+        match &outcomes[0] {
+            Err(Error::RetriesExhausted {
+                attempts,
+                last_status,
+            }) => {
+                assert_eq!((*attempts, last_status.as_u16()), (10, 429), "{hint:?}");
+            }
+            other => panic!("{hint:?}: expected RetriesExhausted, got {other:?}"),
+        }
+        for outcome in &outcomes[1..] {
+            assert_eq!(outcome.as_ref().unwrap().status(), 200, "{hint:?}");
+        }
+        let arrivals = vendor.arrivals();
+        assert_eq!(arrivals.len(), 12, "{hint:?}");
+        assert!(vendor.max_in_any_window(SECOND) <= 10);
+    }
+}

@@ -64,19 +64,17 @@ pub struct MaxWait(pub Duration);
 /// let vendor = Vendor::strict(10, Duration::from_secs(1)).start().await;
 ///
 /// let shaper = Shaper::builder().rate(10, Duration::from_secs(1)).build()?;
-/// let calls = (0..12).map(|i| shaper.get(format!("{}/items/{i}", vendor.uri())).send());
-/// for response in futures_join_all(calls).await {
-///     assert_eq!(response?.status(), 200);
+///
+/// // Twelve callers at once; the vendor still sees at most 10 per second.
+/// let calls: Vec<_> = (0..12)
+///     .map(|i| tokio::spawn(shaper.get(format!("{}/items/{i}", vendor.uri())).send()))
+///     .collect();
+/// for call in calls {
+///     assert_eq!(call.await??.status(), 200);
 /// }
+/// assert_eq!(vendor.throttled(), 0);
 /// assert!(vendor.max_in_any_window(Duration::from_secs(1)) <= 10);
 /// # Ok(())
-/// # }
-/// # async fn futures_join_all<F: std::future::Future>(fs: impl Iterator<Item = F>) -> Vec<F::Output>
-/// # where F: Send + 'static, F::Output: Send + 'static {
-/// #     let handles: Vec<_> = fs.map(tokio::spawn).collect();
-/// #     let mut out = Vec::new();
-/// #     for h in handles { out.push(h.await.unwrap()); }
-/// #     out
 /// # }
 /// ```
 #[derive(Clone)]
@@ -362,9 +360,10 @@ impl SendFailure for reqwest::Error {
 /// Configures a [`Shaper`].
 #[must_use]
 pub struct ShaperBuilder {
+    /// The one setting without a default; `policy.rate` is a placeholder
+    /// until it is set.
     rate: Option<Rate>,
-    policy: Option<LanePolicy>,
-    edits: Vec<Box<dyn FnOnce(&mut LanePolicy)>>,
+    policy: LanePolicy,
     retry: RetryPolicy,
     client: Option<reqwest::Client>,
     transport: Option<Arc<dyn Transport>>,
@@ -375,8 +374,7 @@ impl Default for ShaperBuilder {
     fn default() -> Self {
         Self {
             rate: None,
-            policy: None,
-            edits: Vec::new(),
+            policy: LanePolicy::new(Rate::new(1, Duration::from_secs(1))),
             retry: RetryPolicy::default(),
             client: None,
             transport: None,
@@ -395,12 +393,12 @@ impl ShaperBuilder {
     /// A whole lane policy at once (its rate included).
     pub fn policy(mut self, policy: LanePolicy) -> Self {
         self.rate = Some(policy.rate);
-        self.policy = Some(policy);
+        self.policy = policy;
         self
     }
 
-    fn edit(mut self, edit: impl FnOnce(&mut LanePolicy) + 'static) -> Self {
-        self.edits.push(Box::new(edit));
+    fn edit(mut self, edit: impl FnOnce(&mut LanePolicy)) -> Self {
+        edit(&mut self.policy);
         self
     }
 
@@ -499,11 +497,10 @@ impl ShaperBuilder {
                 "not set: call .rate(count, per) with the vendor's quota",
             )
         })?;
-        let mut policy = self.policy.unwrap_or_else(|| LanePolicy::new(rate));
-        policy.rate = rate;
-        for edit in self.edits {
-            edit(&mut policy);
-        }
+        let policy = LanePolicy {
+            rate,
+            ..self.policy
+        };
         policy.validate()?;
         if self.retry.max_attempts == 0 {
             return Err(ConfigError::new("max_attempts", "must be at least 1"));

@@ -168,8 +168,10 @@ struct Shared {
     throttle_streak: AtomicU32,
     released: AtomicU64,
     throttles: AtomicU64,
-    /// Tickets the dispatcher holds (the head and requeued ones).
-    held: AtomicUsize,
+    /// Requests waiting for a turn: in either channel or held by the
+    /// dispatcher. Raised before a ticket is sent, lowered when the
+    /// dispatcher lets it go, so "zero" really means nobody is ahead.
+    waiting: AtomicUsize,
 }
 
 /// A mutex whose data stays valid even if a holder panicked: every critical
@@ -203,7 +205,7 @@ impl Lane {
             throttle_streak: AtomicU32::new(0),
             released: AtomicU64::new(0),
             throttles: AtomicU64::new(0),
-            held: AtomicUsize::new(0),
+            waiting: AtomicUsize::new(0),
             policy,
         });
         let dispatcher = Dispatcher {
@@ -254,19 +256,59 @@ impl Lane {
             }
         }
         let seq = self.shared.next_seq.fetch_add(1, Ordering::Relaxed);
+        let deadline = max_wait.map(|d| (now + d, d));
+        if let Some(turn) = self.turn_now(now) {
+            return Ok(Place {
+                seq,
+                slot: Slot::Ready(turn),
+                deadline,
+            });
+        }
         let (tx, rx) = oneshot::channel();
+        self.shared.waiting.fetch_add(1, Ordering::SeqCst);
         match self.queue.try_send(Ticket { seq, turn: tx }) {
             Ok(()) => Ok(Place {
                 seq,
-                turn: Some(rx),
-                deadline: max_wait.map(|d| (now + d, d)),
+                slot: Slot::Waiting(rx),
+                deadline,
             }),
-            Err(async_channel::TrySendError::Full(_)) => Err(Error::QueueFull {
-                lane: self.shared.key.clone(),
-                capacity: self.shared.policy.queue_capacity,
-            }),
-            Err(async_channel::TrySendError::Closed(_)) => Err(Error::Shutdown),
+            Err(refused) => {
+                self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
+                Err(match refused {
+                    async_channel::TrySendError::Full(_) => Error::QueueFull {
+                        lane: self.shared.key.clone(),
+                        capacity: self.shared.policy.queue_capacity,
+                    },
+                    async_channel::TrySendError::Closed(_) => Error::Shutdown,
+                })
+            }
         }
+    }
+
+    /// The fast path: when nobody waits, the lane is not paused and the
+    /// meter allows it now, take the turn without a trip through the
+    /// dispatcher. FIFO holds: "nobody waits" is checked again under the
+    /// meter's lock, which the dispatcher also holds from its check to its
+    /// charge, so no two releases can share a slot.
+    fn turn_now(&self, now: Instant) -> Option<Turn> {
+        let shared = &self.shared;
+        if shared.waiting.load(Ordering::SeqCst) != 0 || self.queue.is_closed() {
+            return None;
+        }
+        if self.paused_until().is_some() {
+            return None;
+        }
+        let permit = match &shared.in_flight {
+            None => None,
+            Some(slots) => Some(slots.clone().try_acquire_owned().ok()?),
+        };
+        let mut meter = lock(&shared.meter);
+        if shared.waiting.load(Ordering::SeqCst) != 0 || meter.earliest(now) > now {
+            return None;
+        }
+        meter.commit(now);
+        shared.released.fetch_add(1, Ordering::Relaxed);
+        Some(Turn { _in_flight: permit })
     }
 
     /// Put a released request back at the head of the queue, keeping its
@@ -283,28 +325,34 @@ impl Lane {
             }
         }
         let (tx, rx) = oneshot::channel();
-        place.turn = Some(rx);
-        self.requeue
-            .try_send(Ticket {
-                seq: place.seq,
-                turn: tx,
-            })
-            .map_err(|_| Error::Shutdown)
+        place.slot = Slot::Waiting(rx);
+        self.shared.waiting.fetch_add(1, Ordering::SeqCst);
+        let ticket = Ticket {
+            seq: place.seq,
+            turn: tx,
+        };
+        self.requeue.try_send(ticket).map_err(|_| {
+            self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
+            Error::Shutdown
+        })
     }
 
     /// Wait until the dispatcher hands this place its turn.
     pub(crate) async fn wait(&self, place: &mut Place) -> Result<Turn, Error> {
-        let Some(rx) = place.turn.take() else {
-            return Err(Error::Shutdown);
+        let mut rx = match std::mem::replace(&mut place.slot, Slot::Taken) {
+            Slot::Ready(turn) => return Ok(turn),
+            Slot::Waiting(rx) => rx,
+            Slot::Taken => return Err(Error::Shutdown),
         };
         let Some((deadline, max_wait)) = place.deadline else {
             return rx.await.map_err(|_| Error::Shutdown);
         };
-        let mut rx = rx;
+        // Boxed: a timer is large, and most requests have no deadline.
+        let expired = Box::pin(sleep_until(deadline));
         tokio::select! {
             biased;
             turn = &mut rx => return turn.map_err(|_| Error::Shutdown),
-            () = sleep_until(deadline) => {}
+            () = expired => {}
         }
         // A release due at the deadline itself is woken in the same tick:
         // let the dispatcher run once before giving up.
@@ -357,7 +405,7 @@ impl Lane {
     }
 
     fn queued(&self) -> usize {
-        self.queue.len() + self.requeue.len() + self.shared.held.load(Ordering::Relaxed)
+        self.shared.waiting.load(Ordering::SeqCst)
     }
 
     /// True when forgetting this lane loses nothing: nobody waiting, no
@@ -397,11 +445,20 @@ impl std::fmt::Debug for Lane {
 }
 
 /// A caller's place in a lane: its sequence number (kept across retries)
-/// and the channel its next turn arrives on.
+/// and its next turn.
 pub(crate) struct Place {
     seq: u64,
-    turn: Option<oneshot::Receiver<Turn>>,
+    slot: Slot,
     deadline: Option<(Instant, Duration)>,
+}
+
+enum Slot {
+    /// Taken on the fast path.
+    Ready(Turn),
+    /// Arrives from the dispatcher.
+    Waiting(oneshot::Receiver<Turn>),
+    /// Handed out already.
+    Taken,
 }
 
 struct Dispatcher {
@@ -429,12 +486,12 @@ impl Dispatcher {
         while let Ok(ticket) = self.requeue.try_recv() {
             self.front.insert(ticket.seq, ticket.turn);
         }
-        self.shared.held.store(self.front.len(), Ordering::Relaxed);
         let Some((&seq, head)) = self.front.first_key_value() else {
             return self.wait_for_work().await;
         };
         if head.is_closed() {
             self.front.remove(&seq);
+            self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
             return true;
         }
 
@@ -461,18 +518,33 @@ impl Dispatcher {
             },
         };
 
-        let at = lock(&self.shared.meter).earliest(now);
-        if at > now {
-            return self.or_requeued(sleep_until(at)).await;
+        match self.release(seq, now, permit) {
+            Ok(()) => true,
+            Err(at) => self.or_requeued(sleep_until(at)).await,
         }
+    }
 
-        if let Some(head) = self.front.remove(&seq)
-            && head.send(Turn { _in_flight: permit }).is_ok()
-        {
-            lock(&self.shared.meter).commit(now);
-            self.shared.released.fetch_add(1, Ordering::Relaxed);
+    /// Hand the head its turn if the meter allows it now, or say when it
+    /// will. Check and charge happen under one lock, as on the fast path.
+    fn release(
+        &mut self,
+        seq: u64,
+        now: Instant,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> Result<(), Instant> {
+        let mut meter = lock(&self.shared.meter);
+        let at = meter.earliest(now);
+        if at > now {
+            return Err(at);
         }
-        true
+        if let Some(head) = self.front.remove(&seq) {
+            if head.send(Turn { _in_flight: permit }).is_ok() {
+                meter.commit(now);
+                self.shared.released.fetch_add(1, Ordering::Relaxed);
+            }
+            self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
+        }
+        Ok(())
     }
 
     /// Nothing to release: wait for a request, or report idleness.

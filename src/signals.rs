@@ -80,7 +80,9 @@ fn seconds(secs: f64) -> Duration {
 mod tests {
     use super::*;
 
-    fn headers(pairs: &[(&'static str, &[u8])]) -> HeaderMap {
+    type Pairs<'a> = &'a [(&'static str, &'a [u8])];
+
+    fn headers(pairs: Pairs<'_>) -> HeaderMap {
         let mut map = HeaderMap::new();
         for (name, value) in pairs {
             map.append(*name, HeaderValue::from_bytes(value).unwrap());
@@ -93,7 +95,7 @@ mod tests {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
         let ahead = httpdate::fmt_http_date(now + Duration::from_secs(7));
         let behind = httpdate::fmt_http_date(now - Duration::from_secs(7));
-        let cases: &[(&[(&'static str, &[u8])], Option<Duration>)] = &[
+        let cases: &[(Pairs<'_>, Option<Duration>)] = &[
             (&[("retry-after", b"3")], Some(Duration::from_secs(3))),
             (&[("Retry-After", b" 3 ")], Some(Duration::from_secs(3))),
             (

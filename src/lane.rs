@@ -339,20 +339,29 @@ impl Lane {
 
     /// Wait until the dispatcher hands this place its turn.
     pub(crate) async fn wait(&self, place: &mut Place) -> Result<Turn, Error> {
-        let mut rx = match std::mem::replace(&mut place.slot, Slot::Taken) {
+        let rx = match std::mem::replace(&mut place.slot, Slot::Taken) {
             Slot::Ready(turn) => return Ok(turn),
             Slot::Waiting(rx) => rx,
             Slot::Taken => return Err(Error::Shutdown),
         };
-        let Some((deadline, max_wait)) = place.deadline else {
-            return rx.await.map_err(|_| Error::Shutdown);
-        };
-        // Boxed: a timer is large, and most requests have no deadline.
-        let expired = Box::pin(sleep_until(deadline));
+        match place.deadline {
+            None => rx.await.map_err(|_| Error::Shutdown),
+            // Boxed: a timer is large, and most requests have no deadline;
+            // this keeps every queued request without one small.
+            Some((deadline, max_wait)) => Box::pin(self.wait_until(rx, deadline, max_wait)).await,
+        }
+    }
+
+    async fn wait_until(
+        &self,
+        mut rx: oneshot::Receiver<Turn>,
+        deadline: Instant,
+        max_wait: Duration,
+    ) -> Result<Turn, Error> {
         tokio::select! {
             biased;
             turn = &mut rx => return turn.map_err(|_| Error::Shutdown),
-            () = expired => {}
+            () = sleep_until(deadline) => {}
         }
         // A release due at the deadline itself is woken in the same tick:
         // let the dispatcher run once before giving up.
@@ -584,5 +593,69 @@ impl Dispatcher {
             },
             () = until => true,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> LanePolicy {
+        LanePolicy::new(Rate::new(10, Duration::from_secs(1)))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pauses_only_move_forward_and_are_clamped() {
+        let lane = Lane::new(
+            "t",
+            LanePolicy {
+                max_pause: Duration::from_secs(5),
+                ..policy()
+            },
+        )
+        .unwrap();
+        let now = Instant::now();
+        assert_eq!(
+            lane.pause_for(Duration::from_secs(3)),
+            now + Duration::from_secs(3)
+        );
+        assert_eq!(
+            lane.pause_for(Duration::from_secs(1)),
+            now + Duration::from_secs(3)
+        );
+        assert_eq!(
+            lane.pause_for(Duration::from_secs(60)),
+            now + Duration::from_secs(5)
+        );
+        assert_eq!(lane.snapshot().paused_for, Some(Duration::from_secs(5)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_fallback_grows_per_throttle_and_resets_on_success() {
+        let lane = Lane::new("t", policy()).unwrap();
+        let floors: Vec<_> = (0..4).map(|_| lane.throttled(None)).collect();
+        for (n, pause) in floors.iter().enumerate() {
+            let ceiling = Duration::from_secs(1 << n);
+            assert!(
+                *pause >= ceiling / 2 && *pause <= ceiling,
+                "throttle {n}: {pause:?}"
+            );
+        }
+        lane.succeeded();
+        assert!(lane.throttled(None) <= Duration::from_secs(1));
+        assert_eq!(
+            lane.throttled(Some(Duration::from_secs(7))),
+            Duration::from_secs(7)
+        );
+        assert_eq!(lane.snapshot().throttles, 6);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_paused_lane_releases_nothing_until_the_pause_ends() {
+        let lane = Lane::new("t", policy()).unwrap();
+        lane.pause_for(Duration::from_secs(2));
+        let start = Instant::now();
+        let _turn = lane.acquire().await.unwrap();
+        assert_eq!(start.elapsed(), Duration::from_secs(2));
     }
 }

@@ -162,3 +162,53 @@ async fn bad_input_is_a_typed_error() {
         .build();
     assert_eq!(no_queue.unwrap_err().field, "queue_capacity");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_503_pauses_the_lane_like_a_429() {
+    let server = vendor_failing_first(503, 1, "GET").await;
+    let shaper = shaper(10).build().unwrap();
+    let started = tokio::time::Instant::now();
+    let url = format!("{}/op", server.uri());
+
+    let first = tokio::spawn(shaper.get(&url).send());
+    tokio::task::yield_now().await;
+    let second = tokio::spawn(shaper.get(&url).send());
+
+    assert_eq!(first.await.unwrap().unwrap().status(), 200);
+    assert_eq!(second.await.unwrap().unwrap().status(), 200);
+    assert_eq!(sent(&server).await, 3);
+    // The second request waited out the 1 s pause behind the first.
+    assert!(started.elapsed() >= SECOND + Duration::from_millis(100));
+    let lane = &shaper.lanes()[0];
+    assert_eq!(lane.throttles, 1);
+    assert_eq!(lane.released, 3);
+}
+
+/// Real time on purpose: the vendor's delay runs on wiremock's own clock.
+/// Only a lower bound is checked, which a loaded machine cannot break.
+#[tokio::test]
+async fn max_in_flight_caps_requests_on_the_wire() {
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .respond_with(ResponseTemplate::new(200).set_delay(Duration::from_millis(150)))
+        .mount(&server)
+        .await;
+    let shaper = callshaper::Shaper::builder()
+        .rate(1_000, SECOND)
+        .max_in_flight(2)
+        .build()
+        .unwrap();
+    let started = std::time::Instant::now();
+
+    let outcomes = common::burst(&shaper, &server.uri(), 6).await;
+
+    for outcome in outcomes {
+        assert_eq!(outcome.unwrap().status(), 200);
+    }
+    // Three waves of two; uncapped, all six would take one delay.
+    assert!(
+        started.elapsed() >= Duration::from_millis(450),
+        "{:?}",
+        started.elapsed()
+    );
+}

@@ -12,11 +12,12 @@ use std::time::{Duration, SystemTime};
 use reqwest::header::{HeaderName, HeaderValue};
 use reqwest::{IntoUrl, Method, Request, Response};
 
+use crate::adaptive::Adaptive;
 use crate::error::{ConfigError, Error};
 use crate::lane::{Lane, LanePolicy, LaneSnapshot};
 use crate::meter::Rate;
-use crate::retry::{self, Backoff, RetryPolicy, Verdict};
-use crate::signals;
+use crate::retry::{self, Backoff, RetryBudget, RetryPolicy, Verdict};
+use crate::signals::{Dialect, Signals};
 
 /// A boxed, sendable future, as [`Transport::send`] returns.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
@@ -90,6 +91,7 @@ struct Inner {
     policy: LanePolicy,
     retry: RetryPolicy,
     lane_key: Arc<LaneKeyFn>,
+    dialects: Vec<Arc<dyn Dialect>>,
     lanes: Arc<LaneMap>,
     shut: AtomicBool,
 }
@@ -187,6 +189,7 @@ impl Shaper {
         let lane = Arc::new(Lane::spawn(
             key.clone(),
             self.inner.policy.clone(),
+            self.inner.retry.budget,
             Some(on_idle),
         ));
         lanes.insert(key, lane.clone());
@@ -216,25 +219,55 @@ impl Shaper {
         loop {
             let turn = lane.wait(&mut place).await?;
             attempts += 1;
+            if attempts == 1 {
+                lane.deposit();
+            }
             // A body that can't be cloned (a stream) allows one send only.
             let spare = request.try_clone();
-            let outcome = send(request).await;
+            let mut outcome = send(request).await;
             drop(turn);
 
+            let signals = match &mut outcome {
+                Ok(response) => {
+                    let signals = self.read_signals(response.headers());
+                    self.learn(&lane, &signals);
+                    response.extensions_mut().insert(signals.clone());
+                    signals
+                }
+                Err(_) => Signals::default(),
+            };
             let verdict = match &outcome {
-                Ok(response) => retry::classify_status(response.status()),
+                Ok(response) => retry::classify(response.status(), &signals),
                 Err(_) => Verdict::Failed,
             };
+            let headroom = lane.policy().headroom;
             match (verdict, outcome) {
                 (Verdict::Done, outcome) => {
                     lane.succeeded();
+                    if let Some(reset) = signals.exhausted_for() {
+                        // Nothing left until `reset`: stop before the vendor
+                        // has to say 429.
+                        lane.pause_for(reset + headroom);
+                        tracing::info!(
+                            lane = lane.key(),
+                            ?reset,
+                            "quota used up; pausing the lane until it resets"
+                        );
+                    }
                     return outcome.map_err(|source| Failure::Send { attempts, source });
                 }
                 (Verdict::Throttled, Ok(response)) => {
                     throttles += 1;
-                    let hint = signals::retry_after(response.headers(), SystemTime::now());
+                    let hint = signals.pause_hint();
                     let pause = lane.throttled(hint);
-                    lane.pause_for(pause);
+                    // A hinted pause gets the headroom too: the vendor's
+                    // clock and ours are not the same clock.
+                    let padded = if pause.is_zero() || hint.is_none() {
+                        pause
+                    } else {
+                        pause + headroom
+                    };
+                    lane.pause_for(padded);
                     tracing::warn!(
                         lane = lane.key(),
                         status = response.status().as_u16(),
@@ -275,6 +308,7 @@ impl Shaper {
                         Some(next) if retryable => next,
                         _ => return outcome.map_err(|source| Failure::Send { attempts, source }),
                     };
+                    let last_status = outcome.as_ref().ok().map(Response::status);
                     if failures >= policy.max_attempts {
                         return match outcome {
                             Ok(response) => Err(Error::RetriesExhausted {
@@ -284,6 +318,14 @@ impl Shaper {
                             .into()),
                             Err(source) => Err(Failure::Send { attempts, source }),
                         };
+                    }
+                    if !lane.withdraw_retry() {
+                        return Err(Error::RetryBudgetExhausted {
+                            lane: lane.key().to_owned(),
+                            attempts,
+                            last_status,
+                        }
+                        .into());
                     }
                     let backoff = policy.backoff.full_jitter(failures - 1);
                     tracing::debug!(
@@ -297,6 +339,32 @@ impl Shaper {
                 }
             }
             lane.reenter(&mut place)?;
+        }
+    }
+}
+
+impl Shaper {
+    /// Every dialect this shaper reads: the built-in ones, then the user's.
+    fn read_signals(&self, headers: &reqwest::header::HeaderMap) -> Signals {
+        let now = SystemTime::now();
+        let mut signals = Signals::parse(headers, now);
+        for dialect in &self.inner.dialects {
+            dialect.read(headers, now, &mut signals);
+        }
+        signals
+    }
+
+    /// A vendor announcing a lower quota than the lane's slows the lane.
+    fn learn(&self, lane: &Lane, signals: &Signals) {
+        if let Some(announced) = signals.announced_rate()
+            && lane.learn(announced)
+        {
+            tracing::warn!(
+                lane = lane.key(),
+                configured = ?lane.policy().rate,
+                ?announced,
+                "the vendor announced a lower quota than configured; the lane keeps to it"
+            );
         }
     }
 }
@@ -368,6 +436,7 @@ pub struct ShaperBuilder {
     client: Option<reqwest::Client>,
     transport: Option<Arc<dyn Transport>>,
     lane_key: Option<Arc<LaneKeyFn>>,
+    dialects: Vec<Arc<dyn Dialect>>,
 }
 
 impl Default for ShaperBuilder {
@@ -379,6 +448,7 @@ impl Default for ShaperBuilder {
             client: None,
             transport: None,
             lane_key: None,
+            dialects: Vec::new(),
         }
     }
 }
@@ -436,6 +506,26 @@ impl ShaperBuilder {
     /// Drop a lane after it has been idle this long (default 60 s).
     pub fn idle_timeout(self, idle: Duration) -> Self {
         self.edit(move |p| p.idle_timeout = idle)
+    }
+
+    /// Adaptive pacing for a vendor that announces nothing: throttles
+    /// without a header cut the lane's rate, successes grow it back, never
+    /// above `rate`. See [`crate::adaptive`].
+    pub fn adaptive(self, knobs: Adaptive) -> Self {
+        self.edit(move |p| p.adaptive = Some(knobs))
+    }
+
+    /// Read a vendor's own header dialect too (see [`Dialect`]).
+    pub fn dialect(mut self, dialect: impl Dialect) -> Self {
+        self.dialects.push(Arc::new(dialect));
+        self
+    }
+
+    /// How many failure retries a lane may spend (default: 20% of its
+    /// requests plus 10 a second, over 10 s).
+    pub fn retry_budget(mut self, budget: RetryBudget) -> Self {
+        self.retry.budget = budget;
+        self
     }
 
     /// Sends per failing request, the first included (default 3).
@@ -508,6 +598,19 @@ impl ShaperBuilder {
         if self.retry.max_throttles == 0 {
             return Err(ConfigError::new("max_throttles", "must be at least 1"));
         }
+        let budget = self.retry.budget;
+        if !(budget.ratio >= 0.0 && budget.ratio.is_finite()) {
+            return Err(ConfigError::new(
+                "retry_budget.ratio",
+                "must be zero or more",
+            ));
+        }
+        if budget.ttl.is_zero() {
+            return Err(ConfigError::new(
+                "retry_budget.ttl",
+                "must be longer than zero",
+            ));
+        }
         let client = self.client.unwrap_or_default();
         let transport = self
             .transport
@@ -519,6 +622,7 @@ impl ShaperBuilder {
                 policy,
                 retry: self.retry,
                 lane_key: self.lane_key.unwrap_or_else(|| Arc::new(origin_key)),
+                dialects: self.dialects,
                 lanes: Arc::default(),
                 shut: AtomicBool::new(false),
             }),

@@ -69,6 +69,18 @@ pub enum Error {
         last_status: StatusCode,
     },
 
+    /// The lane's retry budget is spent: the vendor is failing many
+    /// requests, and retrying each would multiply the load on it.
+    #[error("lane `{lane}` has no retry budget left after {attempts} attempts")]
+    RetryBudgetExhausted {
+        /// The lane whose budget is spent.
+        lane: String,
+        /// How many times the request was sent.
+        attempts: u32,
+        /// The vendor's last answer, if it answered.
+        last_status: Option<StatusCode>,
+    },
+
     /// The request could not be sent or its response not read, and it was
     /// not (or no longer) retried.
     #[error("transport error after {attempts} attempts: {source}")]

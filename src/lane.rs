@@ -27,12 +27,13 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::time::{Instant, sleep, sleep_until};
 
+use crate::adaptive::{Adaptive, Aimd};
 use crate::error::{ConfigError, Error};
 use crate::meter::{LeakyBucket, Rate};
-use crate::retry::Backoff;
+use crate::retry::{Backoff, Ledger, RetryBudget};
 
 /// How one lane behaves.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct LanePolicy {
     /// The vendor's quota.
     pub rate: Rate,
@@ -60,6 +61,10 @@ pub struct LanePolicy {
     /// An idle lane (nothing queued, not paused, meter rested) is dropped
     /// after this long. Default 60 s.
     pub idle_timeout: Duration,
+    /// Opt-in adaptive pacing for vendors that announce nothing: throttles
+    /// without a header cut the lane's rate, successes grow it back, never
+    /// above `rate` (see [`crate::adaptive`]). Default off.
+    pub adaptive: Option<Adaptive>,
 }
 
 impl LanePolicy {
@@ -74,6 +79,7 @@ impl LanePolicy {
             max_pause: Duration::from_secs(120),
             fallback: Backoff::new(Duration::from_secs(1), Duration::from_secs(60)),
             idle_timeout: Duration::from_secs(60),
+            adaptive: None,
         }
     }
 
@@ -84,6 +90,9 @@ impl LanePolicy {
         }
         if self.max_in_flight == Some(0) {
             return Err(ConfigError::new("max_in_flight", "must be at least 1"));
+        }
+        if let Some(adaptive) = &self.adaptive {
+            adaptive.validate()?;
         }
         if self.fallback.base.is_zero() || self.fallback.cap < self.fallback.base {
             return Err(ConfigError::new(
@@ -116,8 +125,12 @@ pub struct LaneSnapshot {
     pub released: u64,
     /// Throttled answers (429, 503) seen so far.
     pub throttles: u64,
-    /// The spacing between two releases.
+    /// The spacing between two releases now (slower than the policy's when
+    /// the vendor announced a lower quota or adaptive pacing cut it).
     pub interval: Duration,
+    /// A quota lower than the configured one that the vendor announced, and
+    /// the lane now keeps to.
+    pub learned: Option<Rate>,
 }
 
 struct Ticket {
@@ -172,6 +185,16 @@ struct Shared {
     /// dispatcher. Raised before a ticket is sent, lowered when the
     /// dispatcher lets it go, so "zero" really means nobody is ahead.
     waiting: AtomicUsize,
+    pace: Mutex<Pace>,
+    ledger: Mutex<Ledger>,
+}
+
+/// What slows a lane below its policy's rate.
+struct Pace {
+    /// A lower quota the vendor announced.
+    learned: Option<Rate>,
+    /// Adaptive pacing's share of the rate.
+    aimd: Option<Aimd>,
 }
 
 /// A mutex whose data stays valid even if a holder panicked: every critical
@@ -189,11 +212,21 @@ impl Lane {
     /// Outside a tokio runtime, like `tokio::spawn`.
     pub fn new(key: impl Into<String>, policy: LanePolicy) -> Result<Self, ConfigError> {
         policy.validate()?;
-        Ok(Self::spawn(key.into(), policy, None))
+        Ok(Self::spawn(
+            key.into(),
+            policy,
+            RetryBudget::default(),
+            None,
+        ))
     }
 
     /// Start the dispatcher of a lane whose policy is already validated.
-    pub(crate) fn spawn(key: String, policy: LanePolicy, on_idle: Option<OnIdle>) -> Self {
+    pub(crate) fn spawn(
+        key: String,
+        policy: LanePolicy,
+        budget: RetryBudget,
+        on_idle: Option<OnIdle>,
+    ) -> Self {
         let (queue, queue_rx) = async_channel::bounded(policy.queue_capacity);
         let (requeue, requeue_rx) = async_channel::unbounded();
         let shared = Arc::new(Shared {
@@ -206,6 +239,11 @@ impl Lane {
             released: AtomicU64::new(0),
             throttles: AtomicU64::new(0),
             waiting: AtomicUsize::new(0),
+            pace: Mutex::new(Pace {
+                learned: None,
+                aimd: policy.adaptive.map(|knobs| Aimd::new(knobs, policy.rate)),
+            }),
+            ledger: Mutex::new(Ledger::new(budget)),
             policy,
         });
         let dispatcher = Dispatcher {
@@ -387,17 +425,81 @@ impl Lane {
         until
     }
 
-    /// The lane was throttled with no usable hint: pause for the fallback
-    /// backoff, which grows with each consecutive throttle.
+    /// The lane was throttled: the pause to take. The vendor's hint, else
+    /// the fallback backoff, which grows with each consecutive throttle (and
+    /// adaptive pacing, if on, cuts the rate: the vendor said nothing, so
+    /// the rate itself must be what is wrong).
     pub(crate) fn throttled(&self, hint: Option<Duration>) -> Duration {
         self.shared.throttles.fetch_add(1, Ordering::Relaxed);
         let streak = self.shared.throttle_streak.fetch_add(1, Ordering::Relaxed);
-        hint.unwrap_or_else(|| self.shared.policy.fallback.equal_jitter(streak))
+        match hint {
+            Some(hint) => hint,
+            None => {
+                self.adapt(Aimd::throttled);
+                self.shared.policy.fallback.equal_jitter(streak)
+            }
+        }
     }
 
-    /// The vendor accepted a request: the fallback backoff starts over.
+    /// The vendor accepted a request: the fallback backoff starts over, and
+    /// adaptive pacing grows the rate back.
     pub(crate) fn succeeded(&self) {
         self.shared.throttle_streak.store(0, Ordering::Relaxed);
+        self.adapt(Aimd::succeeded);
+    }
+
+    fn adapt(&self, step: fn(&mut Aimd)) {
+        let mut pace = lock(&self.shared.pace);
+        if let Some(aimd) = pace.aimd.as_mut() {
+            step(aimd);
+            self.repace(&pace);
+        }
+    }
+
+    /// The vendor announced its quota. A lower one than the policy's becomes
+    /// the lane's pace (never a higher one: the user's declaration is the
+    /// ceiling). True when this changed the pace.
+    pub(crate) fn learn(&self, announced: Rate) -> bool {
+        let policy = &self.shared.policy;
+        let headroom = policy.headroom;
+        if announced.interval(headroom) <= policy.rate.interval(headroom) {
+            return false;
+        }
+        let mut pace = lock(&self.shared.pace);
+        if pace.learned == Some(announced) {
+            return false;
+        }
+        pace.learned = Some(announced);
+        self.repace(&pace);
+        true
+    }
+
+    /// Set the meter to the slowest of the policy, the learned quota and
+    /// adaptive pacing.
+    fn repace(&self, pace: &Pace) {
+        let policy = &self.shared.policy;
+        let nominal = policy.rate.interval(policy.headroom);
+        let learned = pace
+            .learned
+            .map_or(nominal, |rate| rate.interval(policy.headroom));
+        let adaptive = pace
+            .aimd
+            .map_or(nominal, |aimd| nominal.div_f64(aimd.share()));
+        let interval = nominal.max(learned).max(adaptive);
+        let mut meter = lock(&self.shared.meter);
+        if meter.interval() != interval {
+            meter.set_interval(interval);
+        }
+    }
+
+    /// A request's first attempt: it earns the lane some retry budget.
+    pub(crate) fn deposit(&self) {
+        lock(&self.shared.ledger).deposit(Instant::now());
+    }
+
+    /// Spend one failure retry from the lane's budget, if there is any left.
+    pub(crate) fn withdraw_retry(&self) -> bool {
+        lock(&self.shared.ledger).withdraw(Instant::now())
     }
 
     fn paused_until(&self) -> Option<Instant> {
@@ -441,6 +543,7 @@ impl Lane {
             released: self.shared.released.load(Ordering::Relaxed),
             throttles: self.shared.throttles.load(Ordering::Relaxed),
             interval: lock(&self.shared.meter).interval(),
+            learned: lock(&self.shared.pace).learned,
         }
     }
 }

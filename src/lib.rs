@@ -43,13 +43,15 @@
 //! | [`client`] | [`Shaper`], the front door |
 //! | [`lane`] | the FIFO queue, its dispatcher, pause and concurrency cap |
 //! | [`meter`] | when the head may go: [`LeakyBucket`] |
-//! | [`signals`] | what a response says about when to come back |
+//! | [`signals`] | what a response says about its limits, in every common dialect |
+//! | [`adaptive`] | pacing for vendors that announce nothing (AIMD) |
 //! | [`retry`] | which outcomes are tried again, and the backoff |
 //! | `middleware` | `reqwest_middleware::Middleware` (feature `middleware`) |
 //! | `testing` | a vendor with a quota, for wiremock tests (feature `testing`) |
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod adaptive;
 pub mod client;
 pub mod error;
 pub mod lane;
@@ -61,8 +63,10 @@ pub mod signals;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use adaptive::Adaptive;
 pub use client::{MaxWait, RequestBuilder, Shaper, ShaperBuilder, Transport};
 pub use error::{ConfigError, Error};
 pub use lane::{Lane, LanePolicy, LaneSnapshot, Turn};
 pub use meter::{LeakyBucket, Rate};
-pub use retry::{Backoff, RetryPolicy};
+pub use retry::{Backoff, RetryBudget, RetryPolicy};
+pub use signals::{Dialect, Signals};

@@ -84,6 +84,7 @@ pub struct LeakyBucket {
     interval: Duration,
     slack: Duration,
     tat: Option<Instant>,
+    last: Option<Instant>,
 }
 
 impl LeakyBucket {
@@ -93,6 +94,7 @@ impl LeakyBucket {
             interval: rate.interval(headroom),
             slack: headroom / 2,
             tat: None,
+            last: None,
         }
     }
 
@@ -119,6 +121,17 @@ impl LeakyBucket {
             _ => now,
         };
         self.tat = Some(base + self.interval);
+        self.last = Some(now);
+    }
+
+    /// Change the pace. The next release is one new interval after the last
+    /// one, so slowing down takes effect at once and speeding up makes no
+    /// burst.
+    pub fn set_interval(&mut self, interval: Duration) {
+        self.interval = interval;
+        if let Some(last) = self.last {
+            self.tat = Some(last + interval);
+        }
     }
 
     /// True when the bucket is as good as new at `now`: forgetting it would
@@ -148,6 +161,17 @@ mod tests {
         assert!(bucket.is_idle(later));
         bucket.commit(later);
         assert_eq!(bucket.earliest(later), later + Duration::from_millis(100));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_pace_counts_from_the_last_release() {
+        let mut bucket = LeakyBucket::new(Rate::new(10, Duration::from_secs(1)), Duration::ZERO);
+        let t0 = Instant::now();
+        bucket.commit(t0);
+        bucket.set_interval(Duration::from_millis(200));
+        assert_eq!(bucket.earliest(t0), t0 + Duration::from_millis(200));
+        bucket.set_interval(Duration::from_millis(50));
+        assert_eq!(bucket.earliest(t0), t0 + Duration::from_millis(50));
     }
 
     #[tokio::test(start_paused = true)]

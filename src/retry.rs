@@ -2,7 +2,9 @@
 //!
 //! Two kinds of trouble, handled at two depths:
 //!
-//! - **Throttles** (429, 503): the vendor says the *lane* is too fast. The
+//! - **Throttles** (429, 503, and a 403 that carries `Retry-After` or a
+//!   used-up request limit, as GitHub sends): the vendor says the *lane* is
+//!   too fast. The
 //!   whole lane pauses (see [`Lane::pause_for`](crate::lane)); the request
 //!   goes back to the head of the queue. Any method is retried: the vendor
 //!   did not process the request.
@@ -13,15 +15,24 @@
 //!   have acted on the first attempt; a connection that was never made is
 //!   safe to retry for any method.
 //!
+//! Failure retries also draw on the lane's [`RetryBudget`]: when a vendor
+//! is down, every request fails, and retrying each one would multiply our
+//! traffic by `max_attempts` exactly when it hurts most. Throttle retries
+//! don't draw on it: the lane's pause already paces them.
+//!
 //! A request whose body cannot be cloned (a stream) is sent once: its
 //! response, whatever it is, goes back to the caller.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
+use tokio::time::Instant;
+
+use crate::signals::Signals;
 
 /// Retry limits and per-request backoff.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RetryPolicy {
     /// Sends allowed for a request that keeps failing (500, 502, 504, 408,
     /// transport errors), the first one included.
@@ -33,6 +44,8 @@ pub struct RetryPolicy {
     pub backoff: Backoff,
     /// Retry failures of non-idempotent methods (POST, PATCH) too.
     pub retry_non_idempotent: bool,
+    /// How many failure retries a lane may spend, relative to its traffic.
+    pub budget: RetryBudget,
 }
 
 impl Default for RetryPolicy {
@@ -42,7 +55,99 @@ impl Default for RetryPolicy {
             max_throttles: 10,
             backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(10)),
             retry_non_idempotent: false,
+            budget: RetryBudget::default(),
         }
+    }
+}
+
+/// A lane's allowance of failure retries, after Finagle's `RetryBudget` and
+/// tower's `TpsBudget`: over the last `ttl`, retries may be at most
+/// `min_per_sec × ttl + ratio × requests`. With the defaults (20%, 10/s,
+/// 10 s), a healthy lane never notices it, and a vendor that fails every
+/// request sees at most 1.2 times our traffic plus a trickle, instead of
+/// `max_attempts` times.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RetryBudget {
+    /// Retries allowed per request sent. Default 0.2.
+    pub ratio: f64,
+    /// Retries allowed per second whatever the traffic. Default 10.
+    pub min_per_sec: u32,
+    /// The window the budget is counted over. Default 10 s.
+    pub ttl: Duration,
+}
+
+impl Default for RetryBudget {
+    fn default() -> Self {
+        Self {
+            ratio: 0.2,
+            min_per_sec: 10,
+            ttl: Duration::from_secs(10),
+        }
+    }
+}
+
+const SLOTS: u32 = 10;
+
+/// The budget's books: requests and retries in ten slots covering `ttl`.
+#[derive(Debug)]
+pub(crate) struct Ledger {
+    budget: RetryBudget,
+    slot: Duration,
+    /// `(slot start, requests, retries)`, oldest first.
+    slots: VecDeque<(Instant, u32, u32)>,
+}
+
+impl Ledger {
+    pub(crate) fn new(budget: RetryBudget) -> Self {
+        Self {
+            budget,
+            slot: (budget.ttl / SLOTS).max(Duration::from_millis(1)),
+            slots: VecDeque::with_capacity(SLOTS as usize + 1),
+        }
+    }
+
+    /// The slot `now` falls in, forgetting slots older than `ttl`.
+    fn current(&mut self, now: Instant) -> &mut (Instant, u32, u32) {
+        let ttl = self.budget.ttl;
+        while self
+            .slots
+            .front()
+            .is_some_and(|&(start, _, _)| start + ttl <= now)
+        {
+            self.slots.pop_front();
+        }
+        let slot = self.slot;
+        match self.slots.back() {
+            Some(&(start, _, _)) if start + slot > now => {}
+            _ => self.slots.push_back((now, 0, 0)),
+        }
+        let last = self.slots.len() - 1;
+        &mut self.slots[last]
+    }
+
+    /// A first attempt went out.
+    pub(crate) fn deposit(&mut self, now: Instant) {
+        let slot = self.current(now);
+        slot.1 = slot.1.saturating_add(1);
+    }
+
+    /// Spend one retry, if the budget allows it.
+    pub(crate) fn withdraw(&mut self, now: Instant) -> bool {
+        self.current(now);
+        let (requests, retries) = self
+            .slots
+            .iter()
+            .fold((0u64, 0u64), |(q, r), &(_, sq, sr)| {
+                (q + u64::from(sq), r + u64::from(sr))
+            });
+        let floor = f64::from(self.budget.min_per_sec) * self.budget.ttl.as_secs_f64();
+        let allowed = floor + self.budget.ratio * requests as f64;
+        if retries as f64 + 1.0 > allowed {
+            return false;
+        }
+        let slot = self.current(now);
+        slot.2 = slot.2.saturating_add(1);
+        true
     }
 }
 
@@ -102,8 +207,11 @@ pub(crate) fn is_throttle(status: StatusCode) -> bool {
     status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE
 }
 
-pub(crate) fn classify_status(status: StatusCode) -> Verdict {
-    if is_throttle(status) {
+/// What to do with a response, from its status and what its headers said.
+pub(crate) fn classify(status: StatusCode, signals: &Signals) -> Verdict {
+    let throttled_403 = status == StatusCode::FORBIDDEN
+        && (signals.retry_after.is_some() || signals.requests_exhausted());
+    if is_throttle(status) || throttled_403 {
         Verdict::Throttled
     } else if matches!(
         status,
@@ -147,18 +255,45 @@ mod tests {
 
     #[test]
     fn throttles_failures_and_the_rest() {
-        assert_eq!(
-            classify_status(StatusCode::TOO_MANY_REQUESTS),
-            Verdict::Throttled
-        );
-        assert_eq!(
-            classify_status(StatusCode::SERVICE_UNAVAILABLE),
-            Verdict::Throttled
-        );
-        assert_eq!(classify_status(StatusCode::BAD_GATEWAY), Verdict::Failed);
-        assert_eq!(classify_status(StatusCode::NOT_IMPLEMENTED), Verdict::Done);
-        assert_eq!(classify_status(StatusCode::FORBIDDEN), Verdict::Done);
+        let none = Signals::default();
+        let verdict = |status| classify(status, &none);
+        assert_eq!(verdict(StatusCode::TOO_MANY_REQUESTS), Verdict::Throttled);
+        assert_eq!(verdict(StatusCode::SERVICE_UNAVAILABLE), Verdict::Throttled);
+        assert_eq!(verdict(StatusCode::BAD_GATEWAY), Verdict::Failed);
+        assert_eq!(verdict(StatusCode::NOT_IMPLEMENTED), Verdict::Done);
+        assert_eq!(verdict(StatusCode::FORBIDDEN), Verdict::Done, "a plain 403");
+        let hinted = Signals {
+            retry_after: Some(Duration::from_secs(3)),
+            ..Signals::default()
+        };
+        assert_eq!(classify(StatusCode::FORBIDDEN, &hinted), Verdict::Throttled);
+        let mut spent = Signals::default();
+        spent
+            .limit_mut(crate::signals::Dimension::Requests)
+            .remaining = Some(0);
+        assert_eq!(classify(StatusCode::FORBIDDEN, &spent), Verdict::Throttled);
         assert!(is_idempotent(&Method::PUT));
         assert!(!is_idempotent(&Method::POST));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_budget_allows_the_floor_plus_a_ratio_of_traffic() {
+        let budget = RetryBudget {
+            ratio: 0.2,
+            min_per_sec: 1,
+            ttl: Duration::from_secs(10),
+        };
+        let mut ledger = Ledger::new(budget);
+        let now = Instant::now();
+        for _ in 0..100 {
+            ledger.deposit(now);
+        }
+        // 1/s × 10 s + 20% of 100 = 30 retries.
+        let granted = (0..100).filter(|_| ledger.withdraw(now)).count();
+        assert_eq!(granted, 30);
+        // Ten seconds on, the books are empty: the floor again.
+        let later = now + Duration::from_secs(11);
+        let granted = (0..100).filter(|_| ledger.withdraw(later)).count();
+        assert_eq!(granted, 10);
     }
 }

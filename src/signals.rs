@@ -1,31 +1,236 @@
-//! Throttle signals: what a vendor's response says about when to send again.
+//! Throttle signals: what a vendor's response says about its limits and
+//! when to send again, in every common dialect, read into one [`Signals`].
 //!
 //! Every parser here takes any bytes a vendor (or a broken proxy) can put in
 //! a header and never panics: what it cannot read, it ignores, and the lane
 //! falls back to its own exponential backoff.
 //!
-//! Understood today:
+//! | dialect | header(s) | format |
+//! |---|---|---|
+//! | RFC 9110 | `Retry-After` | delta-seconds, or an HTTP-date |
+//! | OpenAI and others | `retry-after-ms` | milliseconds |
+//! | AWS | `x-amz-retry-after` | milliseconds |
+//! | gRPC | `grpc-retry-pushback-ms` | milliseconds |
+//! | GitHub, X | `x-ratelimit-{limit,remaining,reset,used}`, X's `x-rate-limit-*` | reset = epoch seconds (a small value is read as seconds from now) |
+//! | OpenAI | `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` | reset = a duration such as `6m0s`, `1.5s`, `17ms` |
+//! | Anthropic | `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}` | reset = RFC 3339 timestamp |
+//! | IETF httpapi draft | `RateLimit-Policy: "p";q=100;w=60`, `RateLimit: "p";r=50;t=30`, and the older `RateLimit-Limit/-Remaining/-Reset` | structured fields; `t` = seconds until reset |
+//! | Shopify REST | `X-Shopify-Shop-Api-Call-Limit` | `used/capacity`, e.g. `32/40` |
 //!
-//! | header | format |
-//! |---|---|
-//! | `retry-after-ms` (OpenAI and others) | milliseconds |
-//! | `Retry-After` (RFC 9110) | delta-seconds, or an HTTP-date |
-//!
-//! A negative value or a date in the past means "now"; a value too large to
+//! A negative value or a time in the past means "now"; a value too large to
 //! represent saturates (and is then refused by the lane's `max_pause`).
+//! Header names are matched without regard to case, as HTTP requires.
+//!
+//! A vendor with a dialect of its own needs no fork: give the shaper a
+//! [`Dialect`] (any `Fn(&HeaderMap, SystemTime, &mut Signals)` is one).
 
 use std::time::{Duration, SystemTime};
 
 use reqwest::header::{HeaderMap, HeaderValue, RETRY_AFTER};
 
+use crate::meter::Rate;
+
 /// The largest pause a header can express here; anything larger saturates
 /// to it. A hundred years is far past any sensible `max_pause`, and adding
 /// it to an `Instant` cannot overflow.
-const LONGEST: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+pub const LONGEST: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// Epoch seconds below this are read as "seconds from now": some vendors
+/// send a delta in `x-ratelimit-reset`, and no epoch second this small is a
+/// real reset time (it is in 1973).
+const EPOCH_FLOOR: u64 = 100_000_000;
+
+/// Everything a response said about the vendor's limits.
+///
+/// After a shaped request, the response carries these in its extensions:
+///
+/// ```
+/// # fn f(response: reqwest::Response) {
+/// if let Some(signals) = response.extensions().get::<callshaper::signals::Signals>() {
+///     println!("{:?} left", signals.remaining(callshaper::signals::Dimension::Requests));
+/// }
+/// # }
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Signals {
+    /// An explicit "come back after this long".
+    pub retry_after: Option<Duration>,
+    /// What the vendor said about each of its limits.
+    pub limits: Vec<Limit>,
+}
+
+/// One limit as a vendor announced it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limit {
+    /// What the limit counts.
+    pub dimension: Dimension,
+    /// The quota.
+    pub limit: Option<u64>,
+    /// What is left of it.
+    pub remaining: Option<u64>,
+    /// Time until the quota is whole again.
+    pub reset: Option<Duration>,
+    /// The window the quota is counted over, when the vendor says so.
+    pub window: Option<Duration>,
+}
+
+impl Limit {
+    fn new(dimension: Dimension) -> Self {
+        Self {
+            dimension,
+            limit: None,
+            remaining: None,
+            reset: None,
+            window: None,
+        }
+    }
+}
+
+/// What a limit counts.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Dimension {
+    /// Requests.
+    Requests,
+    /// Tokens (input and output together).
+    Tokens,
+    /// Input (prompt) tokens.
+    InputTokens,
+    /// Output (completion) tokens.
+    OutputTokens,
+    /// A named IETF `RateLimit-Policy`, counted in the vendor's units.
+    Policy(String),
+}
+
+impl Signals {
+    /// Read every dialect this module knows from `headers`; `now` is the
+    /// wall clock, for the dialects that send dates.
+    pub fn parse(headers: &HeaderMap, now: SystemTime) -> Self {
+        let mut signals = Self::default();
+        for dialect in BUILT_IN {
+            dialect(headers, now, &mut signals);
+        }
+        signals
+    }
+
+    /// True when nothing was understood.
+    pub fn is_empty(&self) -> bool {
+        self.retry_after.is_none() && self.limits.is_empty()
+    }
+
+    /// The limit of `dimension`, creating it if this is its first mention.
+    pub fn limit_mut(&mut self, dimension: Dimension) -> &mut Limit {
+        match self.limits.iter().position(|l| l.dimension == dimension) {
+            Some(i) => &mut self.limits[i],
+            None => {
+                self.limits.push(Limit::new(dimension));
+                let last = self.limits.len() - 1;
+                &mut self.limits[last]
+            }
+        }
+    }
+
+    /// What is left of `dimension`, if the vendor said.
+    pub fn remaining(&self, dimension: Dimension) -> Option<u64> {
+        self.limits
+            .iter()
+            .find(|l| l.dimension == dimension)
+            .and_then(|l| l.remaining)
+    }
+
+    /// The longest reset among limits with nothing left: until then the
+    /// vendor will refuse us, whatever the status of this response.
+    pub fn exhausted_for(&self) -> Option<Duration> {
+        self.limits
+            .iter()
+            .filter(|l| l.remaining == Some(0))
+            .filter_map(|l| l.reset)
+            .max()
+    }
+
+    /// True when a request limit is used up: with a 403, GitHub's way of
+    /// saying "rate limited".
+    pub fn requests_exhausted(&self) -> bool {
+        self.limits
+            .iter()
+            .any(|l| l.remaining == Some(0) && l.dimension != Dimension::Tokens)
+    }
+
+    /// When to come back: the explicit hint, else the reset of an exhausted
+    /// limit.
+    pub fn pause_hint(&self) -> Option<Duration> {
+        self.retry_after.or_else(|| self.exhausted_for())
+    }
+
+    /// The slowest request rate the vendor announced with a window (IETF
+    /// `RateLimit-Policy`), if any.
+    pub fn announced_rate(&self) -> Option<Rate> {
+        self.limits
+            .iter()
+            .filter(|l| {
+                !matches!(
+                    l.dimension,
+                    Dimension::Tokens | Dimension::InputTokens | Dimension::OutputTokens
+                )
+            })
+            .filter_map(|l| {
+                let count = u32::try_from(l.limit?).ok().filter(|&c| c > 0)?;
+                let window = l.window.filter(|w| !w.is_zero())?;
+                Some(Rate::new(count, window))
+            })
+            .min_by(|a, b| {
+                // Compare count/per without division: a.count * b.per vs b.count * a.per.
+                let left = a.per.as_nanos() * u128::from(b.count);
+                let right = b.per.as_nanos() * u128::from(a.count);
+                right.cmp(&left)
+            })
+    }
+}
+
+/// A header dialect: reads what it understands into `signals`.
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use callshaper::signals::{Dimension, Signals};
+/// use reqwest::header::HeaderMap;
+///
+/// // A vendor that sends `x-quota-left: 12`.
+/// let dialect = |headers: &HeaderMap, _now: SystemTime, signals: &mut Signals| {
+///     if let Some(left) = headers.get("x-quota-left").and_then(|v| v.to_str().ok()?.parse().ok()) {
+///         signals.limit_mut(Dimension::Requests).remaining = Some(left);
+///     }
+/// };
+/// let shaper = callshaper::Shaper::builder()
+///     .rate(10, Duration::from_secs(1))
+///     .dialect(dialect)
+///     .build()?;
+/// # Ok::<(), callshaper::ConfigError>(())
+/// ```
+pub trait Dialect: Send + Sync + 'static {
+    /// Read `headers` into `signals`.
+    fn read(&self, headers: &HeaderMap, now: SystemTime, signals: &mut Signals);
+}
+
+impl<F> Dialect for F
+where
+    F: Fn(&HeaderMap, SystemTime, &mut Signals) + Send + Sync + 'static,
+{
+    fn read(&self, headers: &HeaderMap, now: SystemTime, signals: &mut Signals) {
+        self(headers, now, signals);
+    }
+}
+
+type Reader = fn(&HeaderMap, SystemTime, &mut Signals);
+
+const BUILT_IN: &[Reader] = &[
+    retry_after_dialects,
+    github,
+    openai,
+    anthropic,
+    ietf,
+    shopify,
+];
 
 /// How long the vendor asked us to wait, if it said so in a form we read.
-///
-/// `now` is the wall clock, used for the HTTP-date form only.
 ///
 /// ```
 /// use std::time::{Duration, SystemTime};
@@ -39,25 +244,202 @@ const LONGEST: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// );
 /// ```
 pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
-    if let Some(ms) = headers.get("retry-after-ms").and_then(parse_number) {
-        return Some(seconds(ms / 1000.0));
+    for name in [
+        "retry-after-ms",
+        "x-amz-retry-after",
+        "grpc-retry-pushback-ms",
+    ] {
+        if let Some(ms) = headers.get(name).and_then(number) {
+            return Some(seconds(ms / 1000.0));
+        }
     }
     let value = headers.get(RETRY_AFTER)?;
-    if let Some(secs) = parse_number(value) {
+    if let Some(secs) = number(value) {
         return Some(seconds(secs));
     }
-    let date = httpdate::parse_http_date(value.to_str().ok()?.trim()).ok()?;
-    Some(
-        date.duration_since(now)
-            .unwrap_or(Duration::ZERO)
-            .min(LONGEST),
-    )
+    http_date(value, now)
+}
+
+fn retry_after_dialects(headers: &HeaderMap, now: SystemTime, signals: &mut Signals) {
+    if let Some(pause) = retry_after(headers, now) {
+        signals.retry_after = Some(pause);
+    }
+}
+
+/// GitHub (`x-ratelimit-*`) and X (`x-rate-limit-*`): reset in epoch seconds.
+fn github(headers: &HeaderMap, now: SystemTime, signals: &mut Signals) {
+    for prefix in ["x-ratelimit", "x-rate-limit"] {
+        let get = |field: &str| headers.get(format!("{prefix}-{field}").as_str());
+        let limit = get("limit").and_then(integer);
+        let remaining = get("remaining").and_then(integer);
+        let reset = get("reset").and_then(|v| epoch_or_delta(v, now));
+        if limit.is_none() && remaining.is_none() && reset.is_none() {
+            continue;
+        }
+        let entry = signals.limit_mut(Dimension::Requests);
+        entry.limit = limit.or(entry.limit);
+        entry.remaining = remaining.or(entry.remaining);
+        entry.reset = reset.or(entry.reset);
+    }
+}
+
+/// OpenAI: `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`.
+fn openai(headers: &HeaderMap, _now: SystemTime, signals: &mut Signals) {
+    for (suffix, dimension) in [
+        ("requests", Dimension::Requests),
+        ("tokens", Dimension::Tokens),
+    ] {
+        let get = |field: &str| headers.get(format!("x-ratelimit-{field}-{suffix}").as_str());
+        let limit = get("limit").and_then(integer);
+        let remaining = get("remaining").and_then(integer);
+        let reset = get("reset").and_then(go_duration);
+        fill(signals, dimension, limit, remaining, reset);
+    }
+}
+
+/// Anthropic: `anthropic-ratelimit-<dimension>-{limit,remaining,reset}`,
+/// reset as an RFC 3339 timestamp.
+fn anthropic(headers: &HeaderMap, now: SystemTime, signals: &mut Signals) {
+    for (part, dimension) in [
+        ("requests", Dimension::Requests),
+        ("tokens", Dimension::Tokens),
+        ("input-tokens", Dimension::InputTokens),
+        ("output-tokens", Dimension::OutputTokens),
+    ] {
+        let get = |field: &str| headers.get(format!("anthropic-ratelimit-{part}-{field}").as_str());
+        let limit = get("limit").and_then(integer);
+        let remaining = get("remaining").and_then(integer);
+        let reset = get("reset").and_then(|v| rfc3339(v, now));
+        fill(signals, dimension, limit, remaining, reset);
+    }
+}
+
+/// The IETF httpapi draft: `RateLimit-Policy` and `RateLimit` structured
+/// fields (several named policies), and the older
+/// `RateLimit-Limit/-Remaining/-Reset` trio.
+fn ietf(headers: &HeaderMap, _now: SystemTime, signals: &mut Signals) {
+    for value in headers.get_all("ratelimit-policy") {
+        for (name, params) in sf_list(value) {
+            let entry = signals.limit_mut(Dimension::Policy(name));
+            for (key, val) in params {
+                match key {
+                    "q" => entry.limit = val.parse().ok().or(entry.limit),
+                    "w" => {
+                        entry.window = val.parse().ok().map(Duration::from_secs).or(entry.window)
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    for value in headers.get_all("ratelimit") {
+        for (name, params) in sf_list(value) {
+            let entry = signals.limit_mut(Dimension::Policy(name));
+            for (key, val) in params {
+                match key {
+                    "r" => entry.remaining = val.parse().ok().or(entry.remaining),
+                    "t" => entry.reset = val.parse().ok().map(Duration::from_secs).or(entry.reset),
+                    _ => {}
+                }
+            }
+        }
+    }
+    let get = |field: &str| headers.get(format!("ratelimit-{field}").as_str());
+    let limit = get("limit").and_then(integer);
+    let remaining = get("remaining").and_then(integer);
+    let reset = get("reset").and_then(integer).map(Duration::from_secs);
+    fill(signals, Dimension::Requests, limit, remaining, reset);
+}
+
+/// Shopify REST: `X-Shopify-Shop-Api-Call-Limit: used/capacity`.
+fn shopify(headers: &HeaderMap, _now: SystemTime, signals: &mut Signals) {
+    let Some(text) = headers
+        .get("x-shopify-shop-api-call-limit")
+        .and_then(|v| v.to_str().ok())
+    else {
+        return;
+    };
+    let Some((used, capacity)) = text.trim().split_once('/') else {
+        return;
+    };
+    let (Ok(used), Ok(capacity)) = (used.trim().parse::<u64>(), capacity.trim().parse::<u64>())
+    else {
+        return;
+    };
+    let entry = signals.limit_mut(Dimension::Requests);
+    entry.limit = Some(capacity);
+    entry.remaining = Some(capacity.saturating_sub(used));
+}
+
+fn fill(
+    signals: &mut Signals,
+    dimension: Dimension,
+    limit: Option<u64>,
+    remaining: Option<u64>,
+    reset: Option<Duration>,
+) {
+    if limit.is_none() && remaining.is_none() && reset.is_none() {
+        return;
+    }
+    let entry = signals.limit_mut(dimension);
+    entry.limit = limit.or(entry.limit);
+    entry.remaining = remaining.or(entry.remaining);
+    entry.reset = reset.or(entry.reset);
+}
+
+/// An RFC 8941 list, simplified to what rate-limit headers use: comma
+/// separated members, each a string or token followed by `;key=value`
+/// parameters. Members that don't fit are skipped.
+fn sf_list(value: &HeaderValue) -> Vec<(String, Vec<(&str, &str)>)> {
+    let Ok(text) = value.to_str() else {
+        return Vec::new();
+    };
+    let mut members = Vec::new();
+    for member in split_outside_quotes(text, ',') {
+        let mut parts = split_outside_quotes(member, ';').into_iter();
+        let Some(name) = parts.next().map(str::trim) else {
+            continue;
+        };
+        let name = name
+            .strip_prefix('"')
+            .and_then(|n| n.strip_suffix('"'))
+            .unwrap_or(name);
+        if name.is_empty() {
+            continue;
+        }
+        let params = parts
+            .filter_map(|p| {
+                let (key, val) = p.split_once('=')?;
+                Some((key.trim(), val.trim()))
+            })
+            .collect();
+        members.push((name.to_owned(), params));
+    }
+    members
+}
+
+fn split_outside_quotes(text: &str, separator: char) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let mut quoted = false;
+    let mut start = 0;
+    for (i, c) in text.char_indices() {
+        match c {
+            '"' => quoted = !quoted,
+            c if c == separator && !quoted => {
+                parts.push(&text[start..i]);
+                start = i + c.len_utf8();
+            }
+            _ => {}
+        }
+    }
+    parts.push(&text[start..]);
+    parts
 }
 
 /// A decimal number (`3`, `1.5`, `-2`), with surrounding whitespace.
 /// Rejects what `f64::from_str` would accept but no vendor means, such as
 /// `inf`, `NaN` or `1e9`.
-fn parse_number(value: &HeaderValue) -> Option<f64> {
+fn number(value: &HeaderValue) -> Option<f64> {
     let text = value.to_str().ok()?.trim();
     let digits = text.strip_prefix('-').unwrap_or(text);
     let (whole, fraction) = digits.split_once('.').unwrap_or((digits, ""));
@@ -68,12 +450,151 @@ fn parse_number(value: &HeaderValue) -> Option<f64> {
     text.parse().ok()
 }
 
+fn integer(value: &HeaderValue) -> Option<u64> {
+    value.to_str().ok()?.trim().parse().ok()
+}
+
 fn seconds(secs: f64) -> Duration {
     if secs <= 0.0 {
         Duration::ZERO
     } else {
         Duration::try_from_secs_f64(secs).map_or(LONGEST, |d| d.min(LONGEST))
     }
+}
+
+fn until(at: SystemTime, now: SystemTime) -> Duration {
+    at.duration_since(now)
+        .unwrap_or(Duration::ZERO)
+        .min(LONGEST)
+}
+
+fn http_date(value: &HeaderValue, now: SystemTime) -> Option<Duration> {
+    let date = httpdate::parse_http_date(value.to_str().ok()?.trim()).ok()?;
+    Some(until(date, now))
+}
+
+/// Epoch seconds (GitHub, X), or seconds from now when the value is too
+/// small to be an epoch second.
+fn epoch_or_delta(value: &HeaderValue, now: SystemTime) -> Option<Duration> {
+    let secs = number(value)?;
+    if secs < EPOCH_FLOOR as f64 {
+        return Some(seconds(secs));
+    }
+    let at = SystemTime::UNIX_EPOCH.checked_add(seconds(secs))?;
+    Some(until(at, now))
+}
+
+/// A Go duration as OpenAI sends it: `6m0s`, `1.5s`, `17ms`, `1h2m3.5s`.
+fn go_duration(value: &HeaderValue) -> Option<Duration> {
+    let mut rest = value.to_str().ok()?.trim();
+    if rest.is_empty() {
+        return None;
+    }
+    let mut total = 0.0f64;
+    while !rest.is_empty() {
+        let split = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let (amount, tail) = rest.split_at(split);
+        let amount: f64 = amount.parse().ok()?;
+        let unit_end = tail
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_end);
+        let scale = match unit {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 1e-3,
+            "us" | "µs" => 1e-6,
+            "ns" => 1e-9,
+            _ => return None,
+        };
+        total += amount * scale;
+        rest = tail;
+    }
+    Some(seconds(total))
+}
+
+/// An RFC 3339 timestamp (`2024-06-10T12:00:30Z`, `...30.5+02:00`), as a
+/// time from `now`.
+fn rfc3339(value: &HeaderValue, now: SystemTime) -> Option<Duration> {
+    let text = value.to_str().ok()?.trim();
+    let bytes = text.as_bytes();
+    if bytes.len() < 20 || !bytes.is_ascii() {
+        return None;
+    }
+    let field = |range: std::ops::Range<usize>| -> Option<i64> {
+        let s = text.get(range)?;
+        s.bytes()
+            .all(|b| b.is_ascii_digit())
+            .then(|| s.parse().ok())?
+    };
+    let (year, month, day) = (field(0..4)?, field(5..7)?, field(8..10)?);
+    let (hour, minute, second) = (field(11..13)?, field(14..16)?, field(17..19)?);
+    if bytes[4] != b'-' || bytes[7] != b'-' || !matches!(bytes[10], b'T' | b't' | b' ') {
+        return None;
+    }
+    if bytes[13] != b':' || bytes[16] != b':' {
+        return None;
+    }
+    if !(1..=12).contains(&month)
+        || !(1..=31).contains(&day)
+        || hour > 23
+        || minute > 59
+        || second > 60
+    {
+        return None;
+    }
+    let mut rest = &text[19..];
+    let mut fraction = 0.0;
+    if let Some(after_dot) = rest.strip_prefix('.') {
+        let digits = after_dot
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(after_dot.len());
+        if digits == 0 {
+            return None;
+        }
+        fraction = format!("0.{}", &after_dot[..digits]).parse().ok()?;
+        rest = &after_dot[digits..];
+    }
+    let offset = match rest {
+        "Z" | "z" => 0,
+        _ => {
+            let sign = match rest.as_bytes().first()? {
+                b'+' => 1,
+                b'-' => -1,
+                _ => return None,
+            };
+            if rest.len() != 6 || rest.as_bytes()[3] != b':' {
+                return None;
+            }
+            let h: i64 = rest[1..3].parse().ok()?;
+            let m: i64 = rest[4..6].parse().ok()?;
+            sign * (h * 3600 + m * 60)
+        }
+    };
+    let epoch =
+        days_from_civil(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second - offset;
+    let at = if epoch >= 0 {
+        SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(epoch as u64))?
+    } else {
+        SystemTime::UNIX_EPOCH.checked_sub(Duration::from_secs(epoch.unsigned_abs()))?
+    };
+    let at = at.checked_add(Duration::from_secs_f64(fraction))?;
+    Some(until(at, now))
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's
+/// `days_from_civil`).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let year = if month <= 2 { year - 1 } else { year };
+    let era = year.div_euclid(400);
+    let year_of_era = year - era * 400;
+    let month_index = (month + 9) % 12;
+    let day_of_year = (153 * month_index + 2) / 5 + day - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    era * 146_097 + day_of_era - 719_468
 }
 
 #[cfg(test)]
@@ -91,7 +612,7 @@ mod tests {
     }
 
     #[test]
-    fn reads_every_form_and_survives_garbage() {
+    fn reads_every_retry_after_form_and_survives_garbage() {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
         let ahead = httpdate::fmt_http_date(now + Duration::from_secs(7));
         let behind = httpdate::fmt_http_date(now - Duration::from_secs(7));
@@ -122,6 +643,15 @@ mod tests {
                 Some(Duration::from_millis(250)),
             ),
             (
+                &[("x-amz-retry-after", b"1500")],
+                Some(Duration::from_millis(1500)),
+            ),
+            (
+                &[("grpc-retry-pushback-ms", b"2000")],
+                Some(Duration::from_secs(2)),
+            ),
+            (&[("grpc-retry-pushback-ms", b"-1")], Some(Duration::ZERO)),
+            (
                 &[("retry-after-ms", b"250"), ("retry-after", b"9")],
                 Some(Duration::from_millis(250)),
             ),
@@ -144,23 +674,311 @@ mod tests {
         }
     }
 
+    fn limit(
+        dimension: Dimension,
+        limit: Option<u64>,
+        remaining: Option<u64>,
+        reset: Option<Duration>,
+    ) -> Limit {
+        Limit {
+            dimension,
+            limit,
+            remaining,
+            reset,
+            window: None,
+        }
+    }
+
+    /// Header values as each vendor's documentation shows them.
     #[test]
-    fn any_bytes_never_panic() {
+    fn reads_each_vendor_dialect() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_372_700_000);
+        let secs = Duration::from_secs;
+        let cases: Vec<(&str, Pairs<'_>, Signals)> = vec![
+            (
+                "GitHub",
+                &[
+                    ("x-ratelimit-limit", b"60"),
+                    ("x-ratelimit-remaining", b"56"),
+                    ("x-ratelimit-used", b"4"),
+                    ("x-ratelimit-reset", b"1372700873"),
+                    ("x-ratelimit-resource", b"core"),
+                ],
+                Signals {
+                    retry_after: None,
+                    limits: vec![limit(
+                        Dimension::Requests,
+                        Some(60),
+                        Some(56),
+                        Some(secs(873)),
+                    )],
+                },
+            ),
+            (
+                "GitHub, reset in the past and upper case",
+                &[
+                    ("X-RateLimit-Remaining", b" 0 "),
+                    ("X-RateLimit-Reset", b"1372699000"),
+                ],
+                Signals {
+                    retry_after: None,
+                    limits: vec![limit(
+                        Dimension::Requests,
+                        None,
+                        Some(0),
+                        Some(Duration::ZERO),
+                    )],
+                },
+            ),
+            (
+                "X",
+                &[
+                    ("x-rate-limit-limit", b"900"),
+                    ("x-rate-limit-remaining", b"899"),
+                    ("x-rate-limit-reset", b"1372700900"),
+                ],
+                Signals {
+                    retry_after: None,
+                    limits: vec![limit(
+                        Dimension::Requests,
+                        Some(900),
+                        Some(899),
+                        Some(secs(900)),
+                    )],
+                },
+            ),
+            (
+                "a delta in x-ratelimit-reset",
+                &[
+                    ("x-ratelimit-remaining", b"0"),
+                    ("x-ratelimit-reset", b"30"),
+                ],
+                Signals {
+                    retry_after: None,
+                    limits: vec![limit(Dimension::Requests, None, Some(0), Some(secs(30)))],
+                },
+            ),
+            (
+                "OpenAI",
+                &[
+                    ("x-ratelimit-limit-requests", b"60"),
+                    ("x-ratelimit-limit-tokens", b"150000"),
+                    ("x-ratelimit-remaining-requests", b"59"),
+                    ("x-ratelimit-remaining-tokens", b"149984"),
+                    ("x-ratelimit-reset-requests", b"1s"),
+                    ("x-ratelimit-reset-tokens", b"6m0s"),
+                ],
+                Signals {
+                    retry_after: None,
+                    limits: vec![
+                        limit(Dimension::Requests, Some(60), Some(59), Some(secs(1))),
+                        limit(
+                            Dimension::Tokens,
+                            Some(150_000),
+                            Some(149_984),
+                            Some(secs(360)),
+                        ),
+                    ],
+                },
+            ),
+            (
+                "OpenAI, fractions and milliseconds",
+                &[
+                    ("x-ratelimit-remaining-requests", b"0"),
+                    ("x-ratelimit-reset-requests", b"1.5s"),
+                    ("x-ratelimit-reset-tokens", b"17ms"),
+                    ("retry-after-ms", b"1500"),
+                ],
+                Signals {
+                    retry_after: Some(Duration::from_millis(1500)),
+                    limits: vec![
+                        limit(
+                            Dimension::Requests,
+                            None,
+                            Some(0),
+                            Some(Duration::from_millis(1500)),
+                        ),
+                        limit(
+                            Dimension::Tokens,
+                            None,
+                            None,
+                            Some(Duration::from_millis(17)),
+                        ),
+                    ],
+                },
+            ),
+            (
+                "Anthropic",
+                &[
+                    ("retry-after", b"20"),
+                    ("anthropic-ratelimit-requests-limit", b"50"),
+                    ("anthropic-ratelimit-requests-remaining", b"0"),
+                    (
+                        "anthropic-ratelimit-requests-reset",
+                        b"2013-07-01T17:47:00Z",
+                    ),
+                    ("anthropic-ratelimit-input-tokens-limit", b"40000"),
+                    ("anthropic-ratelimit-input-tokens-remaining", b"39000"),
+                    (
+                        "anthropic-ratelimit-input-tokens-reset",
+                        b"2013-07-01T19:33:20.5+02:00",
+                    ),
+                    (
+                        "anthropic-ratelimit-output-tokens-reset",
+                        b"2013-07-01T00:00:00Z",
+                    ),
+                ],
+                Signals {
+                    retry_after: Some(secs(20)),
+                    limits: vec![
+                        limit(Dimension::Requests, Some(50), Some(0), Some(secs(820))),
+                        limit(
+                            Dimension::InputTokens,
+                            Some(40_000),
+                            Some(39_000),
+                            Some(Duration::from_millis(500)),
+                        ),
+                        limit(Dimension::OutputTokens, None, None, Some(Duration::ZERO)),
+                    ],
+                },
+            ),
+            (
+                "IETF, several policies",
+                &[
+                    (
+                        "ratelimit-policy",
+                        b"\"burst\";q=100;w=60, \"daily\";q=1000;w=86400",
+                    ),
+                    ("ratelimit", b"\"burst\";r=0;t=30"),
+                ],
+                Signals {
+                    retry_after: None,
+                    limits: vec![
+                        Limit {
+                            window: Some(secs(60)),
+                            ..limit(
+                                Dimension::Policy("burst".into()),
+                                Some(100),
+                                Some(0),
+                                Some(secs(30)),
+                            )
+                        },
+                        Limit {
+                            window: Some(secs(86_400)),
+                            ..limit(Dimension::Policy("daily".into()), Some(1000), None, None)
+                        },
+                    ],
+                },
+            ),
+            (
+                "IETF, the older trio",
+                &[
+                    ("RateLimit-Limit", b"100"),
+                    ("RateLimit-Remaining", b"50"),
+                    ("RateLimit-Reset", b"30"),
+                ],
+                Signals {
+                    retry_after: None,
+                    limits: vec![limit(
+                        Dimension::Requests,
+                        Some(100),
+                        Some(50),
+                        Some(secs(30)),
+                    )],
+                },
+            ),
+            (
+                "Shopify",
+                &[("X-Shopify-Shop-Api-Call-Limit", b"32/40")],
+                Signals {
+                    retry_after: None,
+                    limits: vec![limit(Dimension::Requests, Some(40), Some(8), None)],
+                },
+            ),
+            (
+                "missing pieces and garbage",
+                &[
+                    ("x-ratelimit-remaining", b"lots"),
+                    ("x-ratelimit-reset-tokens", b"6 minutes"),
+                    (
+                        "anthropic-ratelimit-requests-reset",
+                        b"2013-13-01T00:00:00Z",
+                    ),
+                    ("ratelimit-policy", b";;,\"\";q=;w=x"),
+                    ("x-shopify-shop-api-call-limit", b"40"),
+                    ("x-ratelimit-reset", b"caf\xc3\xa9"),
+                ],
+                Signals::default(),
+            ),
+        ];
+        for (name, pairs, expected) in cases {
+            assert_eq!(Signals::parse(&headers(pairs), now), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn pause_hints_and_announced_rates() {
+        let now = SystemTime::now();
+        let signals = Signals::parse(
+            &headers(&[
+                (
+                    "ratelimit-policy",
+                    b"\"minute\";q=120;w=60, \"second\";q=5;w=1",
+                ),
+                ("x-ratelimit-remaining-tokens", b"0"),
+                ("x-ratelimit-reset-tokens", b"2s"),
+            ]),
+            now,
+        );
+        // 120 a minute is the slower of the two: 2/s satisfies both.
+        assert_eq!(
+            signals.announced_rate(),
+            Some(Rate::new(120, Duration::from_secs(60)))
+        );
+        assert_eq!(signals.exhausted_for(), Some(Duration::from_secs(2)));
+        assert_eq!(signals.pause_hint(), Some(Duration::from_secs(2)));
+        assert!(!signals.requests_exhausted(), "only tokens ran out");
+    }
+
+    #[test]
+    fn any_bytes_in_any_header_never_panic() {
+        const NAMES: &[&str] = &[
+            "retry-after",
+            "retry-after-ms",
+            "x-amz-retry-after",
+            "grpc-retry-pushback-ms",
+            "x-ratelimit-limit",
+            "x-ratelimit-remaining",
+            "x-ratelimit-reset",
+            "x-rate-limit-reset",
+            "x-ratelimit-reset-requests",
+            "x-ratelimit-reset-tokens",
+            "anthropic-ratelimit-requests-reset",
+            "anthropic-ratelimit-tokens-remaining",
+            "ratelimit-policy",
+            "ratelimit",
+            "ratelimit-reset",
+            "x-shopify-shop-api-call-limit",
+        ];
+        let alphabet = b"0123456789.-+ eE:;,=/\"TZzqwrtmshu\xc2\xb5GMTinfa\t\xff";
         let mut rng = fastrand::Rng::with_seed(7);
-        for _ in 0..20_000 {
-            let len = rng.usize(0..24);
-            let bytes: Vec<u8> = (0..len)
-                .map(|_| {
-                    *rng.choice(b"0123456789.-+ eE:GMTinfa,\t\xff".iter())
-                        .unwrap()
-                })
-                .collect();
-            if let Ok(value) = HeaderValue::from_bytes(&bytes) {
-                let mut map = HeaderMap::new();
-                map.insert(RETRY_AFTER, value.clone());
-                map.insert("retry-after-ms", value);
-                let _ = retry_after(&map, SystemTime::now());
+        for _ in 0..50_000 {
+            let mut map = HeaderMap::new();
+            for name in NAMES {
+                let len = rng.usize(0..32);
+                let bytes: Vec<u8> = (0..len)
+                    .map(|_| alphabet[rng.usize(..alphabet.len())])
+                    .collect();
+                if let Ok(value) = HeaderValue::from_bytes(&bytes) {
+                    map.insert(*name, value);
+                }
             }
+            let signals = Signals::parse(&map, SystemTime::now());
+            let _ = (
+                signals.pause_hint(),
+                signals.announced_rate(),
+                signals.requests_exhausted(),
+            );
         }
     }
 }

@@ -4,7 +4,10 @@
 //! [`Vendor`] accepts at most `limit` requests in any sliding window of
 //! `window` (the strictest way a vendor counts) and answers the rest with 429,
 //! `Retry-After`, `X-RateLimit-Limit/-Remaining/-Reset` and
-//! `Cache-Control: no-store`, like a real gateway. It can also be told to
+//! `Cache-Control: no-store`, like a real gateway. Accepted requests carry
+//! `X-RateLimit-Limit/-Remaining` but no reset: in a sliding window "reset"
+//! is only "when the oldest request leaves", and whole epoch seconds would
+//! make a client that honors `remaining: 0` wait up to a second too long. It can also be told to
 //! throttle everything for a while. Its arrival log answers the question a
 //! quota test asks: "were there ever more than N arrivals in a window W?".
 //!
@@ -85,34 +88,76 @@ pub struct Vendor {
 struct Inner {
     limit: usize,
     window: Duration,
+    counting: Counting,
     clock: Option<Handle>,
     start: Instant,
     state: Mutex<State>,
 }
 
+/// How the vendor counts its quota.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Counting {
+    /// At most `limit` in any window `(t - window, t]`.
+    Sliding,
+    /// At most `limit` in each window `[k·window, (k+1)·window)` from the
+    /// vendor's start, as GitHub counts per hour.
+    Fixed,
+}
+
 #[derive(Default)]
 struct State {
+    /// Sliding: when each request in the window was accepted.
     accepted: VecDeque<Instant>,
+    /// Fixed: the current window's index and count.
+    fixed: (u128, usize),
     log: Vec<Arrival>,
     forced: Option<(Instant, RetryAfter)>,
+    announce_policy: bool,
+    silent: bool,
 }
 
 impl Vendor {
     /// A vendor that accepts at most `limit` requests in any sliding window
     /// of `window` and answers 429 beyond.
     pub fn strict(limit: usize, window: Duration) -> Self {
+        Self::counting(limit, window, Counting::Sliding)
+    }
+
+    /// A vendor that counts like GitHub: at most `limit` in each fixed
+    /// window from its start, and every answer carries
+    /// `x-ratelimit-limit/-remaining/-reset`, the reset in epoch seconds.
+    pub fn fixed_window(limit: usize, window: Duration) -> Self {
+        Self::counting(limit, window, Counting::Fixed)
+    }
+
+    fn counting(limit: usize, window: Duration, counting: Counting) -> Self {
         let clock = Handle::try_current().ok();
         let start = now(clock.as_ref());
         Self {
             inner: Arc::new(Inner {
                 limit,
-                window,
+                window: window.max(Duration::from_nanos(1)),
+                counting,
                 clock,
                 start,
                 state: Mutex::default(),
             }),
             server: None,
         }
+    }
+
+    /// Also announce the quota on every answer, as the IETF draft does:
+    /// `RateLimit-Policy: "default";q=<limit>;w=<window in seconds>`.
+    pub fn announcing_policy(self) -> Self {
+        self.state().announce_policy = true;
+        self
+    }
+
+    /// Throttle without saying anything: a bare 429, no `Retry-After`, no
+    /// rate-limit headers, as some vendors do.
+    pub fn silent(self) -> Self {
+        self.state().silent = true;
+        self
     }
 
     /// Start a wiremock server on loopback that answers every request like
@@ -194,46 +239,95 @@ fn now(runtime: Option<&Handle>) -> Instant {
     Instant::now()
 }
 
+impl Vendor {
+    /// Count one arrival: `Ok(remaining)` if accepted, else `Err(wait)`
+    /// until a slot frees.
+    fn admit(&self, state: &mut State, now: Instant) -> Result<usize, Duration> {
+        let inner = &self.inner;
+        match inner.counting {
+            Counting::Sliding => {
+                if let Some(floor) = now.checked_sub(inner.window) {
+                    while state.accepted.front().is_some_and(|&t| t <= floor) {
+                        state.accepted.pop_front();
+                    }
+                }
+                if state.accepted.len() >= inner.limit {
+                    // The oldest accepted request leaves the window then.
+                    let free = state.accepted.front().map_or(now, |&t| t + inner.window);
+                    return Err(free - now);
+                }
+                state.accepted.push_back(now);
+                Ok(inner.limit - state.accepted.len())
+            }
+            Counting::Fixed => {
+                let index = (now - inner.start).as_nanos() / inner.window.as_nanos();
+                if state.fixed.0 != index {
+                    state.fixed = (index, 0);
+                }
+                if state.fixed.1 >= inner.limit {
+                    return Err(self.window_end(now) - now);
+                }
+                state.fixed.1 += 1;
+                Ok(inner.limit - state.fixed.1)
+            }
+        }
+    }
+
+    /// The end of the fixed window `now` falls in.
+    fn window_end(&self, now: Instant) -> Instant {
+        let inner = &self.inner;
+        let elapsed = (now - inner.start).as_nanos();
+        let window = inner.window.as_nanos();
+        let end = (elapsed / window + 1) * window;
+        inner.start + Duration::from_nanos(u64::try_from(end).unwrap_or(u64::MAX))
+    }
+}
+
 impl Respond for Vendor {
     fn respond(&self, request: &wiremock::Request) -> ResponseTemplate {
         let inner = &self.inner;
         let now = now(inner.clock.as_ref());
         let mut state = self.state();
-        if let Some(floor) = now.checked_sub(inner.window) {
-            while state.accepted.front().is_some_and(|&t| t <= floor) {
-                state.accepted.pop_front();
-            }
-        }
         let forced = match &state.forced {
             Some((until, hint)) if now < *until => Some(hint.clone()),
             _ => None,
         };
         let limit = inner.limit.to_string();
-        let (status, template) = if let Some(hint) = forced {
+        let (status, mut template) = if let Some(hint) = forced {
             (429, with_hint(ResponseTemplate::new(429), &hint))
-        } else if state.accepted.len() >= inner.limit {
-            // The oldest accepted request leaves the window at `free`.
-            let free = state.accepted.front().map_or(now, |&t| t + inner.window);
-            let wait = free - now;
-            let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
-            let template = ResponseTemplate::new(429)
-                .insert_header("retry-after", secs.to_string())
-                .insert_header("x-ratelimit-limit", limit)
-                .insert_header("x-ratelimit-remaining", "0")
-                .insert_header("x-ratelimit-reset", epoch_secs_after(wait).to_string());
-            (429, template)
         } else {
-            state.accepted.push_back(now);
-            let remaining = inner.limit - state.accepted.len();
-            let template = ResponseTemplate::new(200)
-                .insert_header("x-ratelimit-limit", limit)
-                .insert_header("x-ratelimit-remaining", remaining.to_string())
-                .insert_header(
-                    "x-ratelimit-reset",
-                    epoch_secs_after(inner.window).to_string(),
-                );
-            (200, template)
+            match self.admit(&mut state, now) {
+                Ok(remaining) => {
+                    let mut template = ResponseTemplate::new(200)
+                        .insert_header("x-ratelimit-limit", limit)
+                        .insert_header("x-ratelimit-remaining", remaining.to_string());
+                    if inner.counting == Counting::Fixed {
+                        let reset = self.window_end(now) - now;
+                        let reset = epoch_secs_after(reset).to_string();
+                        template = template.insert_header("x-ratelimit-reset", reset);
+                    }
+                    (200, template)
+                }
+                Err(_) if state.silent => (429, ResponseTemplate::new(429)),
+                Err(wait) => {
+                    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+                    let template = ResponseTemplate::new(429)
+                        .insert_header("retry-after", secs.to_string())
+                        .insert_header("x-ratelimit-limit", limit)
+                        .insert_header("x-ratelimit-remaining", "0")
+                        .insert_header("x-ratelimit-reset", epoch_secs_after(wait).to_string());
+                    (429, template)
+                }
+            }
         };
+        if state.announce_policy {
+            let policy = format!(
+                "\"default\";q={};w={}",
+                inner.limit,
+                inner.window.as_secs().max(1)
+            );
+            template = template.insert_header("ratelimit-policy", policy);
+        }
         let path = match request.url.query() {
             Some(query) => format!("{}?{query}", request.url.path()),
             None => request.url.path().to_owned(),

@@ -233,3 +233,28 @@ async fn the_retry_budget_bounds_the_load_on_a_failing_vendor() {
     let attempts = server.received_requests().await.unwrap().len();
     assert!((200..=250).contains(&attempts), "{attempts} attempts");
 }
+
+/// A vendor that says nothing but a bare 429 and really allows 2/3 of
+/// what the client was told: adaptive pacing finds the real rate and is
+/// throttled far less often than a fixed-rate lane.
+#[tokio::test(start_paused = true)]
+async fn adaptive_pacing_spends_fewer_throttles_on_a_silent_vendor() {
+    let mut throttles = Vec::new();
+    for adaptive in [false, true] {
+        let vendor = Vendor::strict(10, SECOND).silent().start().await;
+        let mut builder = shaper(15);
+        if adaptive {
+            builder = builder.adaptive(callshaper::Adaptive::default());
+        }
+        let shaper = builder.build().unwrap();
+        for outcome in burst(&shaper, &vendor.uri(), 300).await {
+            assert_eq!(outcome.unwrap().status(), 200);
+        }
+        throttles.push(vendor.throttled());
+    }
+    let (fixed, adaptive) = (throttles[0], throttles[1]);
+    assert!(
+        adaptive * 2 < fixed,
+        "fixed-rate lane: {fixed} 429s, adaptive: {adaptive}"
+    );
+}

@@ -598,8 +598,17 @@ impl Dispatcher {
         while let Ok(ticket) = self.requeue.try_recv() {
             self.front.insert(ticket.seq, ticket.turn);
         }
+        if self.front.is_empty() {
+            match self.queue.try_recv() {
+                Ok(ticket) => {
+                    self.front.insert(ticket.seq, ticket.turn);
+                }
+                // Only now pay for a timer: a busy lane never gets here.
+                Err(_) => return self.wait_for_work().await,
+            }
+        }
         let Some((&seq, head)) = self.front.first_key_value() else {
-            return self.wait_for_work().await;
+            return true;
         };
         if head.is_closed() {
             self.front.remove(&seq);

@@ -1,5 +1,5 @@
 //! The front door: [`Shaper`] wraps a reqwest client and sends every request
-//! through the lane of its quota.
+//! through the lanes of its quotas.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -11,18 +11,20 @@ use std::time::{Duration, SystemTime};
 
 use reqwest::header::{HeaderName, HeaderValue};
 use reqwest::{IntoUrl, Method, Request, Response};
+use tokio::time::Instant;
 
 use crate::adaptive::Adaptive;
 use crate::error::{ConfigError, Error};
-use crate::lane::{Lane, LanePolicy, LaneSnapshot};
-use crate::meter::Rate;
+use crate::lane::{Lane, LanePolicy, LaneSnapshot, Priority, Turn};
+use crate::meters::Quota;
 use crate::retry::{self, Backoff, RetryBudget, RetryPolicy, Verdict};
+use crate::route::{LaneKey, Level, Route, Tag};
 use crate::signals::{Dialect, Signals};
 
 /// A boxed, sendable future, as [`Transport::send`] returns.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
-/// What actually puts a request on the wire once its lane releases it.
+/// What actually puts a request on the wire once its lanes release it.
 ///
 /// `reqwest::Client` is the transport unless you give another; a wrapper can
 /// add what has to happen per attempt (signing, tracing) underneath the
@@ -38,21 +40,30 @@ impl Transport for reqwest::Client {
     }
 }
 
-/// Picks the lane of a request: one key, one quota.
-type LaneKeyFn = dyn Fn(&Request) -> String + Send + Sync;
-
 /// A per-request limit on the wait for release, also understood as a
 /// `reqwest_middleware` extension.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MaxWait(pub Duration);
 
+/// Estimates a request's cost when the caller gave none.
+type CostFn = dyn Fn(&Request) -> u64 + Send + Sync;
+
+/// What a caller can say about one request besides the request itself.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Options {
+    pub(crate) max_wait: Option<Duration>,
+    pub(crate) cost: Option<u64>,
+    pub(crate) priority: Priority,
+    pub(crate) tag: Option<Tag>,
+}
+
 /// A reqwest client that can't exceed a vendor's quota.
 ///
-/// Every request goes through the lane of its quota (by default one lane per
-/// origin): a FIFO queue released at the quota's fixed pace. A 429 or 503
-/// pauses the whole lane for as long as the vendor says; the throttled
-/// request keeps its place at the head of the queue and goes again when the
-/// pause ends. Cloning is cheap, and clones share lanes.
+/// Every request goes through the lanes of its quotas (by default one lane
+/// per origin): FIFO queues released at the quotas' pace. A 429 or 503
+/// pauses the lanes for as long as the vendor says; the throttled request
+/// keeps its place at the head and goes again when the pause ends. Cloning
+/// is cheap, and clones share lanes.
 ///
 /// ```
 /// use std::time::Duration;
@@ -88,9 +99,11 @@ type LaneMap = Mutex<HashMap<String, Arc<Lane>>>;
 struct Inner {
     client: reqwest::Client,
     transport: Arc<dyn Transport>,
-    policy: LanePolicy,
     retry: RetryPolicy,
-    lane_key: Arc<LaneKeyFn>,
+    routes: Vec<Route>,
+    /// The shaper-wide levels, the vendor's last.
+    levels: Vec<Level>,
+    cost: Option<Arc<CostFn>>,
     dialects: Vec<Arc<dyn Dialect>>,
     lanes: Arc<LaneMap>,
     shut: AtomicBool,
@@ -103,22 +116,22 @@ fn lock(lanes: &LaneMap) -> MutexGuard<'_, HashMap<String, Arc<Lane>>> {
 /// The lane key of a request when none is chosen: its origin
 /// (`scheme://host:port`).
 pub fn origin_key(request: &Request) -> String {
-    request.url().origin().ascii_serialization()
+    LaneKey::Origin.of(request, None)
 }
 
 impl Shaper {
-    /// Start configuring a shaper; [`ShaperBuilder::rate`] is the one
-    /// setting without a default.
+    /// Start configuring a shaper; a quota ([`ShaperBuilder::rate`] or
+    /// [`ShaperBuilder::quota`]) is the one setting without a default.
     pub fn builder() -> ShaperBuilder {
         ShaperBuilder::default()
     }
 
-    /// Start a request; `send` queues it on its lane.
+    /// Start a request; `send` queues it on its lanes.
     pub fn request<U: IntoUrl>(&self, method: Method, url: U) -> RequestBuilder {
         RequestBuilder {
             shaper: self.clone(),
             inner: self.inner.client.request(method, url),
-            max_wait: None,
+            options: Options::default(),
         }
     }
 
@@ -132,19 +145,15 @@ impl Shaper {
         self.request(Method::POST, url)
     }
 
-    /// Send `request` through its lane and return the vendor's response, or
-    /// the reason there is none.
+    /// Send `request` through its lanes and return the vendor's response,
+    /// or the reason there is none.
     pub async fn execute(&self, request: Request) -> Result<Response, Error> {
-        self.execute_within(request, None).await
+        self.execute_with(request, Options::default()).await
     }
 
-    async fn execute_within(
-        &self,
-        request: Request,
-        max_wait: Option<Duration>,
-    ) -> Result<Response, Error> {
+    async fn execute_with(&self, request: Request, options: Options) -> Result<Response, Error> {
         let transport = self.inner.transport.clone();
-        self.drive(request, max_wait, |r| transport.send(r))
+        self.drive(request, options, |r| transport.send(r))
             .await
             .map_err(|failure| match failure {
                 Failure::Shaper(error) => error,
@@ -152,7 +161,8 @@ impl Shaper {
             })
     }
 
-    /// What the lane `key` is doing, if it exists.
+    /// What the lane `key` is doing, if it exists. Lanes of the default
+    /// level are named by their key (the origin); others `level/key`.
     pub fn lane(&self, key: &str) -> Option<LaneSnapshot> {
         lock(&self.inner.lanes).get(key).map(|lane| lane.snapshot())
     }
@@ -175,33 +185,73 @@ impl Shaper {
         }
     }
 
-    /// The lane of `request`, created on first use.
-    fn lane_for(&self, request: &Request) -> Result<Arc<Lane>, Error> {
-        let key = (self.inner.lane_key)(request);
+    /// The levels `request` goes through: its route's, then the shaper's.
+    fn levels_for(&self, request: &Request) -> impl Iterator<Item = &Level> {
+        let route = self
+            .inner
+            .routes
+            .iter()
+            .find(|route| route.matches(request));
+        route
+            .into_iter()
+            .flat_map(|route| &route.levels)
+            .chain(&self.inner.levels)
+    }
+
+    /// The lane of `request` in `level`, created on first use.
+    fn lane_for(
+        &self,
+        level: &Level,
+        request: &Request,
+        tag: Option<&Tag>,
+    ) -> Result<Arc<Lane>, Error> {
+        let name = level.lane_name(request, tag);
         let mut lanes = lock(&self.inner.lanes);
         if self.inner.shut.load(Ordering::Acquire) {
             return Err(Error::Shutdown);
         }
-        if let Some(lane) = lanes.get(&key) {
+        if let Some(lane) = lanes.get(&name) {
             return Ok(lane.clone());
         }
-        let on_idle = evict_when_idle(Arc::downgrade(&self.inner.lanes), key.clone());
+        let on_idle = evict_when_idle(Arc::downgrade(&self.inner.lanes), name.clone());
         let lane = Arc::new(Lane::spawn(
-            key.clone(),
-            self.inner.policy.clone(),
+            name.clone(),
+            level.policy.clone(),
             self.inner.retry.budget,
             Some(on_idle),
         ));
-        lanes.insert(key, lane.clone());
+        lanes.insert(name, lane.clone());
         Ok(lane)
     }
 
-    /// The loop every request runs: wait for the turn, send, and decide
-    /// from the outcome whether to pause the lane and go again.
+    /// Wait for a turn in every lane, in order. A retry enters each lane
+    /// again with its old place.
+    async fn turns(
+        &self,
+        lanes: &[Arc<Lane>],
+        places: &mut Vec<crate::lane::Place>,
+        options: &Options,
+        cost: u64,
+    ) -> Result<Vec<Turn>, Error> {
+        let mut turns = Vec::with_capacity(lanes.len());
+        for (i, lane) in lanes.iter().enumerate() {
+            if let Some(place) = places.get_mut(i) {
+                lane.reenter(place)?;
+            } else {
+                let max_wait = options.max_wait.or(lane.policy().max_wait);
+                places.push(lane.enter(cost, options.priority, max_wait)?);
+            }
+            turns.push(lane.wait(&mut places[i]).await?);
+        }
+        Ok(turns)
+    }
+
+    /// The loop every request runs: wait for the turns, send, and decide
+    /// from the outcome whether to pause the lanes and go again.
     pub(crate) async fn drive<E, F, Fut>(
         &self,
         mut request: Request,
-        max_wait: Option<Duration>,
+        options: Options,
         mut send: F,
     ) -> Result<Response, Failure<E>>
     where
@@ -209,29 +259,48 @@ impl Shaper {
         F: FnMut(Request) -> Fut,
         Fut: Future<Output = Result<Response, E>>,
     {
-        let lane = self.lane_for(&request)?;
-        let max_wait = max_wait.or(lane.policy().max_wait);
-        let mut place = lane.enter(max_wait)?;
+        let tag = options.tag.as_ref();
+        let lanes = self
+            .levels_for(&request)
+            .map(|level| self.lane_for(level, &request, tag))
+            .collect::<Result<Vec<_>, _>>()?;
+        // The vendor's own lane: the last level. It learns the vendor's
+        // quotas and keeps the retry budget.
+        let Some(vendor) = lanes.last().cloned() else {
+            return Err(Error::Shutdown.into());
+        };
+        let cost = options
+            .cost
+            .or_else(|| self.inner.cost.as_ref().map(|estimate| estimate(&request)))
+            .unwrap_or(1);
+        let mut places = Vec::with_capacity(lanes.len());
         let policy = &self.inner.retry;
         let may_retry_failure =
             policy.retry_non_idempotent || retry::is_idempotent(request.method());
         let (mut attempts, mut failures, mut throttles) = (0u32, 0u32, 0u32);
         loop {
-            let turn = lane.wait(&mut place).await?;
+            let turns = self.turns(&lanes, &mut places, &options, cost).await?;
             attempts += 1;
             if attempts == 1 {
-                lane.deposit();
+                vendor.deposit();
             }
             // A body that can't be cloned (a stream) allows one send only.
             let spare = request.try_clone();
             let mut outcome = send(request).await;
-            drop(turn);
+            let charges: Vec<_> = lanes
+                .iter()
+                .zip(&turns)
+                .map(|(lane, turn)| (lane.clone(), turn.at()))
+                .collect();
+            drop(turns);
 
             let signals = match &mut outcome {
                 Ok(response) => {
                     let signals = self.read_signals(response.headers());
-                    self.learn(&lane, &signals);
-                    response.extensions_mut().insert(signals.clone());
+                    self.learn(&vendor, &signals);
+                    let extensions = response.extensions_mut();
+                    extensions.insert(signals.clone());
+                    extensions.insert(Settle::new(cost, charges));
                     signals
                 }
                 Err(_) => Signals::default(),
@@ -240,18 +309,22 @@ impl Shaper {
                 Ok(response) => retry::classify(response.status(), &signals),
                 Err(_) => Verdict::Failed,
             };
-            let headroom = lane.policy().headroom;
+            let headroom = vendor.policy().headroom;
             match (verdict, outcome) {
                 (Verdict::Done, outcome) => {
-                    lane.succeeded();
+                    for lane in &lanes {
+                        lane.succeeded();
+                    }
                     if let Some(reset) = signals.exhausted_for() {
                         // Nothing left until `reset`: stop before the vendor
                         // has to say 429.
-                        lane.pause_for(reset + headroom);
+                        for lane in &lanes {
+                            lane.pause_for(reset + headroom);
+                        }
                         tracing::info!(
-                            lane = lane.key(),
+                            lane = vendor.key(),
                             ?reset,
-                            "quota used up; pausing the lane until it resets"
+                            "quota used up; pausing until it resets"
                         );
                     }
                     return outcome.map_err(|source| Failure::Send { attempts, source });
@@ -259,7 +332,7 @@ impl Shaper {
                 (Verdict::Throttled, Ok(response)) => {
                     throttles += 1;
                     let hint = signals.pause_hint();
-                    let pause = lane.throttled(hint);
+                    let pause = vendor.throttled(hint);
                     // A hinted pause gets the headroom too: the vendor's
                     // clock and ours are not the same clock.
                     let padded = if pause.is_zero() || hint.is_none() {
@@ -267,18 +340,20 @@ impl Shaper {
                     } else {
                         pause + headroom
                     };
-                    lane.pause_for(padded);
+                    for lane in &lanes {
+                        lane.pause_for(padded);
+                    }
                     tracing::warn!(
-                        lane = lane.key(),
+                        lane = vendor.key(),
                         status = response.status().as_u16(),
                         ?pause,
                         hinted = hint.is_some(),
                         "vendor throttled the lane; pausing it"
                     );
-                    let max_pause = lane.policy().max_pause;
+                    let max_pause = vendor.policy().max_pause;
                     if pause > max_pause {
                         return Err(Error::PauseTooLong {
-                            lane: lane.key().to_owned(),
+                            lane: vendor.key().to_owned(),
                             requested: pause,
                             max_pause,
                         }
@@ -319,9 +394,9 @@ impl Shaper {
                             Err(source) => Err(Failure::Send { attempts, source }),
                         };
                     }
-                    if !lane.withdraw_retry() {
+                    if !vendor.withdraw_retry() {
                         return Err(Error::RetryBudgetExhausted {
-                            lane: lane.key().to_owned(),
+                            lane: vendor.key().to_owned(),
                             attempts,
                             last_status,
                         }
@@ -329,7 +404,7 @@ impl Shaper {
                     }
                     let backoff = policy.backoff.full_jitter(failures - 1);
                     tracing::debug!(
-                        lane = lane.key(),
+                        lane = vendor.key(),
                         attempts,
                         ?backoff,
                         "retrying a failed request"
@@ -338,12 +413,9 @@ impl Shaper {
                     request = next;
                 }
             }
-            lane.reenter(&mut place)?;
         }
     }
-}
 
-impl Shaper {
     /// Every dialect this shaper reads: the built-in ones, then the user's.
     fn read_signals(&self, headers: &reqwest::header::HeaderMap) -> Signals {
         let now = SystemTime::now();
@@ -361,7 +433,7 @@ impl Shaper {
         {
             tracing::warn!(
                 lane = lane.key(),
-                configured = ?lane.policy().rate,
+                configured = ?lane.policy().request_rate(),
                 ?announced,
                 "the vendor announced a lower quota than configured; the lane keeps to it"
             );
@@ -372,7 +444,8 @@ impl Shaper {
 impl fmt::Debug for Shaper {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Shaper")
-            .field("policy", &self.inner.policy)
+            .field("levels", &self.inner.levels)
+            .field("routes", &self.inner.routes)
             .field("retry", &self.inner.retry)
             .field("lanes", &lock(&self.inner.lanes).len())
             .finish_non_exhaustive()
@@ -392,6 +465,65 @@ fn evict_when_idle(lanes: Weak<LaneMap>, key: String) -> crate::lane::OnIdle {
             lanes.remove(&key);
         }
     })
+}
+
+/// Report what a request really cost, once the response says (e.g. the
+/// tokens an LLM call used): the lanes' cost-counting quotas are corrected
+/// up or down. Found in the response's extensions.
+///
+/// ```
+/// # async fn f(shaper: callshaper::Shaper) -> Result<(), callshaper::Error> {
+/// let response = shaper.post("https://api.example.com/v1/chat").cost(1_000).send().await?;
+/// // ... read the usage from the body ...
+/// if let Some(settle) = response.extensions().get::<callshaper::Settle>() {
+///     settle.report(200); // 800 tokens come back to the quota
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Settle {
+    inner: Arc<SettleInner>,
+}
+
+struct SettleInner {
+    charged: u64,
+    charges: Vec<(Arc<Lane>, Instant)>,
+    reported: AtomicBool,
+}
+
+impl Settle {
+    fn new(charged: u64, charges: Vec<(Arc<Lane>, Instant)>) -> Self {
+        Self {
+            inner: Arc::new(SettleInner {
+                charged,
+                charges,
+                reported: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// What the request was charged.
+    pub fn charged(&self) -> u64 {
+        self.inner.charged
+    }
+
+    /// The request really cost `actual`. Only the first report counts.
+    pub fn report(&self, actual: u64) {
+        if self.inner.reported.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        for (lane, at) in &self.inner.charges {
+            lane.settle(self.inner.charged, actual, *at);
+        }
+    }
+}
+
+impl fmt::Debug for Settle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settle")
+            .field("charged", &self.inner.charged)
+            .finish_non_exhaustive()
+    }
 }
 
 /// How a request ended without a response: the shaper's reason, or the
@@ -428,41 +560,54 @@ impl SendFailure for reqwest::Error {
 /// Configures a [`Shaper`].
 #[must_use]
 pub struct ShaperBuilder {
-    /// The one setting without a default; `policy.rate` is a placeholder
-    /// until it is set.
-    rate: Option<Rate>,
+    /// The vendor level's quotas; its other settings live in `policy`.
+    quotas: Vec<Quota>,
     policy: LanePolicy,
+    vendor_key: LaneKey,
+    levels: Vec<Level>,
+    routes: Vec<Route>,
     retry: RetryPolicy,
     client: Option<reqwest::Client>,
     transport: Option<Arc<dyn Transport>>,
-    lane_key: Option<Arc<LaneKeyFn>>,
+    cost: Option<Arc<CostFn>>,
     dialects: Vec<Arc<dyn Dialect>>,
 }
 
 impl Default for ShaperBuilder {
     fn default() -> Self {
         Self {
-            rate: None,
-            policy: LanePolicy::new(Rate::new(1, Duration::from_secs(1))),
+            quotas: Vec::new(),
+            policy: LanePolicy::with_quotas([]),
+            vendor_key: LaneKey::Origin,
+            levels: Vec::new(),
+            routes: Vec::new(),
             retry: RetryPolicy::default(),
             client: None,
             transport: None,
-            lane_key: None,
+            cost: None,
             dialects: Vec::new(),
         }
     }
 }
 
 impl ShaperBuilder {
-    /// The vendor's quota: `count` requests per `per`, for every lane.
+    /// The vendor's quota: `count` requests per `per`, a leaky bucket, for
+    /// every vendor lane. Replaces quotas set before.
     pub fn rate(mut self, count: u32, per: Duration) -> Self {
-        self.rate = Some(Rate::new(count, per));
+        self.quotas = vec![Quota::leaky_bucket(count, per)];
         self
     }
 
-    /// A whole lane policy at once (its rate included).
+    /// Add a quota to the vendor lanes (e.g. tokens per minute beside
+    /// requests per minute); all are enforced together.
+    pub fn quota(mut self, quota: Quota) -> Self {
+        self.quotas.push(quota);
+        self
+    }
+
+    /// A whole vendor lane policy at once (its quotas included).
     pub fn policy(mut self, policy: LanePolicy) -> Self {
-        self.rate = Some(policy.rate);
+        self.quotas = policy.quotas.clone();
         self.policy = policy;
         self
     }
@@ -510,7 +655,7 @@ impl ShaperBuilder {
 
     /// Adaptive pacing for a vendor that announces nothing: throttles
     /// without a header cut the lane's rate, successes grow it back, never
-    /// above `rate`. See [`crate::adaptive`].
+    /// above the declared rate. See [`crate::adaptive`].
     pub fn adaptive(self, knobs: Adaptive) -> Self {
         self.edit(move |p| p.adaptive = Some(knobs))
     }
@@ -559,8 +704,8 @@ impl ShaperBuilder {
         self
     }
 
-    /// Pick each request's lane (default: [`origin_key`]). Requests with the
-    /// same key share one queue and one quota.
+    /// Pick each request's vendor lane (default: [`origin_key`]). Requests
+    /// with the same key share one queue and one quota.
     ///
     /// ```
     /// # use std::time::Duration;
@@ -575,23 +720,69 @@ impl ShaperBuilder {
     /// # Ok::<(), callshaper::ConfigError>(())
     /// ```
     pub fn lane_key(mut self, key: impl Fn(&Request) -> String + Send + Sync + 'static) -> Self {
-        self.lane_key = Some(Arc::new(key));
+        self.vendor_key = LaneKey::Custom(Arc::new(move |request, _| key(request)));
+        self
+    }
+
+    /// Where the vendor lanes' keys come from (default [`LaneKey::Origin`]).
+    pub fn vendor_key(mut self, key: LaneKey) -> Self {
+        self.vendor_key = key;
+        self
+    }
+
+    /// A level every request goes through before its vendor lane: per
+    /// tenant, per API key.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use callshaper::{LaneKey, LanePolicy, Level, Rate};
+    /// // Each tenant at most 5/s, all of them together 10/s.
+    /// let shaper = callshaper::Shaper::builder()
+    ///     .rate(10, Duration::from_secs(1))
+    ///     .level(Level::new("tenant", LaneKey::Tag, LanePolicy::new(Rate::new(5, Duration::from_secs(1)))))
+    ///     .build()?;
+    /// # Ok::<(), callshaper::ConfigError>(())
+    /// ```
+    pub fn level(mut self, level: Level) -> Self {
+        self.levels.push(level);
+        self
+    }
+
+    /// Requests matching `route` go through its levels first. Routes are
+    /// tried in the order given; the first match wins.
+    pub fn route(mut self, route: Route) -> Self {
+        self.routes.push(route);
+        self
+    }
+
+    /// Estimate each request's cost (tokens) when the caller gave none
+    /// (default 1).
+    pub fn cost(mut self, estimate: impl Fn(&Request) -> u64 + Send + Sync + 'static) -> Self {
+        self.cost = Some(Arc::new(estimate));
         self
     }
 
     /// Check the settings and build the shaper.
     pub fn build(self) -> Result<Shaper, ConfigError> {
-        let rate = self.rate.ok_or_else(|| {
-            ConfigError::new(
+        if self.quotas.is_empty() {
+            return Err(ConfigError::new(
                 "rate",
-                "not set: call .rate(count, per) with the vendor's quota",
-            )
-        })?;
+                "not set: call .rate(count, per) or .quota(..) with the vendor's quota",
+            ));
+        }
         let policy = LanePolicy {
-            rate,
+            quotas: self.quotas,
             ..self.policy
         };
         policy.validate()?;
+        let mut levels = self.levels;
+        levels.push(Level::new("", self.vendor_key, policy));
+        for level in levels
+            .iter()
+            .chain(self.routes.iter().flat_map(|r| &r.levels))
+        {
+            level.policy.validate()?;
+        }
         if self.retry.max_attempts == 0 {
             return Err(ConfigError::new("max_attempts", "must be at least 1"));
         }
@@ -619,9 +810,10 @@ impl ShaperBuilder {
             inner: Arc::new(Inner {
                 client,
                 transport,
-                policy,
                 retry: self.retry,
-                lane_key: self.lane_key.unwrap_or_else(|| Arc::new(origin_key)),
+                routes: self.routes,
+                levels,
+                cost: self.cost,
                 dialects: self.dialects,
                 lanes: Arc::default(),
                 shut: AtomicBool::new(false),
@@ -633,19 +825,19 @@ impl ShaperBuilder {
 impl fmt::Debug for ShaperBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ShaperBuilder")
-            .field("rate", &self.rate)
+            .field("quotas", &self.quotas)
             .field("retry", &self.retry)
             .finish_non_exhaustive()
     }
 }
 
-/// A request being built; [`send`](Self::send) queues it on its lane.
+/// A request being built; [`send`](Self::send) queues it on its lanes.
 #[must_use = "a request does nothing until it is sent"]
 #[derive(Debug)]
 pub struct RequestBuilder {
     shaper: Shaper,
     inner: reqwest::RequestBuilder,
-    max_wait: Option<Duration>,
+    options: Options,
 }
 
 impl RequestBuilder {
@@ -691,13 +883,32 @@ impl RequestBuilder {
 
     /// The longest this request may wait for release, overriding the lane's.
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
-        self.max_wait = Some(max_wait);
+        self.options.max_wait = Some(max_wait);
         self
     }
 
-    /// Queue the request on its lane; resolves to the vendor's response.
+    /// What this request costs for quotas that count cost (e.g. estimated
+    /// tokens); default 1. Correct it after the response with [`Settle`].
+    pub fn cost(mut self, cost: u64) -> Self {
+        self.options.cost = Some(cost);
+        self
+    }
+
+    /// The class the request waits in (default interactive).
+    pub fn priority(mut self, priority: Priority) -> Self {
+        self.options.priority = priority;
+        self
+    }
+
+    /// A tenant or user, for [`LaneKey::Tag`] levels.
+    pub fn tag(mut self, tag: impl Into<String>) -> Self {
+        self.options.tag = Some(Tag(tag.into()));
+        self
+    }
+
+    /// Queue the request on its lanes; resolves to the vendor's response.
     pub async fn send(self) -> Result<Response, Error> {
         let request = self.inner.build().map_err(Error::InvalidRequest)?;
-        self.shaper.execute_within(request, self.max_wait).await
+        self.shaper.execute_with(request, self.options).await
     }
 }

@@ -22,6 +22,19 @@ pub enum Error {
         capacity: usize,
     },
 
+    /// The request costs more than a quota of the lane can ever allow at
+    /// once (e.g. 100,000 tokens against 90,000 per minute): refused at
+    /// once instead of waiting forever.
+    #[error("lane `{lane}`: a cost of {cost} can never fit in a quota of {capacity}")]
+    CostTooHigh {
+        /// The lane that refused the request.
+        lane: String,
+        /// The request's cost.
+        cost: u64,
+        /// The smallest capacity it exceeds.
+        capacity: u64,
+    },
+
     /// At admission, the lane predicted this request could not be released
     /// within its `max_wait` (queue position, pace and current pause).
     #[error(
@@ -106,17 +119,26 @@ pub enum Error {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid `{field}`: {problem}")]
 pub struct ConfigError {
-    /// The setting at fault, e.g. `rate.count`.
-    pub field: &'static str,
+    /// The setting at fault, e.g. `quota.count`, or in a config file its
+    /// path, e.g. `vendors.openai.quotas[1].per`.
+    pub field: String,
     /// What is wrong with it.
     pub problem: String,
 }
 
 impl ConfigError {
-    pub(crate) fn new(field: &'static str, problem: impl Into<String>) -> Self {
+    pub(crate) fn new(field: impl Into<String>, problem: impl Into<String>) -> Self {
         Self {
-            field,
+            field: field.into(),
             problem: problem.into(),
+        }
+    }
+
+    /// The same problem, with the field's path under `prefix`.
+    pub(crate) fn within(self, prefix: &str) -> Self {
+        Self {
+            field: format!("{prefix}.{}", self.field),
+            ..self
         }
     }
 }

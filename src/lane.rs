@@ -6,17 +6,19 @@
 //!
 //! 1. the lane is not paused (`paused_until` only moves forward);
 //! 2. a slot under the concurrency cap is free (if there is a cap);
-//! 3. the meter says the time has come.
+//! 3. every meter says the time has come for the head's cost.
 //!
 //! Releasing means handing the waiting caller a [`Turn`]; the caller then
 //! sends its request itself. A caller that gave up (dropped its future, or
-//! its `max_wait` ran out) is skipped and charged nothing: the meter is
+//! its `max_wait` ran out) is skipped and charged nothing: the meters are
 //! charged only once the turn was really handed over.
 //!
-//! A throttled request goes back in with its original sequence number
-//! through a second, unbounded channel, and the dispatcher always serves the
-//! lowest sequence number it holds, so the request keeps its place at the
-//! head.
+//! Tickets arrive on one channel and wait in the dispatcher's fronts, one
+//! per [`Priority`], ordered by sequence number. A throttled request comes
+//! back with its original number, so it keeps its place at the head.
+//! Interactive requests go first; when both classes wait, every
+//! `batch_share`-th release goes to the oldest batch request, so batch work
+//! keeps at least `1 / batch_share` of a busy lane and never starves.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -29,14 +31,15 @@ use tokio::time::{Instant, sleep, sleep_until};
 
 use crate::adaptive::{Adaptive, Aimd};
 use crate::error::{ConfigError, Error};
-use crate::meter::{LeakyBucket, Rate};
+use crate::meters::{Meters, Quota, Rate, Unit};
 use crate::retry::{Backoff, Ledger, RetryBudget};
 
 /// How one lane behaves.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LanePolicy {
-    /// The vendor's quota.
-    pub rate: Rate,
+    /// The vendor's quotas, all enforced together (e.g. requests **and**
+    /// tokens per minute). At least one.
+    pub quotas: Vec<Quota>,
     /// Added to the vendor's window before dividing it into release slots, so
     /// that timer lateness and network jitter cannot push a strict vendor
     /// over. Default 5 ms.
@@ -58,20 +61,29 @@ pub struct LanePolicy {
     /// come back; grows with consecutive throttles (equal jitter) and
     /// resets on success. Default 1 s doubling up to 60 s.
     pub fallback: Backoff,
-    /// An idle lane (nothing queued, not paused, meter rested) is dropped
+    /// An idle lane (nothing queued, not paused, meters rested) is dropped
     /// after this long. Default 60 s.
     pub idle_timeout: Duration,
     /// Opt-in adaptive pacing for vendors that announce nothing: throttles
-    /// without a header cut the lane's rate, successes grow it back, never
-    /// above `rate` (see [`crate::adaptive`]). Default off.
+    /// without a header cut the lane's request rate, successes grow it back,
+    /// never above the first request quota (see [`crate::adaptive`]).
+    /// Default off.
     pub adaptive: Option<Adaptive>,
+    /// When interactive and batch requests both wait, one release in this
+    /// many goes to batch. Default 5 (batch keeps 20% of a busy lane).
+    pub batch_share: u32,
 }
 
 impl LanePolicy {
-    /// A policy for `rate` with the defaults above.
+    /// A policy with one leaky-bucket quota at `rate` and the defaults above.
     pub fn new(rate: Rate) -> Self {
+        Self::with_quotas([Quota::leaky_bucket(rate.count, rate.per)])
+    }
+
+    /// A policy enforcing all of `quotas`, with the defaults above.
+    pub fn with_quotas(quotas: impl IntoIterator<Item = Quota>) -> Self {
         Self {
-            rate,
+            quotas: quotas.into_iter().collect(),
             headroom: Duration::from_millis(5),
             queue_capacity: 10_000,
             max_wait: None,
@@ -80,19 +92,46 @@ impl LanePolicy {
             fallback: Backoff::new(Duration::from_secs(1), Duration::from_secs(60)),
             idle_timeout: Duration::from_secs(60),
             adaptive: None,
+            batch_share: 5,
         }
     }
 
+    /// The lane's request rate: the slowest quota counting requests.
+    pub fn request_rate(&self) -> Option<Rate> {
+        self.quotas
+            .iter()
+            .filter(|q| q.unit == Unit::Requests)
+            .map(Quota::rate)
+            .min_by(|a, b| slower_first(*a, *b))
+    }
+
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
-        self.rate.validate()?;
+        if self.quotas.is_empty() {
+            return Err(ConfigError::new(
+                "quotas",
+                "a lane needs at least one quota",
+            ));
+        }
+        for (i, quota) in self.quotas.iter().enumerate() {
+            quota.validate().map_err(|e| e.within(&format!("quotas[{i}]")))?;
+        }
         if self.queue_capacity == 0 {
             return Err(ConfigError::new("queue_capacity", "must be at least 1"));
         }
         if self.max_in_flight == Some(0) {
             return Err(ConfigError::new("max_in_flight", "must be at least 1"));
         }
+        if self.batch_share == 0 {
+            return Err(ConfigError::new("batch_share", "must be at least 1"));
+        }
         if let Some(adaptive) = &self.adaptive {
             adaptive.validate()?;
+            if self.request_rate().is_none() {
+                return Err(ConfigError::new(
+                    "adaptive",
+                    "needs a quota counting requests, to be its ceiling",
+                ));
+            }
         }
         if self.fallback.base.is_zero() || self.fallback.cap < self.fallback.base {
             return Err(ConfigError::new(
@@ -104,11 +143,31 @@ impl LanePolicy {
     }
 }
 
+/// Orders rates slowest first, comparing `count / per` without division.
+fn slower_first(a: Rate, b: Rate) -> std::cmp::Ordering {
+    let a_speed = u128::from(a.count) * b.per.as_nanos();
+    let b_speed = u128::from(b.count) * a.per.as_nanos();
+    a_speed.cmp(&b_speed)
+}
+
+/// Which class a request waits in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Priority {
+    /// Someone is waiting for the answer: goes first.
+    #[default]
+    Interactive,
+    /// Background work: goes when no interactive request waits, and at least
+    /// one release in `batch_share` when they do.
+    Batch,
+}
+
 /// Permission to send one request now. Dropping it frees the lane's
 /// in-flight slot, if the lane has a cap.
 #[derive(Debug)]
 pub struct Turn {
     _in_flight: Option<OwnedSemaphorePermit>,
+    /// When the meters were charged, to settle the charge later.
+    at: Instant,
 }
 
 /// What a lane is doing right now.
@@ -125,7 +184,7 @@ pub struct LaneSnapshot {
     pub released: u64,
     /// Throttled answers (429, 503) seen so far.
     pub throttles: u64,
-    /// The spacing between two releases now (slower than the policy's when
+    /// The spacing between two requests now (slower than the policy's when
     /// the vendor announced a lower quota or adaptive pacing cut it).
     pub interval: Duration,
     /// A quota lower than the configured one that the vendor announced, and
@@ -135,6 +194,8 @@ pub struct LaneSnapshot {
 
 struct Ticket {
     seq: u64,
+    cost: u64,
+    priority: Priority,
     turn: oneshot::Sender<Turn>,
 }
 
@@ -142,7 +203,7 @@ struct Ticket {
 /// `idle_timeout`; the owner may then drop the lane.
 pub(crate) type OnIdle = Box<dyn Fn() + Send + Sync>;
 
-/// One upstream quota: a FIFO queue, a meter and a pause, drained by one
+/// One upstream quota: a FIFO queue, meters and a pause, drained by one
 /// dispatcher task.
 ///
 /// [`Shaper`](crate::Shaper) creates lanes by itself; a `Lane` can also pace
@@ -166,39 +227,39 @@ pub(crate) type OnIdle = Box<dyn Fn() + Send + Sync>;
 /// ```
 #[derive(Clone)]
 pub struct Lane {
-    queue: async_channel::Sender<Ticket>,
-    requeue: async_channel::Sender<Ticket>,
+    tickets: async_channel::Sender<Ticket>,
     shared: Arc<Shared>,
 }
 
 struct Shared {
     key: String,
     policy: LanePolicy,
-    meter: Mutex<LeakyBucket>,
+    meters: Mutex<Meters>,
     paused_until: Mutex<Option<Instant>>,
     in_flight: Option<Arc<Semaphore>>,
     next_seq: AtomicU64,
     throttle_streak: AtomicU32,
     released: AtomicU64,
     throttles: AtomicU64,
-    /// Requests waiting for a turn: in either channel or held by the
+    /// Requests waiting for a turn, in the channel or held by the
     /// dispatcher. Raised before a ticket is sent, lowered when the
-    /// dispatcher lets it go, so "zero" really means nobody is ahead.
+    /// dispatcher lets it go, so "zero" really means nobody is ahead; also
+    /// what the queue bound counts.
     waiting: AtomicUsize,
     pace: Mutex<Pace>,
     ledger: Mutex<Ledger>,
 }
 
-/// What slows a lane below its policy's rate.
+/// What slows a lane below its policy.
 struct Pace {
     /// A lower quota the vendor announced.
     learned: Option<Rate>,
-    /// Adaptive pacing's share of the rate.
+    /// Adaptive pacing's share of the request rate.
     aimd: Option<Aimd>,
 }
 
 /// A mutex whose data stays valid even if a holder panicked: every critical
-/// section here is a single assignment.
+/// section here leaves its data consistent at each step.
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -227,11 +288,15 @@ impl Lane {
         budget: RetryBudget,
         on_idle: Option<OnIdle>,
     ) -> Self {
-        let (queue, queue_rx) = async_channel::bounded(policy.queue_capacity);
-        let (requeue, requeue_rx) = async_channel::unbounded();
+        let (tickets, tickets_rx) = async_channel::unbounded();
+        let now = Instant::now();
+        let aimd = match (policy.adaptive, policy.request_rate()) {
+            (Some(knobs), Some(ceiling)) => Some(Aimd::new(knobs, ceiling)),
+            _ => None,
+        };
         let shared = Arc::new(Shared {
             key,
-            meter: Mutex::new(LeakyBucket::new(policy.rate, policy.headroom)),
+            meters: Mutex::new(Meters::new(&policy.quotas, policy.headroom, now)),
             paused_until: Mutex::new(None),
             in_flight: policy.max_in_flight.map(|n| Arc::new(Semaphore::new(n))),
             next_seq: AtomicU64::new(0),
@@ -241,24 +306,21 @@ impl Lane {
             waiting: AtomicUsize::new(0),
             pace: Mutex::new(Pace {
                 learned: None,
-                aimd: policy.adaptive.map(|knobs| Aimd::new(knobs, policy.rate)),
+                aimd,
             }),
             ledger: Mutex::new(Ledger::new(budget)),
             policy,
         });
         let dispatcher = Dispatcher {
             shared: shared.clone(),
-            queue: queue_rx,
-            requeue: requeue_rx,
-            front: BTreeMap::new(),
+            tickets: tickets_rx,
+            interactive: BTreeMap::new(),
+            batch: BTreeMap::new(),
+            since_batch: 0,
             on_idle,
         };
         tokio::spawn(dispatcher.run());
-        Self {
-            queue,
-            requeue,
-            shared,
-        }
+        Self { tickets, shared }
     }
 
     /// The lane's key.
@@ -272,65 +334,87 @@ impl Lane {
     }
 
     /// Wait for this caller's turn, in FIFO order, under the policy's
-    /// `max_wait`.
+    /// `max_wait`, for a request of cost 1.
     pub async fn acquire(&self) -> Result<Turn, Error> {
         let max_wait = self.shared.policy.max_wait;
-        let mut place = self.enter(max_wait)?;
+        let mut place = self.enter(1, Priority::Interactive, max_wait)?;
         self.wait(&mut place).await
     }
 
-    /// Join the back of the queue: refused at once when the queue is full or
-    /// when the predicted wait is past `max_wait`.
-    pub(crate) fn enter(&self, max_wait: Option<Duration>) -> Result<Place, Error> {
+    /// Join the back of the queue: refused at once when the cost can never
+    /// fit, when the queue is full, or when the predicted wait is past
+    /// `max_wait`.
+    pub(crate) fn enter(
+        &self,
+        cost: u64,
+        priority: Priority,
+        max_wait: Option<Duration>,
+    ) -> Result<Place, Error> {
+        let shared = &self.shared;
         let now = Instant::now();
+        if let Some(capacity) = lock(&shared.meters).too_costly(cost) {
+            return Err(Error::CostTooHigh {
+                lane: shared.key.clone(),
+                cost,
+                capacity,
+            });
+        }
         if let Some(max_wait) = max_wait {
-            let predicted = self.predicted_wait(now);
+            let predicted = self.predicted_wait(cost, now);
             if predicted > max_wait {
                 return Err(Error::WouldExceedMaxWait {
-                    lane: self.shared.key.clone(),
+                    lane: shared.key.clone(),
                     predicted,
                     max_wait,
                 });
             }
         }
-        let seq = self.shared.next_seq.fetch_add(1, Ordering::Relaxed);
+        let seq = shared.next_seq.fetch_add(1, Ordering::Relaxed);
         let deadline = max_wait.map(|d| (now + d, d));
-        if let Some(turn) = self.turn_now(now) {
-            return Ok(Place {
-                seq,
-                slot: Slot::Ready(turn),
-                deadline,
+        let place = |slot| Place {
+            seq,
+            cost,
+            priority,
+            slot,
+            deadline,
+        };
+        if let Some(turn) = self.turn_now(cost, now) {
+            return Ok(place(Slot::Ready(turn)));
+        }
+        let capacity = shared.policy.queue_capacity;
+        if shared.waiting.fetch_add(1, Ordering::SeqCst) >= capacity {
+            shared.waiting.fetch_sub(1, Ordering::SeqCst);
+            return Err(Error::QueueFull {
+                lane: shared.key.clone(),
+                capacity,
             });
         }
         let (tx, rx) = oneshot::channel();
-        self.shared.waiting.fetch_add(1, Ordering::SeqCst);
-        match self.queue.try_send(Ticket { seq, turn: tx }) {
-            Ok(()) => Ok(Place {
-                seq,
-                slot: Slot::Waiting(rx),
-                deadline,
-            }),
-            Err(refused) => {
-                self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
-                Err(match refused {
-                    async_channel::TrySendError::Full(_) => Error::QueueFull {
-                        lane: self.shared.key.clone(),
-                        capacity: self.shared.policy.queue_capacity,
-                    },
-                    async_channel::TrySendError::Closed(_) => Error::Shutdown,
-                })
-            }
-        }
+        self.send(Ticket {
+            seq,
+            cost,
+            priority,
+            turn: tx,
+        })?;
+        Ok(place(Slot::Waiting(rx)))
+    }
+
+    /// Hand the dispatcher a ticket already counted in `waiting`.
+    fn send(&self, ticket: Ticket) -> Result<(), Error> {
+        self.tickets.try_send(ticket).map_err(|_| {
+            self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
+            Error::Shutdown
+        })
     }
 
     /// The fast path: when nobody waits, the lane is not paused and the
-    /// meter allows it now, take the turn without a trip through the
+    /// meters allow it now, take the turn without a trip through the
     /// dispatcher. FIFO holds: "nobody waits" is checked again under the
-    /// meter's lock, which the dispatcher also holds from its check to its
+    /// meters' lock, which the dispatcher also holds from its check to its
     /// charge, so no two releases can share a slot.
-    fn turn_now(&self, now: Instant) -> Option<Turn> {
+    fn turn_now(&self, cost: u64, now: Instant) -> Option<Turn> {
         let shared = &self.shared;
-        if shared.waiting.load(Ordering::SeqCst) != 0 || self.queue.is_closed() {
+        if shared.waiting.load(Ordering::SeqCst) != 0 || self.tickets.is_closed() {
             return None;
         }
         if self.paused_until().is_some() {
@@ -340,17 +424,20 @@ impl Lane {
             None => None,
             Some(slots) => Some(slots.clone().try_acquire_owned().ok()?),
         };
-        let mut meter = lock(&shared.meter);
-        if shared.waiting.load(Ordering::SeqCst) != 0 || meter.earliest(now) > now {
+        let mut meters = lock(&shared.meters);
+        if shared.waiting.load(Ordering::SeqCst) != 0 || meters.earliest(cost, now) > now {
             return None;
         }
-        meter.commit(now);
+        meters.commit(cost, now);
         shared.released.fetch_add(1, Ordering::Relaxed);
-        Some(Turn { _in_flight: permit })
+        Some(Turn {
+            _in_flight: permit,
+            at: now,
+        })
     }
 
-    /// Put a released request back at the head of the queue, keeping its
-    /// place.
+    /// Put a released request back in the queue with its old number, so it
+    /// goes before everything that came after it.
     pub(crate) fn reenter(&self, place: &mut Place) -> Result<(), Error> {
         if let Some((deadline, max_wait)) = place.deadline {
             let release = self.paused_until().unwrap_or_else(Instant::now);
@@ -365,13 +452,11 @@ impl Lane {
         let (tx, rx) = oneshot::channel();
         place.slot = Slot::Waiting(rx);
         self.shared.waiting.fetch_add(1, Ordering::SeqCst);
-        let ticket = Ticket {
+        self.send(Ticket {
             seq: place.seq,
+            cost: place.cost,
+            priority: place.priority,
             turn: tx,
-        };
-        self.requeue.try_send(ticket).map_err(|_| {
-            self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
-            Error::Shutdown
         })
     }
 
@@ -412,6 +497,12 @@ impl Lane {
                 max_wait,
             }),
         }
+    }
+
+    /// A request released at `turn` cost `actual`, not the `charged` it
+    /// was estimated at: correct the meters that count cost.
+    pub(crate) fn settle(&self, charged: u64, actual: u64, at: Instant) {
+        lock(&self.shared.meters).settle(charged, actual, at);
     }
 
     /// Pause the whole lane for `pause` from now, clamped to `max_pause`.
@@ -456,13 +547,14 @@ impl Lane {
         }
     }
 
-    /// The vendor announced its quota. A lower one than the policy's becomes
-    /// the lane's pace (never a higher one: the user's declaration is the
-    /// ceiling). True when this changed the pace.
+    /// The vendor announced its quota. A lower one than the policy's request
+    /// rate becomes the lane's pace (never a higher one: the user's
+    /// declaration is the ceiling). True when this changed the pace.
     pub(crate) fn learn(&self, announced: Rate) -> bool {
-        let policy = &self.shared.policy;
-        let headroom = policy.headroom;
-        if announced.interval(headroom) <= policy.rate.interval(headroom) {
+        let Some(declared) = self.shared.policy.request_rate() else {
+            return false;
+        };
+        if slower_first(announced, declared).is_ge() {
             return false;
         }
         let mut pace = lock(&self.shared.pace);
@@ -474,21 +566,20 @@ impl Lane {
         true
     }
 
-    /// Set the meter to the slowest of the policy, the learned quota and
-    /// adaptive pacing.
+    /// Keep requests apart by the slowest of the learned quota and adaptive
+    /// pacing's share of the request rate; neither: as declared.
     fn repace(&self, pace: &Pace) {
         let policy = &self.shared.policy;
-        let nominal = policy.rate.interval(policy.headroom);
-        let learned = pace
-            .learned
-            .map_or(nominal, |rate| rate.interval(policy.headroom));
-        let adaptive = pace
-            .aimd
-            .map_or(nominal, |aimd| nominal.div_f64(aimd.share()));
-        let interval = nominal.max(learned).max(adaptive);
-        let mut meter = lock(&self.shared.meter);
-        if meter.interval() != interval {
-            meter.set_interval(interval);
+        let headroom = policy.headroom;
+        let learned = pace.learned.map(|rate| rate.interval(headroom));
+        let adaptive = pace.aimd.as_ref().and_then(|aimd| {
+            let nominal = policy.request_rate()?.interval(headroom);
+            (aimd.share() < 1.0).then(|| nominal.div_f64(aimd.share()))
+        });
+        let interval = learned.max(adaptive);
+        let mut meters = lock(&self.shared.meters);
+        if meters.pace() != interval {
+            meters.set_pace(interval);
         }
     }
 
@@ -507,12 +598,16 @@ impl Lane {
         (until > Instant::now()).then_some(until)
     }
 
-    /// Queue depth, pace and pause give the wait a new request would see.
-    fn predicted_wait(&self, now: Instant) -> Duration {
-        let meter = lock(&self.shared.meter);
-        let head = meter.earliest(now).max(self.paused_until().unwrap_or(now));
+    /// Queue depth, pace, the head's cost and the pause give the wait a new
+    /// request would see. An estimate when costs vary: it assumes everyone
+    /// ahead costs one request.
+    fn predicted_wait(&self, cost: u64, now: Instant) -> Duration {
+        let meters = lock(&self.shared.meters);
+        let head = meters
+            .earliest(cost, now)
+            .max(self.paused_until().unwrap_or(now));
         let ahead = u32::try_from(self.queued()).unwrap_or(u32::MAX);
-        (head - now).saturating_add(meter.interval().saturating_mul(ahead))
+        (head - now).saturating_add(meters.interval().saturating_mul(ahead))
     }
 
     fn queued(&self) -> usize {
@@ -520,17 +615,18 @@ impl Lane {
     }
 
     /// True when forgetting this lane loses nothing: nobody waiting, no
-    /// pause, the meter rested.
+    /// pause, the meters rested.
     pub(crate) fn is_idle(&self) -> bool {
         let now = Instant::now();
-        self.queued() == 0 && self.paused_until().is_none() && lock(&self.shared.meter).is_idle(now)
+        self.queued() == 0
+            && self.paused_until().is_none()
+            && lock(&self.shared.meters).is_idle(now)
     }
 
     /// Refuse new requests and end every waiting one with
     /// [`Error::Shutdown`].
     pub(crate) fn close(&self) {
-        self.queue.close();
-        self.requeue.close();
+        self.tickets.close();
     }
 
     /// What the lane is doing right now.
@@ -542,7 +638,7 @@ impl Lane {
             paused_for: self.paused_until().map(|until| until - now),
             released: self.shared.released.load(Ordering::Relaxed),
             throttles: self.shared.throttles.load(Ordering::Relaxed),
-            interval: lock(&self.shared.meter).interval(),
+            interval: lock(&self.shared.meters).interval(),
             learned: lock(&self.shared.pace).learned,
         }
     }
@@ -556,12 +652,21 @@ impl std::fmt::Debug for Lane {
     }
 }
 
-/// A caller's place in a lane: its sequence number (kept across retries)
-/// and its next turn.
+/// A caller's place in a lane: its sequence number and cost (kept across
+/// retries) and its next turn.
 pub(crate) struct Place {
     seq: u64,
+    cost: u64,
+    priority: Priority,
     slot: Slot,
     deadline: Option<(Instant, Duration)>,
+}
+
+impl Turn {
+    /// When the lane's meters were charged for this turn.
+    pub(crate) fn at(&self) -> Instant {
+        self.at
+    }
 }
 
 enum Slot {
@@ -573,12 +678,20 @@ enum Slot {
     Taken,
 }
 
+/// A waiting ticket, as the dispatcher holds it.
+struct Waiting {
+    cost: u64,
+    turn: oneshot::Sender<Turn>,
+}
+
 struct Dispatcher {
     shared: Arc<Shared>,
-    queue: async_channel::Receiver<Ticket>,
-    requeue: async_channel::Receiver<Ticket>,
-    /// Requeued tickets and the current head, by sequence number.
-    front: BTreeMap<u64, oneshot::Sender<Turn>>,
+    tickets: async_channel::Receiver<Ticket>,
+    /// Waiting tickets by class, by sequence number.
+    interactive: BTreeMap<u64, Waiting>,
+    batch: BTreeMap<u64, Waiting>,
+    /// Interactive releases since the last batch one, while batch waited.
+    since_batch: u32,
     on_idle: Option<OnIdle>,
 }
 
@@ -586,32 +699,62 @@ impl Dispatcher {
     async fn run(mut self) {
         while self.step().await {}
         // Closed: whoever still waits learns it at once.
-        self.front.clear();
-        while self.queue.try_recv().is_ok() || self.requeue.try_recv().is_ok() {}
+        self.interactive.clear();
+        self.batch.clear();
+        while self.tickets.try_recv().is_ok() {}
+    }
+
+    fn file(&mut self, ticket: Ticket) {
+        let front = match ticket.priority {
+            Priority::Interactive => &mut self.interactive,
+            Priority::Batch => &mut self.batch,
+        };
+        front.insert(
+            ticket.seq,
+            Waiting {
+                cost: ticket.cost,
+                turn: ticket.turn,
+            },
+        );
+    }
+
+    /// The class whose oldest ticket goes next.
+    fn next_class(&self) -> Option<Priority> {
+        match (self.interactive.is_empty(), self.batch.is_empty()) {
+            (true, true) => None,
+            (false, true) => Some(Priority::Interactive),
+            (true, false) => Some(Priority::Batch),
+            (false, false) if self.since_batch + 1 >= self.shared.policy.batch_share => {
+                Some(Priority::Batch)
+            }
+            (false, false) => Some(Priority::Interactive),
+        }
+    }
+
+    fn front(&mut self, class: Priority) -> &mut BTreeMap<u64, Waiting> {
+        match class {
+            Priority::Interactive => &mut self.interactive,
+            Priority::Batch => &mut self.batch,
+        }
     }
 
     /// Release at most one turn; false once the lane is closed.
     async fn step(&mut self) -> bool {
-        if self.queue.is_closed() {
+        if self.tickets.is_closed() {
             return false;
         }
-        while let Ok(ticket) = self.requeue.try_recv() {
-            self.front.insert(ticket.seq, ticket.turn);
+        while let Ok(ticket) = self.tickets.try_recv() {
+            self.file(ticket);
         }
-        if self.front.is_empty() {
-            match self.queue.try_recv() {
-                Ok(ticket) => {
-                    self.front.insert(ticket.seq, ticket.turn);
-                }
-                // Only now pay for a timer: a busy lane never gets here.
-                Err(_) => return self.wait_for_work().await,
-            }
-        }
-        let Some((&seq, head)) = self.front.first_key_value() else {
+        let Some(class) = self.next_class() else {
+            return self.wait_for_work().await;
+        };
+        let Some((&seq, head)) = self.front(class).first_key_value() else {
             return true;
         };
-        if head.is_closed() {
-            self.front.remove(&seq);
+        let cost = head.cost;
+        if head.turn.is_closed() {
+            self.front(class).remove(&seq);
             self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
             return true;
         }
@@ -621,7 +764,7 @@ impl Dispatcher {
         if let Some(until) = paused_until
             && until > now
         {
-            return self.or_requeued(sleep_until(until)).await;
+            return self.or_new_ticket(sleep_until(until)).await;
         }
 
         let permit = match &self.shared.in_flight {
@@ -633,37 +776,51 @@ impl Dispatcher {
                     // is still free on the next step.
                     let free = slots.clone();
                     return self
-                        .or_requeued(async move { drop(free.acquire().await) })
+                        .or_new_ticket(async move { drop(free.acquire().await) })
                         .await;
                 }
             },
         };
 
-        match self.release(seq, now, permit) {
+        match self.release(class, seq, cost, now, permit) {
             Ok(()) => true,
-            Err(at) => self.or_requeued(sleep_until(at)).await,
+            Err(at) => self.or_new_ticket(sleep_until(at)).await,
         }
     }
 
-    /// Hand the head its turn if the meter allows it now, or say when it
-    /// will. Check and charge happen under one lock, as on the fast path.
+    /// Hand the head its turn if every meter allows it now, or say when
+    /// they will. Check and charge happen under one lock, as on the fast
+    /// path.
     fn release(
         &mut self,
+        class: Priority,
         seq: u64,
+        cost: u64,
         now: Instant,
         permit: Option<OwnedSemaphorePermit>,
     ) -> Result<(), Instant> {
-        let mut meter = lock(&self.shared.meter);
-        let at = meter.earliest(now);
+        let shared = self.shared.clone();
+        let mut meters = lock(&shared.meters);
+        let at = meters.earliest(cost, now);
         if at > now {
             return Err(at);
         }
-        if let Some(head) = self.front.remove(&seq) {
-            if head.send(Turn { _in_flight: permit }).is_ok() {
-                meter.commit(now);
-                self.shared.released.fetch_add(1, Ordering::Relaxed);
+        let batch_waited = !self.batch.is_empty();
+        if let Some(head) = self.front(class).remove(&seq) {
+            let turn = Turn {
+                _in_flight: permit,
+                at: now,
+            };
+            if head.turn.send(turn).is_ok() {
+                meters.commit(cost, now);
+                shared.released.fetch_add(1, Ordering::Relaxed);
+                self.since_batch = match class {
+                    Priority::Batch => 0,
+                    Priority::Interactive if batch_waited => self.since_batch + 1,
+                    Priority::Interactive => 0,
+                };
             }
-            self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
+            shared.waiting.fetch_sub(1, Ordering::SeqCst);
         }
         Ok(())
     }
@@ -671,34 +828,32 @@ impl Dispatcher {
     /// Nothing to release: wait for a request, or report idleness.
     async fn wait_for_work(&mut self) -> bool {
         let idle = self.shared.policy.idle_timeout;
-        let ticket = tokio::select! {
+        tokio::select! {
             biased;
-            ticket = self.requeue.recv() => ticket,
-            ticket = self.queue.recv() => ticket,
+            ticket = self.tickets.recv() => match ticket {
+                Ok(ticket) => {
+                    self.file(ticket);
+                    true
+                }
+                Err(_) => false,
+            },
             () = sleep(idle) => {
                 if let Some(on_idle) = &self.on_idle {
                     on_idle();
                 }
-                return true;
-            }
-        };
-        match ticket {
-            Ok(ticket) => {
-                self.front.insert(ticket.seq, ticket.turn);
                 true
             }
-            Err(_) => false,
         }
     }
 
-    /// Wait for `until`, but come back early when a throttled request
-    /// returns: it may belong before the current head.
-    async fn or_requeued(&mut self, until: impl Future<Output = ()>) -> bool {
+    /// Wait for `until`, but come back early when a ticket arrives: a
+    /// returning request may belong before the current head.
+    async fn or_new_ticket(&mut self, until: impl Future<Output = ()>) -> bool {
         tokio::select! {
             biased;
-            ticket = self.requeue.recv() => match ticket {
+            ticket = self.tickets.recv() => match ticket {
                 Ok(ticket) => {
-                    self.front.insert(ticket.seq, ticket.turn);
+                    self.file(ticket);
                     true
                 }
                 Err(_) => false,
@@ -707,7 +862,6 @@ impl Dispatcher {
         }
     }
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -760,6 +914,53 @@ mod tests {
             Duration::from_secs(7)
         );
         assert_eq!(lane.snapshot().throttles, 6);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn interactive_goes_first_and_batch_keeps_its_share() {
+        let lane = Lane::new("t", policy()).unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for (i, priority) in (0..12).map(|i| {
+            (
+                i,
+                if i < 6 {
+                    Priority::Batch
+                } else {
+                    Priority::Interactive
+                },
+            )
+        }) {
+            let mut place = lane.enter(1, priority, None).unwrap();
+            let (lane, order) = (lane.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                let _turn = lane.wait(&mut place).await.unwrap();
+                lock(&order).push(i);
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        // 0 went on the fast path; then interactive 6..12 first, with every
+        // fifth release given to the oldest batch request.
+        assert_eq!(*lock(&order), [0, 6, 7, 8, 9, 1, 10, 11, 2, 3, 4, 5]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cost_beyond_every_capacity_is_refused_at_once() {
+        let policy = LanePolicy::with_quotas([
+            Quota::leaky_bucket(10, Duration::from_secs(1)),
+            Quota::sliding_log(1000, Duration::from_secs(60)).per_cost(),
+        ]);
+        let lane = Lane::new("t", policy).unwrap();
+        assert!(lane.enter(1000, Priority::Interactive, None).is_ok());
+        match lane.enter(1001, Priority::Interactive, None) {
+            Err(Error::CostTooHigh { cost, capacity, .. }) => {
+                assert_eq!((cost, capacity), (1001, 1000))
+            }
+            Err(other) => panic!("expected CostTooHigh, got {other}"),
+            Ok(_) => panic!("expected CostTooHigh"),
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -9,8 +9,8 @@
 //!
 //! Every upstream quota is a **lane** ([`Lane`]). A lane owns a bounded
 //! **FIFO queue**, a **meter** that says when the head may go (a leaky
-//! bucket, [`LeakyBucket`]: one release every `(period + headroom) / N`, no
-//! burst), and a **pause** that the vendor's `Retry-After` moves forward,
+//! bucket by default, [`meters::LeakyBucket`]: one release every `(period +
+//! headroom) / N`, no burst; or any of the other [`meters`], several at once), and a **pause** that the vendor's `Retry-After` moves forward,
 //! never back. A 429 or 503 pauses the *lane*, not one request: the
 //! throttled request goes back to the head of the queue and the lane resumes
 //! at its nominal pace when the pause ends, with no catch-up burst.
@@ -42,7 +42,8 @@
 //! |---|---|
 //! | [`client`] | [`Shaper`], the front door |
 //! | [`lane`] | the FIFO queue, its dispatcher, pause and concurrency cap |
-//! | [`meter`] | when the head may go: [`LeakyBucket`] |
+//! | [`meters`] | when the head may go: the five algorithms |
+//! | [`route`] | which lanes a request goes through: keys, levels, routes |
 //! | [`signals`] | what a response says about its limits, in every common dialect |
 //! | [`adaptive`] | pacing for vendors that announce nothing (AIMD) |
 //! | [`retry`] | which outcomes are tried again, and the backoff |
@@ -55,18 +56,20 @@ pub mod adaptive;
 pub mod client;
 pub mod error;
 pub mod lane;
-pub mod meter;
+pub mod meters;
 #[cfg(feature = "middleware")]
 pub mod middleware;
 pub mod retry;
+pub mod route;
 pub mod signals;
 #[cfg(feature = "testing")]
 pub mod testing;
 
 pub use adaptive::Adaptive;
-pub use client::{MaxWait, RequestBuilder, Shaper, ShaperBuilder, Transport};
+pub use client::{MaxWait, RequestBuilder, Settle, Shaper, ShaperBuilder, Transport};
 pub use error::{ConfigError, Error};
-pub use lane::{Lane, LanePolicy, LaneSnapshot, Turn};
-pub use meter::{LeakyBucket, Rate};
+pub use lane::{Lane, LanePolicy, LaneSnapshot, Priority, Turn};
+pub use meters::{Algorithm, Meter, Quota, Rate, Unit};
 pub use retry::{Backoff, RetryBudget, RetryPolicy};
+pub use route::{Cost, LaneKey, Level, Route, Tag};
 pub use signals::{Dialect, Signals};

@@ -3,13 +3,15 @@
 //!
 //! Place it so that whatever must run once per attempt (auth signing,
 //! tracing) comes after it: the shaper calls the rest of the chain once for
-//! every attempt it makes. A per-request limit on the wait travels as the
-//! [`MaxWait`] extension.
+//! every attempt it makes. Per-request settings travel as extensions:
+//! [`MaxWait`], [`Cost`], [`Priority`] and [`Tag`].
 
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 
-use crate::client::{Failure, MaxWait, SendFailure, Shaper};
+use crate::client::{Failure, MaxWait, Options, SendFailure, Shaper};
+use crate::lane::Priority;
+use crate::route::{Cost, Tag};
 
 #[async_trait::async_trait]
 impl Middleware for Shaper {
@@ -19,10 +21,15 @@ impl Middleware for Shaper {
         extensions: &mut http::Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
-        let max_wait = extensions.get::<MaxWait>().map(|m| m.0);
+        let options = Options {
+            max_wait: extensions.get::<MaxWait>().map(|m| m.0),
+            cost: extensions.get::<Cost>().map(|c| c.0),
+            priority: extensions.get::<Priority>().copied().unwrap_or_default(),
+            tag: extensions.get::<Tag>().cloned(),
+        };
         let shared = extensions.clone();
         let outcome = self
-            .drive(request, max_wait, |attempt| {
+            .drive(request, options, |attempt| {
                 let next = next.clone();
                 let mut extensions = shared.clone();
                 async move { next.run(attempt, &mut extensions).await }

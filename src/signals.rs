@@ -28,7 +28,7 @@ use std::time::{Duration, SystemTime};
 
 use reqwest::header::{HeaderMap, HeaderValue, RETRY_AFTER};
 
-use crate::meter::Rate;
+use crate::meters::Rate;
 
 /// The largest pause a header can express here; anything larger saturates
 /// to it. A hundred years is far past any sensible `max_pause`, and adding

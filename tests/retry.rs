@@ -150,12 +150,12 @@ async fn bad_input_is_a_typed_error() {
         .rate(0, SECOND)
         .build()
         .unwrap_err();
-    assert_eq!(zero.field, "rate.count");
+    assert_eq!(zero.field, "quotas[0].count");
     let instant = callshaper::Shaper::builder()
         .rate(1, Duration::ZERO)
         .build()
         .unwrap_err();
-    assert_eq!(instant.field, "rate.per");
+    assert_eq!(instant.field, "quotas[0].per");
     let no_queue = callshaper::Shaper::builder()
         .rate(1, SECOND)
         .queue_capacity(0)

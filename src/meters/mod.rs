@@ -1,0 +1,329 @@
+//! Meters decide *when* the head of a lane's queue may go.
+//!
+//! The lane asks each meter two questions: "when could a request of this
+//! cost go?" ([`Meter::earliest`], which spends nothing) and, once the
+//! request has really been handed to its caller, "charge it"
+//! ([`Meter::commit`]). Keeping the two apart is what lets a cancelled caller
+//! spend no quota, lets a lane with several meters charge none of them
+//! until all agree, and lets admission predict a wait without reserving
+//! anything.
+//!
+//! | algorithm | shape | state | against a strict sliding window of `per` |
+//! |---|---|---|---|
+//! | [`LeakyBucket`] (default) | smooth, no burst | one instant | holds |
+//! | [`TokenBucket`] | bursts up to a capacity | one instant | up to capacity + count |
+//! | [`FixedWindow`] | "1000 per day" | two numbers | up to 2 × count at a boundary |
+//! | [`SlidingLog`] | exact | one entry per release in the window | holds, weighted too |
+//! | [`SlidingWindow`] | near-exact | three numbers | holds under a steady backlog |
+//!
+//! A [`Quota`] declares one: an algorithm and what it counts ([`Unit`]:
+//! requests, or each request's cost, such as tokens).
+
+mod fixed_window;
+mod leaky_bucket;
+mod sliding_log;
+mod sliding_window;
+mod token_bucket;
+
+use std::fmt;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+pub use fixed_window::FixedWindow;
+pub use leaky_bucket::LeakyBucket;
+pub use sliding_log::SlidingLog;
+pub use sliding_window::SlidingWindow;
+pub use token_bucket::TokenBucket;
+
+use crate::error::ConfigError;
+
+/// A rate: `count` per `per`.
+///
+/// ```
+/// use std::time::Duration;
+/// let rate = callshaper::Rate::new(10, Duration::from_secs(1));
+/// assert_eq!(rate.interval(Duration::ZERO), Duration::from_millis(100));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    /// How many units the vendor accepts in one window.
+    pub count: u32,
+    /// The vendor's window.
+    pub per: Duration,
+}
+
+impl Rate {
+    /// `count` per `per`.
+    pub const fn new(count: u32, per: Duration) -> Self {
+        Self { count, per }
+    }
+
+    /// The spacing between two units when the window is stretched by
+    /// `headroom`: `(per + headroom) / count`.
+    pub fn interval(&self, headroom: Duration) -> Duration {
+        (self.per + headroom) / self.count.max(1)
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        if self.count == 0 {
+            return Err(ConfigError::new("count", "must be at least 1"));
+        }
+        if self.per.is_zero() {
+            return Err(ConfigError::new("per", "must be longer than zero"));
+        }
+        Ok(())
+    }
+}
+
+/// One rate-limiting algorithm's state.
+///
+/// Implement it for an algorithm of your own; the lane calls it under a
+/// lock, with tokio's clock.
+pub trait Meter: Send + fmt::Debug {
+    /// The largest cost one request may have; a larger one could never go.
+    fn capacity(&self) -> u64;
+    /// When a request of `cost` (at most [`capacity`](Self::capacity))
+    /// could go. Spends nothing.
+    fn earliest(&self, cost: u64, now: Instant) -> Instant;
+    /// Charge `cost` at `now`.
+    fn commit(&mut self, cost: u64, now: Instant);
+    /// A charge of `charged` made at `at` really cost `actual`.
+    fn settle(&mut self, charged: u64, actual: u64, at: Instant);
+    /// True when forgetting this meter would let nothing go sooner than it
+    /// may.
+    fn is_idle(&self, now: Instant) -> bool;
+    /// The average spacing between single units, for wait predictions.
+    fn interval(&self) -> Duration;
+}
+
+/// What a meter counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Unit {
+    /// Each request counts one.
+    #[default]
+    Requests,
+    /// Each request counts its cost (tokens, credits); see
+    /// [`RequestBuilder::cost`](crate::RequestBuilder::cost).
+    Cost,
+}
+
+/// An algorithm and its numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Algorithm {
+    /// [`LeakyBucket`]: smooth, no burst.
+    LeakyBucket(Rate),
+    /// [`TokenBucket`]: bursts up to `capacity`, refilled at `refill`.
+    TokenBucket {
+        /// The burst.
+        capacity: u64,
+        /// The refill rate.
+        refill: Rate,
+    },
+    /// [`FixedWindow`].
+    FixedWindow(Rate),
+    /// [`SlidingLog`].
+    SlidingLog(Rate),
+    /// [`SlidingWindow`] (the sliding window counter).
+    SlidingWindow(Rate),
+}
+
+/// One limit of a lane: an algorithm, and what it counts.
+///
+/// ```
+/// use std::time::Duration;
+/// use callshaper::Quota;
+/// let minute = Duration::from_secs(60);
+/// // An LLM vendor: 500 requests and 90,000 tokens per minute.
+/// let quotas = [Quota::leaky_bucket(500, minute), Quota::sliding_log(90_000, minute).per_cost()];
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    /// The algorithm.
+    pub algorithm: Algorithm,
+    /// What it counts.
+    pub unit: Unit,
+}
+
+impl Quota {
+    fn new(algorithm: Algorithm) -> Self {
+        Self {
+            algorithm,
+            unit: Unit::Requests,
+        }
+    }
+
+    /// A leaky bucket: `count` per `per`, one every `per / count`.
+    pub fn leaky_bucket(count: u32, per: Duration) -> Self {
+        Self::new(Algorithm::LeakyBucket(Rate::new(count, per)))
+    }
+
+    /// A token bucket: bursts up to `capacity`, refilled `count` per `per`.
+    pub fn token_bucket(capacity: u64, count: u32, per: Duration) -> Self {
+        Self::new(Algorithm::TokenBucket {
+            capacity,
+            refill: Rate::new(count, per),
+        })
+    }
+
+    /// A fixed window: `count` per aligned window of `per`.
+    pub fn fixed_window(count: u32, per: Duration) -> Self {
+        Self::new(Algorithm::FixedWindow(Rate::new(count, per)))
+    }
+
+    /// A sliding log: `count` in any window of `per`, exactly.
+    pub fn sliding_log(count: u32, per: Duration) -> Self {
+        Self::new(Algorithm::SlidingLog(Rate::new(count, per)))
+    }
+
+    /// A sliding window counter: `count` in any window of `per`, nearly.
+    pub fn sliding_window(count: u32, per: Duration) -> Self {
+        Self::new(Algorithm::SlidingWindow(Rate::new(count, per)))
+    }
+
+    /// Count each request's cost (tokens) instead of requests.
+    pub fn per_cost(mut self) -> Self {
+        self.unit = Unit::Cost;
+        self
+    }
+
+    /// The rate the quota allows on average.
+    pub fn rate(&self) -> Rate {
+        match self.algorithm {
+            Algorithm::LeakyBucket(rate)
+            | Algorithm::FixedWindow(rate)
+            | Algorithm::SlidingLog(rate)
+            | Algorithm::SlidingWindow(rate)
+            | Algorithm::TokenBucket { refill: rate, .. } => rate,
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        self.rate().validate()?;
+        if let Algorithm::TokenBucket { capacity: 0, .. } = self.algorithm {
+            return Err(ConfigError::new("capacity", "must be at least 1"));
+        }
+        Ok(())
+    }
+
+    /// A fresh meter for this quota.
+    pub fn meter(&self, headroom: Duration, now: Instant) -> Box<dyn Meter> {
+        match self.algorithm {
+            Algorithm::LeakyBucket(rate) => Box::new(LeakyBucket::new(rate, headroom)),
+            Algorithm::TokenBucket { capacity, refill } => {
+                Box::new(TokenBucket::new(capacity, refill, headroom))
+            }
+            Algorithm::FixedWindow(rate) => Box::new(FixedWindow::new(rate, headroom, now)),
+            Algorithm::SlidingLog(rate) => Box::new(SlidingLog::new(rate, headroom)),
+            Algorithm::SlidingWindow(rate) => Box::new(SlidingWindow::new(rate, headroom, now)),
+        }
+    }
+}
+
+/// A lane's meters, checked together: a request goes when every meter
+/// allows it, and none is charged unless all are, so waiting on one
+/// dimension never leaks capacity from another.
+#[derive(Debug)]
+pub(crate) struct Meters {
+    meters: Vec<(Box<dyn Meter>, Unit)>,
+    /// A slower pace than declared (a quota the vendor announced, or
+    /// adaptive pacing), counting requests.
+    pace: Option<LeakyBucket>,
+    /// The last release, so a new pace counts from it.
+    last: Option<Instant>,
+}
+
+impl Meters {
+    pub(crate) fn new(quotas: &[Quota], headroom: Duration, now: Instant) -> Self {
+        Self {
+            meters: quotas
+                .iter()
+                .map(|q| (q.meter(headroom, now), q.unit))
+                .collect(),
+            pace: None,
+            last: None,
+        }
+    }
+
+    fn units(unit: Unit, cost: u64) -> u64 {
+        match unit {
+            Unit::Requests => 1,
+            Unit::Cost => cost,
+        }
+    }
+
+    /// The smallest capacity a request of `cost` exceeds, if any.
+    pub(crate) fn too_costly(&self, cost: u64) -> Option<u64> {
+        self.meters
+            .iter()
+            .filter(|(meter, unit)| Self::units(*unit, cost) > meter.capacity())
+            .map(|(meter, _)| meter.capacity())
+            .min()
+    }
+
+    pub(crate) fn earliest(&self, cost: u64, now: Instant) -> Instant {
+        let declared = self
+            .meters
+            .iter()
+            .map(|(meter, unit)| meter.earliest(Self::units(*unit, cost), now));
+        let pace = self.pace.iter().map(|pace| pace.earliest(1, now));
+        declared.chain(pace).max().unwrap_or(now)
+    }
+
+    pub(crate) fn commit(&mut self, cost: u64, now: Instant) {
+        for (meter, unit) in &mut self.meters {
+            meter.commit(Self::units(*unit, cost), now);
+        }
+        if let Some(pace) = &mut self.pace {
+            pace.commit(1, now);
+        }
+        self.last = Some(now);
+    }
+
+    pub(crate) fn settle(&mut self, charged: u64, actual: u64, at: Instant) {
+        for (meter, unit) in &mut self.meters {
+            if *unit == Unit::Cost {
+                meter.settle(charged, actual, at);
+            }
+        }
+    }
+
+    pub(crate) fn is_idle(&self, now: Instant) -> bool {
+        self.meters.iter().all(|(meter, _)| meter.is_idle(now))
+            && self.pace.as_ref().is_none_or(|pace| pace.is_idle(now))
+    }
+
+    /// The spacing between requests, for predictions: the slowest
+    /// request-counting meter, or the pace.
+    pub(crate) fn interval(&self) -> Duration {
+        let declared = self
+            .meters
+            .iter()
+            .filter(|(_, unit)| *unit == Unit::Requests)
+            .map(|(meter, _)| meter.interval());
+        declared
+            .chain(self.pace.as_ref().map(Meter::interval))
+            .max()
+            .unwrap_or(Duration::ZERO)
+    }
+
+    /// Keep requests at least `interval` apart (`None`: as declared).
+    pub(crate) fn set_pace(&mut self, interval: Option<Duration>) {
+        match (interval, &mut self.pace) {
+            (None, pace) => *pace = None,
+            (Some(interval), Some(pace)) => pace.set_interval(interval),
+            (Some(interval), pace @ None) => {
+                let mut bucket = LeakyBucket::with_interval(interval);
+                if let Some(last) = self.last {
+                    bucket.commit(1, last);
+                }
+                *pace = Some(bucket);
+            }
+        }
+    }
+
+    /// The pace now in force, if slower than declared.
+    pub(crate) fn pace(&self) -> Option<Duration> {
+        self.pace.as_ref().map(Meter::interval)
+    }
+}

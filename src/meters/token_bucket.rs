@@ -1,0 +1,103 @@
+//! The token bucket: bursts up to a capacity, the average enforced.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Meter, Rate};
+
+/// A bucket of `capacity` tokens refilled at `refill` ("10 RPS with bursts up
+/// to 50": capacity 50, refill 10 per second). A request takes `cost`
+/// tokens; a full bucket lets `capacity` go at once.
+///
+/// # The arithmetic
+///
+/// GCRA again, with a tolerance: with `T = refill.interval(headroom)` per
+/// token and `B = capacity`, the state `tat` is when the bucket would be
+/// full again.
+///
+/// - `earliest(cost, now) = max(now, tat − (B − cost)·T)`;
+/// - `commit(cost, now)`: `tat = max(tat, now) + cost·T`.
+///
+/// # The guarantee
+///
+/// A vendor running the same bucket (same capacity, same refill) never
+/// refuses us; the headroom stretches the refill period to absorb jitter.
+/// A vendor counting a strict sliding window of `per` can see up to
+/// `capacity + count` units in one window (a full burst, then a window's
+/// refill): match the vendor's algorithm, not just its numbers.
+#[derive(Debug, Clone)]
+pub struct TokenBucket {
+    capacity: u64,
+    interval: Duration,
+    tat: Option<Instant>,
+}
+
+impl TokenBucket {
+    /// `capacity` tokens, refilled at `refill` stretched by `headroom`.
+    pub fn new(capacity: u64, refill: Rate, headroom: Duration) -> Self {
+        Self {
+            capacity,
+            interval: refill.interval(headroom),
+            tat: None,
+        }
+    }
+
+    fn tokens(&self, n: u64) -> Duration {
+        self.interval
+            .saturating_mul(u32::try_from(n).unwrap_or(u32::MAX))
+    }
+}
+
+impl Meter for TokenBucket {
+    fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    fn earliest(&self, cost: u64, now: Instant) -> Instant {
+        let Some(tat) = self.tat else { return now };
+        let tolerance = self.tokens(self.capacity.saturating_sub(cost));
+        tat.checked_sub(tolerance).map_or(now, |at| at.max(now))
+    }
+
+    fn commit(&mut self, cost: u64, now: Instant) {
+        let base = self.tat.map_or(now, |tat| tat.max(now));
+        self.tat = Some(base + self.tokens(cost));
+    }
+
+    fn settle(&mut self, charged: u64, actual: u64, _at: Instant) {
+        let Some(tat) = self.tat else { return };
+        self.tat = Some(if actual < charged {
+            tat.checked_sub(self.tokens(charged - actual))
+                .unwrap_or(tat)
+        } else {
+            tat + self.tokens(actual - charged)
+        });
+    }
+
+    fn is_idle(&self, now: Instant) -> bool {
+        self.tat.is_none_or(|tat| tat <= now)
+    }
+
+    fn interval(&self) -> Duration {
+        self.interval
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_bucket_bursts_then_refills_at_the_rate() {
+        let mut bucket = TokenBucket::new(5, Rate::new(10, Duration::from_secs(1)), Duration::ZERO);
+        let t0 = Instant::now();
+        for _ in 0..5 {
+            assert_eq!(bucket.earliest(1, t0), t0);
+            bucket.commit(1, t0);
+        }
+        assert_eq!(bucket.earliest(1, t0), t0 + Duration::from_millis(100));
+        assert_eq!(bucket.earliest(3, t0), t0 + Duration::from_millis(300));
+        assert!(bucket.is_idle(t0 + Duration::from_millis(500)));
+    }
+}

@@ -1,0 +1,275 @@
+//! Which lanes a request goes through: keys, levels and routes.
+//!
+//! A **level** is a family of lanes under one policy, one lane per key: per
+//! origin (the vendor), per API key, per tenant. A request goes through
+//! several levels in order and waits its turn in each: a tenant's lane,
+//! then the vendor's. A **route** picks requests by method, host and path
+//! (`POST /v1/payments`) and gives them levels of their own, ahead of the
+//! shaper-wide ones.
+//!
+//! # Fairness between tenants
+//!
+//! With a per-tenant level (each tenant capped at its own quota) ahead of a
+//! shared vendor level, a tenant's flood reaches the vendor lane no faster
+//! than its cap, and the vendor lane serves what reaches it first come,
+//! first served. So under contention each active tenant gets at least
+//! `vendor rate × its cap / Σ caps of the active tenants`; with caps that
+//! add up to no more than the vendor's rate, no tenant waits on another at
+//! all.
+
+use std::fmt;
+use std::sync::Arc;
+
+use reqwest::header::HeaderName;
+use reqwest::{Method, Request};
+
+use crate::lane::LanePolicy;
+
+/// A label a request carries for [`LaneKey::Tag`] levels: a tenant, a user.
+///
+/// Set it with [`RequestBuilder::tag`](crate::RequestBuilder::tag), or as a
+/// `reqwest_middleware` extension.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Tag(pub String);
+
+/// A request's cost for quotas that count cost (tokens), as a
+/// `reqwest_middleware` extension; see
+/// [`RequestBuilder::cost`](crate::RequestBuilder::cost).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cost(pub u64);
+
+/// Picks a request's key from the request and its tag.
+pub type KeyFn = dyn Fn(&Request, Option<&Tag>) -> String + Send + Sync;
+
+/// Where a level's lane key comes from.
+#[derive(Clone)]
+pub enum LaneKey {
+    /// The request's origin, `scheme://host:port`.
+    Origin,
+    /// A request header's value (an API key); requests without it share one
+    /// lane.
+    Header(HeaderName),
+    /// The request's [`Tag`]; untagged requests share one lane.
+    Tag,
+    /// One lane for every request of the level.
+    Shared,
+    /// A function of the request and its tag.
+    Custom(Arc<KeyFn>),
+}
+
+impl LaneKey {
+    pub(crate) fn of(&self, request: &Request, tag: Option<&Tag>) -> String {
+        match self {
+            Self::Origin => request.url().origin().ascii_serialization(),
+            Self::Header(name) => request
+                .headers()
+                .get(name)
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                .unwrap_or_default(),
+            Self::Tag => tag.map(|t| t.0.clone()).unwrap_or_default(),
+            Self::Shared => String::new(),
+            Self::Custom(key) => key(request, tag),
+        }
+    }
+}
+
+impl fmt::Debug for LaneKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Origin => f.write_str("Origin"),
+            Self::Header(name) => f.debug_tuple("Header").field(name).finish(),
+            Self::Tag => f.write_str("Tag"),
+            Self::Shared => f.write_str("Shared"),
+            Self::Custom(_) => f.write_str("Custom(..)"),
+        }
+    }
+}
+
+/// A family of lanes under one policy, one lane per key.
+#[derive(Debug, Clone)]
+pub struct Level {
+    pub(crate) name: String,
+    pub(crate) key: LaneKey,
+    pub(crate) policy: LanePolicy,
+}
+
+impl Level {
+    /// Lanes named `name/<key>`, keyed by `key`, each under `policy`.
+    pub fn new(name: impl Into<String>, key: LaneKey, policy: LanePolicy) -> Self {
+        Self {
+            name: name.into(),
+            key,
+            policy,
+        }
+    }
+
+    /// The lane key of `request` in this level, as the shaper names lanes.
+    pub(crate) fn lane_name(&self, request: &Request, tag: Option<&Tag>) -> String {
+        let key = self.key.of(request, tag);
+        if self.name.is_empty() {
+            key
+        } else {
+            format!("{}/{key}", self.name)
+        }
+    }
+}
+
+/// Requests picked by method, host and path, with levels of their own.
+///
+/// ```
+/// use std::time::Duration;
+/// use callshaper::{LanePolicy, Rate, Route};
+/// // 10 payments a minute; everything else only under the shaper's rate.
+/// let payments = Route::new("payments")
+///     .method(reqwest::Method::POST)
+///     .path("/v1/payments/*")
+///     .policy(LanePolicy::new(Rate::new(10, Duration::from_secs(60))));
+/// ```
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub(crate) name: String,
+    method: Option<Method>,
+    host: Option<String>,
+    path: Option<Vec<String>>,
+    pub(crate) levels: Vec<Level>,
+}
+
+impl Route {
+    /// A route matching every request, with no levels yet.
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            method: None,
+            host: None,
+            path: None,
+            levels: Vec::new(),
+        }
+    }
+
+    /// Only requests with this method.
+    pub fn method(mut self, method: Method) -> Self {
+        self.method = Some(method);
+        self
+    }
+
+    /// Only requests to this host.
+    pub fn host(mut self, host: impl Into<String>) -> Self {
+        self.host = Some(host.into());
+        self
+    }
+
+    /// Only paths matching `pattern`, segment by segment: `*` or `{name}`
+    /// match any one segment, and a last `*` matches the rest of the path
+    /// (`/v1/payments/*` matches `/v1/payments` and below).
+    pub fn path(mut self, pattern: &str) -> Self {
+        self.path = Some(segments(pattern).map(str::to_owned).collect());
+        self
+    }
+
+    /// One lane shared by every request of the route, under `policy`.
+    pub fn policy(self, policy: LanePolicy) -> Self {
+        let name = self.name.clone();
+        self.level(Level::new(name, LaneKey::Shared, policy))
+    }
+
+    /// Add a level (e.g. per API key within the route).
+    pub fn level(mut self, level: Level) -> Self {
+        self.levels.push(level);
+        self
+    }
+
+    pub(crate) fn matches(&self, request: &Request) -> bool {
+        self.method.as_ref().is_none_or(|m| m == request.method())
+            && self
+                .host
+                .as_deref()
+                .is_none_or(|h| request.url().host_str() == Some(h))
+            && self
+                .path
+                .as_ref()
+                .is_none_or(|pattern| path_matches(pattern, request.url().path()))
+    }
+}
+
+fn segments(path: &str) -> impl Iterator<Item = &str> {
+    path.split('/').filter(|s| !s.is_empty())
+}
+
+fn path_matches(pattern: &[String], path: &str) -> bool {
+    let mut path = segments(path);
+    for (i, want) in pattern.iter().enumerate() {
+        let last = i + 1 == pattern.len();
+        if last && want == "*" {
+            return true;
+        }
+        match path.next() {
+            Some(_) if want == "*" || (want.starts_with('{') && want.ends_with('}')) => {}
+            Some(segment) if segment == want => {}
+            _ => return false,
+        }
+    }
+    path.next().is_none()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(method: Method, url: &str) -> Request {
+        Request::new(method, url.parse().unwrap())
+    }
+
+    #[test]
+    fn routes_match_method_host_and_path_patterns() {
+        let route = Route::new("p")
+            .method(Method::POST)
+            .host("api.example.com")
+            .path("/v1/{account}/payments/*");
+        let hit = |m: Method, url: &str| route.matches(&request(m, url));
+        assert!(hit(
+            Method::POST,
+            "https://api.example.com/v1/acme/payments"
+        ));
+        assert!(hit(
+            Method::POST,
+            "https://api.example.com/v1/acme/payments/42/refund"
+        ));
+        assert!(!hit(
+            Method::GET,
+            "https://api.example.com/v1/acme/payments"
+        ));
+        assert!(!hit(
+            Method::POST,
+            "https://other.example.com/v1/acme/payments"
+        ));
+        assert!(!hit(
+            Method::POST,
+            "https://api.example.com/v1/acme/products"
+        ));
+        let exact = Route::new("e").path("/v1/products");
+        assert!(exact.matches(&request(Method::GET, "http://h/v1/products/")));
+        assert!(!exact.matches(&request(Method::GET, "http://h/v1/products/7")));
+    }
+
+    #[test]
+    fn keys_come_from_origin_headers_and_tags() {
+        let mut req = request(Method::GET, "https://api.example.com:8443/x");
+        req.headers_mut().insert("x-api-key", "k1".parse().unwrap());
+        let tag = Tag("acme".into());
+        assert_eq!(
+            LaneKey::Origin.of(&req, None),
+            "https://api.example.com:8443"
+        );
+        assert_eq!(
+            LaneKey::Header(HeaderName::from_static("x-api-key")).of(&req, None),
+            "k1"
+        );
+        assert_eq!(LaneKey::Tag.of(&req, Some(&tag)), "acme");
+        assert_eq!(LaneKey::Tag.of(&req, None), "");
+        let policy = LanePolicy::new(crate::Rate::new(1, std::time::Duration::from_secs(1)));
+        assert_eq!(
+            Level::new("tenant", LaneKey::Tag, policy).lane_name(&req, Some(&tag)),
+            "tenant/acme"
+        );
+    }
+}

@@ -113,7 +113,9 @@ impl LanePolicy {
             ));
         }
         for (i, quota) in self.quotas.iter().enumerate() {
-            quota.validate().map_err(|e| e.within(&format!("quotas[{i}]")))?;
+            quota
+                .validate()
+                .map_err(|e| e.within(&format!("quotas[{i}]")))?;
         }
         if self.queue_capacity == 0 {
             return Err(ConfigError::new("queue_capacity", "must be at least 1"));

@@ -2,7 +2,9 @@
 //! strict API gateway and records every arrival.
 //!
 //! [`Vendor`] accepts at most `limit` requests in any sliding window of
-//! `window` (the strictest way a vendor counts) and answers the rest with 429,
+//! `window` (the strictest way a vendor counts; or a fixed window, or a
+//! token bucket, and optionally a cost quota such as tokens per minute on
+//! top) and answers the rest with 429,
 //! `Retry-After`, `X-RateLimit-Limit/-Remaining/-Reset` and
 //! `Cache-Control: no-store`, like a real gateway. Accepted requests carry
 //! `X-RateLimit-Limit/-Remaining` but no reset: in a sliding window "reset"
@@ -59,6 +61,9 @@ pub struct Arrival {
     pub path: String,
     /// The status the vendor answered.
     pub status: u16,
+    /// What it counted for the vendor's cost quota (see
+    /// [`Vendor::also_cost`]); 1 without one.
+    pub cost: u64,
 }
 
 /// A vendor that allows `limit` requests in any window of `window`.
@@ -86,64 +91,201 @@ pub struct Vendor {
 }
 
 struct Inner {
-    limit: usize,
-    window: Duration,
-    counting: Counting,
     clock: Option<Handle>,
     start: Instant,
     state: Mutex<State>,
 }
 
-/// How the vendor counts its quota.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Counting {
-    /// At most `limit` in any window `(t - window, t]`.
-    Sliding,
-    /// At most `limit` in each window `[k·window, (k+1)·window)` from the
-    /// vendor's start, as GitHub counts per hour.
-    Fixed,
+/// One quota the vendor enforces.
+struct Quota {
+    limit: u64,
+    window: Duration,
+    counting: Counting,
+    /// The header a request's cost is read from; `None` counts requests.
+    cost_header: Option<String>,
 }
 
-#[derive(Default)]
+/// How a quota counts, with its state.
+enum Counting {
+    /// At most `limit` in any window `(t - window, t]`: `(accepted at,
+    /// cost)`, oldest first.
+    Sliding(VecDeque<(Instant, u64)>),
+    /// At most `limit` in each window `[k·window, (k+1)·window)` from the
+    /// vendor's start, as GitHub counts per hour: `(k, spent)`.
+    Fixed(u128, u64),
+    /// A bucket of `limit` tokens: `(tokens, last refill, refill per
+    /// second)`.
+    Bucket(f64, Instant, f64),
+}
+
 struct State {
-    /// Sliding: when each request in the window was accepted.
-    accepted: VecDeque<Instant>,
-    /// Fixed: the current window's index and count.
-    fixed: (u128, usize),
+    quotas: Vec<Quota>,
     log: Vec<Arrival>,
     forced: Option<(Instant, RetryAfter)>,
     announce_policy: bool,
     silent: bool,
 }
 
+impl Quota {
+    /// Whether `cost` fits now; if not, how long until it does.
+    fn check(&self, cost: u64, now: Instant, start: Instant) -> Result<(), Duration> {
+        match &self.counting {
+            Counting::Sliding(accepted) => {
+                let mut total: u64 = accepted.iter().map(|&(_, c)| c).sum();
+                if total + cost <= self.limit {
+                    return Ok(());
+                }
+                for &(at, c) in accepted {
+                    total -= c;
+                    if total + cost <= self.limit {
+                        return Err((at + self.window).saturating_duration_since(now));
+                    }
+                }
+                Err(self.window)
+            }
+            Counting::Fixed(_, spent) => {
+                if spent + cost <= self.limit {
+                    Ok(())
+                } else {
+                    Err(window_end(start, self.window, now) - now)
+                }
+            }
+            Counting::Bucket(tokens, _, per_second) => {
+                let missing = cost as f64 - tokens;
+                if missing <= 0.0 {
+                    Ok(())
+                } else {
+                    Err(Duration::from_secs_f64(missing / per_second))
+                }
+            }
+        }
+    }
+
+    /// Forget what no longer counts at `now`.
+    fn age(&mut self, now: Instant, start: Instant) {
+        let window = self.window;
+        let limit = self.limit as f64;
+        match &mut self.counting {
+            Counting::Sliding(accepted) => {
+                while accepted.front().is_some_and(|&(at, _)| at + window <= now) {
+                    accepted.pop_front();
+                }
+            }
+            Counting::Fixed(index, spent) => {
+                let current = (now - start).as_nanos() / window.as_nanos();
+                if *index != current {
+                    *index = current;
+                    *spent = 0;
+                }
+            }
+            Counting::Bucket(tokens, last, per_second) => {
+                *tokens = (*tokens + (now - *last).as_secs_f64() * *per_second).min(limit);
+                *last = now;
+            }
+        }
+    }
+
+    fn charge(&mut self, cost: u64, now: Instant) {
+        match &mut self.counting {
+            Counting::Sliding(accepted) => accepted.push_back((now, cost)),
+            Counting::Fixed(_, spent) => *spent += cost,
+            Counting::Bucket(tokens, _, _) => *tokens -= cost as f64,
+        }
+    }
+
+    fn remaining(&self) -> u64 {
+        match &self.counting {
+            Counting::Sliding(accepted) => self
+                .limit
+                .saturating_sub(accepted.iter().map(|&(_, c)| c).sum()),
+            Counting::Fixed(_, spent) => self.limit.saturating_sub(*spent),
+            Counting::Bucket(tokens, _, _) => tokens.max(0.0) as u64,
+        }
+    }
+
+    fn cost_of(&self, request: &wiremock::Request) -> u64 {
+        self.cost_header.as_ref().map_or(1, |name| {
+            request
+                .headers
+                .get(name.as_str())
+                .and_then(|v| v.to_str().ok()?.trim().parse().ok())
+                .unwrap_or(1)
+        })
+    }
+}
+
+/// The end of the fixed window of length `window` from `start` that `now`
+/// falls in.
+fn window_end(start: Instant, window: Duration, now: Instant) -> Instant {
+    let elapsed = (now - start).as_nanos();
+    let window = window.as_nanos();
+    let end = (elapsed / window + 1) * window;
+    start + Duration::from_nanos(u64::try_from(end).unwrap_or(u64::MAX))
+}
+
 impl Vendor {
     /// A vendor that accepts at most `limit` requests in any sliding window
     /// of `window` and answers 429 beyond.
     pub fn strict(limit: usize, window: Duration) -> Self {
-        Self::counting(limit, window, Counting::Sliding)
+        Self::with(limit, window, Counting::Sliding(VecDeque::new()))
     }
 
     /// A vendor that counts like GitHub: at most `limit` in each fixed
     /// window from its start, and every answer carries
     /// `x-ratelimit-limit/-remaining/-reset`, the reset in epoch seconds.
     pub fn fixed_window(limit: usize, window: Duration) -> Self {
-        Self::counting(limit, window, Counting::Fixed)
+        Self::with(limit, window, Counting::Fixed(0, 0))
     }
 
-    fn counting(limit: usize, window: Duration, counting: Counting) -> Self {
+    /// A vendor running a token bucket: bursts up to `capacity`, refilled
+    /// `count` per `per`.
+    pub fn token_bucket(capacity: usize, count: u32, per: Duration) -> Self {
         let clock = Handle::try_current().ok();
         let start = now(clock.as_ref());
+        let per_second = f64::from(count) / per.as_secs_f64().max(f64::EPSILON);
+        Self::with(
+            capacity,
+            per,
+            Counting::Bucket(capacity as f64, start, per_second),
+        )
+    }
+
+    fn with(limit: usize, window: Duration, counting: Counting) -> Self {
+        let clock = Handle::try_current().ok();
+        let start = now(clock.as_ref());
+        let quota = Quota {
+            limit: limit as u64,
+            window: window.max(Duration::from_nanos(1)),
+            counting,
+            cost_header: None,
+        };
         Self {
             inner: Arc::new(Inner {
-                limit,
-                window: window.max(Duration::from_nanos(1)),
-                counting,
                 clock,
                 start,
-                state: Mutex::default(),
+                state: Mutex::new(State {
+                    quotas: vec![quota],
+                    log: Vec::new(),
+                    forced: None,
+                    announce_policy: false,
+                    silent: false,
+                }),
             }),
             server: None,
         }
+    }
+
+    /// Also enforce a cost quota: at most `limit` units (tokens) in any
+    /// sliding window of `window`, each request counting the number in its
+    /// `header` (1 without it). A request goes only if both quotas allow it.
+    pub fn also_cost(self, limit: u64, window: Duration, header: &str) -> Self {
+        self.state().quotas.push(Quota {
+            limit,
+            window: window.max(Duration::from_nanos(1)),
+            counting: Counting::Sliding(VecDeque::new()),
+            cost_header: Some(header.to_ascii_lowercase()),
+        });
+        self
     }
 
     /// Also announce the quota on every answer, as the IETF draft does:
@@ -210,6 +352,27 @@ impl Vendor {
         max_in_any_window(self.state().log.iter().map(|a| a.at), window)
     }
 
+    /// The most cost (accepted requests only) in any window `(t - window, t]`.
+    pub fn max_cost_in_any_window(&self, window: Duration) -> u64 {
+        let accepted: Vec<_> = self
+            .state()
+            .log
+            .iter()
+            .filter(|a| a.status == 200)
+            .map(|a| (a.at, a.cost))
+            .collect();
+        let (mut first, mut sum, mut most) = (0, 0, 0);
+        for &(at, cost) in &accepted {
+            sum += cost;
+            while accepted[first].0 + window <= at {
+                sum -= accepted[first].1;
+                first += 1;
+            }
+            most = most.max(sum);
+        }
+        most
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         self.inner
             .state
@@ -239,92 +402,67 @@ fn now(runtime: Option<&Handle>) -> Instant {
     Instant::now()
 }
 
-impl Vendor {
-    /// Count one arrival: `Ok(remaining)` if accepted, else `Err(wait)`
-    /// until a slot frees.
-    fn admit(&self, state: &mut State, now: Instant) -> Result<usize, Duration> {
-        let inner = &self.inner;
-        match inner.counting {
-            Counting::Sliding => {
-                if let Some(floor) = now.checked_sub(inner.window) {
-                    while state.accepted.front().is_some_and(|&t| t <= floor) {
-                        state.accepted.pop_front();
-                    }
-                }
-                if state.accepted.len() >= inner.limit {
-                    // The oldest accepted request leaves the window then.
-                    let free = state.accepted.front().map_or(now, |&t| t + inner.window);
-                    return Err(free - now);
-                }
-                state.accepted.push_back(now);
-                Ok(inner.limit - state.accepted.len())
-            }
-            Counting::Fixed => {
-                let index = (now - inner.start).as_nanos() / inner.window.as_nanos();
-                if state.fixed.0 != index {
-                    state.fixed = (index, 0);
-                }
-                if state.fixed.1 >= inner.limit {
-                    return Err(self.window_end(now) - now);
-                }
-                state.fixed.1 += 1;
-                Ok(inner.limit - state.fixed.1)
-            }
-        }
-    }
-
-    /// The end of the fixed window `now` falls in.
-    fn window_end(&self, now: Instant) -> Instant {
-        let inner = &self.inner;
-        let elapsed = (now - inner.start).as_nanos();
-        let window = inner.window.as_nanos();
-        let end = (elapsed / window + 1) * window;
-        inner.start + Duration::from_nanos(u64::try_from(end).unwrap_or(u64::MAX))
-    }
-}
-
 impl Respond for Vendor {
     fn respond(&self, request: &wiremock::Request) -> ResponseTemplate {
-        let inner = &self.inner;
-        let now = now(inner.clock.as_ref());
+        let start = self.inner.start;
+        let now = now(self.inner.clock.as_ref());
         let mut state = self.state();
+        for quota in &mut state.quotas {
+            quota.age(now, start);
+        }
         let forced = match &state.forced {
             Some((until, hint)) if now < *until => Some(hint.clone()),
             _ => None,
         };
-        let limit = inner.limit.to_string();
-        let (status, mut template) = if let Some(hint) = forced {
-            (429, with_hint(ResponseTemplate::new(429), &hint))
-        } else {
-            match self.admit(&mut state, now) {
-                Ok(remaining) => {
-                    let mut template = ResponseTemplate::new(200)
-                        .insert_header("x-ratelimit-limit", limit)
-                        .insert_header("x-ratelimit-remaining", remaining.to_string());
-                    if inner.counting == Counting::Fixed {
-                        let reset = self.window_end(now) - now;
-                        let reset = epoch_secs_after(reset).to_string();
-                        template = template.insert_header("x-ratelimit-reset", reset);
-                    }
-                    (200, template)
+        let costs: Vec<u64> = state.quotas.iter().map(|q| q.cost_of(request)).collect();
+        let cost = state
+            .quotas
+            .iter()
+            .zip(&costs)
+            .find(|(q, _)| q.cost_header.is_some())
+            .map_or(1, |(_, &c)| c);
+        let refused = state
+            .quotas
+            .iter()
+            .zip(&costs)
+            .filter_map(|(q, &c)| q.check(c, now, start).err())
+            .max();
+        let first = &state.quotas[0];
+        let limit = first.limit.to_string();
+        let (status, mut template) = match (forced, refused) {
+            (Some(hint), _) => (429, with_hint(ResponseTemplate::new(429), &hint)),
+            (None, Some(_)) if state.silent => (429, ResponseTemplate::new(429)),
+            (None, Some(wait)) => {
+                let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+                let template = ResponseTemplate::new(429)
+                    .insert_header("retry-after", secs.to_string())
+                    .insert_header("x-ratelimit-limit", limit)
+                    .insert_header("x-ratelimit-remaining", "0")
+                    .insert_header("x-ratelimit-reset", epoch_secs_after(wait).to_string());
+                (429, template)
+            }
+            (None, None) => {
+                for (quota, &c) in state.quotas.iter_mut().zip(&costs) {
+                    quota.charge(c, now);
                 }
-                Err(_) if state.silent => (429, ResponseTemplate::new(429)),
-                Err(wait) => {
-                    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
-                    let template = ResponseTemplate::new(429)
-                        .insert_header("retry-after", secs.to_string())
-                        .insert_header("x-ratelimit-limit", limit)
-                        .insert_header("x-ratelimit-remaining", "0")
-                        .insert_header("x-ratelimit-reset", epoch_secs_after(wait).to_string());
-                    (429, template)
+                let first = &state.quotas[0];
+                let mut template = ResponseTemplate::new(200)
+                    .insert_header("x-ratelimit-limit", limit)
+                    .insert_header("x-ratelimit-remaining", first.remaining().to_string());
+                if let Counting::Fixed(..) = first.counting {
+                    let reset = window_end(start, first.window, now) - now;
+                    let reset = epoch_secs_after(reset).to_string();
+                    template = template.insert_header("x-ratelimit-reset", reset);
                 }
+                (200, template)
             }
         };
         if state.announce_policy {
+            let first = &state.quotas[0];
             let policy = format!(
                 "\"default\";q={};w={}",
-                inner.limit,
-                inner.window.as_secs().max(1)
+                first.limit,
+                first.window.as_secs().max(1)
             );
             template = template.insert_header("ratelimit-policy", policy);
         }
@@ -333,10 +471,11 @@ impl Respond for Vendor {
             None => request.url.path().to_owned(),
         };
         state.log.push(Arrival {
-            at: now - inner.start,
+            at: now - start,
             method: request.method.to_string(),
             path,
             status,
+            cost,
         });
         template.insert_header("cache-control", "no-store")
     }

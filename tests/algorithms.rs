@@ -1,0 +1,228 @@
+//! Each algorithm against a vendor that counts the same way, several
+//! quotas at once, costs, and settling a cost after the response.
+
+mod common;
+
+use std::time::Duration;
+
+use callshaper::testing::Vendor;
+use callshaper::{Error, LanePolicy, Quota, Settle};
+use common::{SECOND, burst, join_all, order, shaper};
+
+async fn run(quota: Quota, vendor: Vendor, n: usize) -> Vendor {
+    let vendor = vendor.start().await;
+    let shaper = shaper(1)
+        .policy(LanePolicy::with_quotas([quota]))
+        .build()
+        .unwrap();
+    for outcome in burst(&shaper, &vendor.uri(), n).await {
+        outcome.unwrap();
+    }
+    let arrivals = vendor.arrivals();
+    let accepted: Vec<_> = arrivals
+        .iter()
+        .filter(|a| a.status == 200)
+        .cloned()
+        .collect();
+    assert_eq!(order(&accepted), (0..n).collect::<Vec<_>>(), "FIFO");
+    vendor
+}
+
+#[tokio::test(start_paused = true)]
+async fn leaky_bucket_holds_a_strict_window_smoothly() {
+    let vendor = run(
+        Quota::leaky_bucket(10, SECOND),
+        Vendor::strict(10, SECOND),
+        40,
+    )
+    .await;
+    assert_eq!(vendor.throttled(), 0);
+    assert!(vendor.max_in_any_window(SECOND) <= 10);
+    assert!(
+        vendor.max_in_any_window(Duration::from_millis(100)) <= 1,
+        "no burst"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn token_bucket_bursts_as_the_vendors_bucket_allows() {
+    let vendor = run(
+        Quota::token_bucket(5, 10, SECOND),
+        Vendor::token_bucket(5, 10, SECOND),
+        40,
+    )
+    .await;
+    assert_eq!(vendor.throttled(), 0);
+    let arrivals = vendor.arrivals();
+    assert!(
+        arrivals[..5].iter().all(|a| a.at == Duration::ZERO),
+        "a burst of five"
+    );
+    assert!(arrivals[5].at >= Duration::from_millis(100));
+}
+
+#[tokio::test(start_paused = true)]
+async fn sliding_log_is_exact_against_a_strict_window() {
+    let vendor = run(
+        Quota::sliding_log(10, SECOND),
+        Vendor::strict(10, SECOND),
+        40,
+    )
+    .await;
+    assert_eq!(vendor.throttled(), 0);
+    assert_eq!(
+        vendor.max_in_any_window(SECOND),
+        10,
+        "the full quota, not less"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn sliding_window_counter_holds_a_strict_window_under_a_backlog() {
+    let vendor = run(
+        Quota::sliding_window(10, SECOND),
+        Vendor::strict(10, SECOND),
+        40,
+    )
+    .await;
+    assert_eq!(vendor.throttled(), 0);
+    assert!(vendor.max_in_any_window(SECOND) <= 10);
+    // Unlike a fixed window, the first window's burst weighs on the next:
+    // its releases are spread (one per ~100 ms), not bunched at its start.
+    let arrivals = vendor.arrivals();
+    for pair in arrivals[10..20].windows(2) {
+        assert!(
+            pair[1].at - pair[0].at >= Duration::from_millis(90),
+            "{arrivals:#?}"
+        );
+    }
+}
+
+/// The documented weakness: a fixed window lets a full window's worth go at
+/// the end of one window and again at the start of the next.
+#[tokio::test(start_paused = true)]
+async fn fixed_window_can_double_its_quota_across_a_boundary() {
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let shaper = shaper(1)
+        .policy(LanePolicy::with_quotas([Quota::fixed_window(10, SECOND)]))
+        .headroom(Duration::ZERO)
+        .build()
+        .unwrap();
+    // Create the lane (its windows start now), then come back late in an
+    // unused window.
+    shaper.get(vendor.uri()).send().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1_900)).await;
+
+    for outcome in burst(&shaper, &vendor.uri(), 20).await {
+        outcome.unwrap();
+    }
+
+    // 10 at 1.9 s, 10 at 2.0 s: 20 within 100 ms, twice the quota.
+    assert_eq!(vendor.max_in_any_window(Duration::from_millis(101)), 20);
+    assert!(
+        vendor.throttled() > 0,
+        "a strict vendor refuses the second half"
+    );
+}
+
+/// An LLM vendor: 10 requests and 1,000 tokens per second (a minute scaled
+/// down), each request sending its tokens in `x-tokens`.
+#[tokio::test(start_paused = true)]
+async fn requests_and_tokens_are_both_held_and_the_queue_stays_fifo() {
+    let vendor = Vendor::strict(10, SECOND)
+        .also_cost(1_000, SECOND, "x-tokens")
+        .start()
+        .await;
+    let shaper = shaper(10)
+        .quota(Quota::sliding_log(1_000, SECOND).per_cost())
+        .build()
+        .unwrap();
+    let costs: Vec<u64> = (0..40).map(|i| if i % 3 == 0 { 400 } else { 10 }).collect();
+
+    let tasks = costs
+        .iter()
+        .enumerate()
+        .map(|(i, &cost)| {
+            let call = shaper
+                .get(format!("{}/r/{i}", vendor.uri()))
+                .header("x-tokens", cost.to_string())
+                .cost(cost)
+                .send();
+            tokio::spawn(call)
+        })
+        .collect();
+    for outcome in join_all(tasks).await {
+        assert_eq!(outcome.unwrap().status(), 200);
+    }
+
+    assert_eq!(vendor.throttled(), 0);
+    assert!(
+        vendor.max_in_any_window(SECOND) <= 10,
+        "requests per second held"
+    );
+    assert!(
+        vendor.max_cost_in_any_window(SECOND) <= 1_000,
+        "tokens per second held"
+    );
+    assert_eq!(
+        order(&vendor.arrivals()),
+        (0..40).collect::<Vec<_>>(),
+        "one FIFO queue"
+    );
+
+    let too_big = shaper.get(vendor.uri()).cost(1_001).send().await;
+    match too_big {
+        Err(Error::CostTooHigh { cost, capacity, .. }) => {
+            assert_eq!((cost, capacity), (1_001, 1_000))
+        }
+        other => panic!("expected CostTooHigh, got {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn settling_a_cost_gives_the_unused_part_back() {
+    let vendor = Vendor::strict(100, SECOND)
+        .also_cost(1_000, SECOND, "x-tokens")
+        .start()
+        .await;
+    let tokens = Quota::sliding_log(1_000, SECOND).per_cost();
+
+    for settle in [true, false] {
+        let shaper = shaper(100).quota(tokens).build().unwrap();
+        let started = tokio::time::Instant::now();
+        // Estimated at 1,000 tokens; the response says 200 were used.
+        let first = shaper
+            .get(vendor.uri())
+            .header("x-tokens", "200")
+            .cost(1_000)
+            .send()
+            .await
+            .unwrap();
+        if settle {
+            first.extensions().get::<Settle>().unwrap().report(200);
+        }
+        let second = shaper
+            .get(vendor.uri())
+            .header("x-tokens", "800")
+            .cost(800)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(second.status(), 200);
+        let waited = started.elapsed();
+        if settle {
+            // One request interval (10 ms at 100/s), not the token window.
+            assert!(
+                waited < Duration::from_millis(20),
+                "800 freed at once: {waited:?}"
+            );
+        } else {
+            assert!(
+                waited >= SECOND,
+                "without settling, the estimate holds: {waited:?}"
+            );
+        }
+        tokio::time::sleep(2 * SECOND).await;
+    }
+    assert_eq!(vendor.throttled(), 0);
+}

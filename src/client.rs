@@ -15,7 +15,8 @@ use tokio::time::Instant;
 
 use crate::adaptive::Adaptive;
 use crate::error::{ConfigError, Error};
-use crate::lane::{Lane, LanePolicy, LaneSnapshot, Priority, Turn};
+use crate::gate::{self, Gate, GateMap};
+use crate::lane::{Lane, LanePolicy, LaneSnapshot, Priority};
 use crate::meters::Quota;
 use crate::retry::{self, Backoff, RetryBudget, RetryPolicy, Verdict};
 use crate::route::{LaneKey, Level, Route, Tag};
@@ -99,6 +100,8 @@ type LaneMap = Mutex<HashMap<String, Arc<Lane>>>;
 struct Inner {
     client: reqwest::Client,
     transport: Arc<dyn Transport>,
+    /// How every lane behaves (its quotas come from the levels).
+    policy: LanePolicy,
     retry: RetryPolicy,
     routes: Vec<Route>,
     /// The shaper-wide levels, the vendor's last.
@@ -106,6 +109,7 @@ struct Inner {
     cost: Option<Arc<CostFn>>,
     dialects: Vec<Arc<dyn Dialect>>,
     lanes: Arc<LaneMap>,
+    gates: Arc<GateMap>,
     shut: AtomicBool,
 }
 
@@ -198,14 +202,15 @@ impl Shaper {
             .chain(&self.inner.levels)
     }
 
-    /// The lane of `request` in `level`, created on first use.
-    fn lane_for(
-        &self,
-        level: &Level,
-        request: &Request,
-        tag: Option<&Tag>,
-    ) -> Result<Arc<Lane>, Error> {
-        let name = level.lane_name(request, tag);
+    /// The lane of `request`, created on first use: named by its key in
+    /// every level, and sharing the gate of each.
+    fn lane_for(&self, request: &Request, tag: Option<&Tag>) -> Result<Arc<Lane>, Error> {
+        let levels: Vec<&Level> = self.levels_for(request).collect();
+        let keys: Vec<String> = levels
+            .iter()
+            .map(|level| level.lane_name(request, tag))
+            .collect();
+        let name = keys.join(" | ");
         let mut lanes = lock(&self.inner.lanes);
         if self.inner.shut.load(Ordering::Acquire) {
             return Err(Error::Shutdown);
@@ -213,37 +218,44 @@ impl Shaper {
         if let Some(lane) = lanes.get(&name) {
             return Ok(lane.clone());
         }
+        // Every level's quotas are a shared gate, even when one lane is all
+        // that uses it yet: the vendor's quota must be one gate for all.
+        let shared = levels
+            .iter()
+            .zip(&keys)
+            .map(|(level, key)| self.gate_for(level, key))
+            .collect();
+        let policy = LanePolicy {
+            quotas: Vec::new(),
+            ..self.inner.policy.clone()
+        };
         let on_idle = evict_when_idle(Arc::downgrade(&self.inner.lanes), name.clone());
         let lane = Arc::new(Lane::spawn(
             name.clone(),
-            level.policy.clone(),
+            policy,
             self.inner.retry.budget,
+            shared,
             Some(on_idle),
         ));
         lanes.insert(name, lane.clone());
         Ok(lane)
     }
 
-    /// Wait for a turn in every lane, in order. A retry enters each lane
-    /// again with its old place.
-    async fn turns(
-        &self,
-        lanes: &[Arc<Lane>],
-        places: &mut Vec<crate::lane::Place>,
-        options: &Options,
-        cost: u64,
-    ) -> Result<Vec<Turn>, Error> {
-        let mut turns = Vec::with_capacity(lanes.len());
-        for (i, lane) in lanes.iter().enumerate() {
-            if let Some(place) = places.get_mut(i) {
-                lane.reenter(place)?;
-            } else {
-                let max_wait = options.max_wait.or(lane.policy().max_wait);
-                places.push(lane.enter(cost, options.priority, max_wait)?);
-            }
-            turns.push(lane.wait(&mut places[i]).await?);
+    /// The shared gate of `level` for `key`, created on first use.
+    fn gate_for(&self, level: &Level, key: &str) -> Arc<Gate> {
+        let mut gates = gate::lock(&self.inner.gates);
+        if let Some(gate) = gates.get(key).and_then(Weak::upgrade) {
+            return gate;
         }
-        Ok(turns)
+        let registry = Some((Arc::downgrade(&self.inner.gates), key.to_owned()));
+        let gate = Arc::new(Gate::new(
+            level.quotas.clone(),
+            &self.inner.policy,
+            self.inner.retry.budget,
+            registry,
+        ));
+        gates.insert(key.to_owned(), Arc::downgrade(&gate));
+        gate
     }
 
     /// The loop every request runs: wait for the turns, send, and decide
@@ -259,48 +271,36 @@ impl Shaper {
         F: FnMut(Request) -> Fut,
         Fut: Future<Output = Result<Response, E>>,
     {
-        let tag = options.tag.as_ref();
-        let lanes = self
-            .levels_for(&request)
-            .map(|level| self.lane_for(level, &request, tag))
-            .collect::<Result<Vec<_>, _>>()?;
-        // The vendor's own lane: the last level. It learns the vendor's
-        // quotas and keeps the retry budget.
-        let Some(vendor) = lanes.last().cloned() else {
-            return Err(Error::Shutdown.into());
-        };
+        let lane = self.lane_for(&request, options.tag.as_ref())?;
         let cost = options
             .cost
             .or_else(|| self.inner.cost.as_ref().map(|estimate| estimate(&request)))
             .unwrap_or(1);
-        let mut places = Vec::with_capacity(lanes.len());
+        let max_wait = options.max_wait.or(lane.policy().max_wait);
+        let mut place = lane.enter(cost, options.priority, max_wait)?;
         let policy = &self.inner.retry;
         let may_retry_failure =
             policy.retry_non_idempotent || retry::is_idempotent(request.method());
         let (mut attempts, mut failures, mut throttles) = (0u32, 0u32, 0u32);
         loop {
-            let turns = self.turns(&lanes, &mut places, &options, cost).await?;
+            let turn = lane.wait(&mut place).await?;
             attempts += 1;
             if attempts == 1 {
-                vendor.deposit();
+                lane.deposit();
             }
             // A body that can't be cloned (a stream) allows one send only.
             let spare = request.try_clone();
             let mut outcome = send(request).await;
-            let charges: Vec<_> = lanes
-                .iter()
-                .zip(&turns)
-                .map(|(lane, turn)| (lane.clone(), turn.at()))
-                .collect();
-            drop(turns);
+            let charged_at = turn.at();
+            drop(turn);
 
             let signals = match &mut outcome {
                 Ok(response) => {
                     let signals = self.read_signals(response.headers());
-                    self.learn(&vendor, &signals);
+                    self.learn(&lane, &signals);
                     let extensions = response.extensions_mut();
                     extensions.insert(signals.clone());
-                    extensions.insert(Settle::new(cost, charges));
+                    extensions.insert(Settle::new(lane.clone(), cost, charged_at));
                     signals
                 }
                 Err(_) => Signals::default(),
@@ -309,20 +309,16 @@ impl Shaper {
                 Ok(response) => retry::classify(response.status(), &signals),
                 Err(_) => Verdict::Failed,
             };
-            let headroom = vendor.policy().headroom;
+            let headroom = lane.policy().headroom;
             match (verdict, outcome) {
                 (Verdict::Done, outcome) => {
-                    for lane in &lanes {
-                        lane.succeeded();
-                    }
+                    lane.succeeded();
                     if let Some(reset) = signals.exhausted_for() {
                         // Nothing left until `reset`: stop before the vendor
                         // has to say 429.
-                        for lane in &lanes {
-                            lane.pause_for(reset + headroom);
-                        }
+                        lane.pause_for(reset + headroom);
                         tracing::info!(
-                            lane = vendor.key(),
+                            lane = lane.key(),
                             ?reset,
                             "quota used up; pausing until it resets"
                         );
@@ -332,7 +328,7 @@ impl Shaper {
                 (Verdict::Throttled, Ok(response)) => {
                     throttles += 1;
                     let hint = signals.pause_hint();
-                    let pause = vendor.throttled(hint);
+                    let pause = lane.throttled(hint);
                     // A hinted pause gets the headroom too: the vendor's
                     // clock and ours are not the same clock.
                     let padded = if pause.is_zero() || hint.is_none() {
@@ -340,20 +336,18 @@ impl Shaper {
                     } else {
                         pause + headroom
                     };
-                    for lane in &lanes {
-                        lane.pause_for(padded);
-                    }
+                    lane.pause_for(padded);
                     tracing::warn!(
-                        lane = vendor.key(),
+                        lane = lane.key(),
                         status = response.status().as_u16(),
                         ?pause,
                         hinted = hint.is_some(),
                         "vendor throttled the lane; pausing it"
                     );
-                    let max_pause = vendor.policy().max_pause;
+                    let max_pause = lane.policy().max_pause;
                     if pause > max_pause {
                         return Err(Error::PauseTooLong {
-                            lane: vendor.key().to_owned(),
+                            lane: lane.key().to_owned(),
                             requested: pause,
                             max_pause,
                         }
@@ -394,9 +388,9 @@ impl Shaper {
                             Err(source) => Err(Failure::Send { attempts, source }),
                         };
                     }
-                    if !vendor.withdraw_retry() {
+                    if !lane.withdraw_retry() {
                         return Err(Error::RetryBudgetExhausted {
-                            lane: vendor.key().to_owned(),
+                            lane: lane.key().to_owned(),
                             attempts,
                             last_status,
                         }
@@ -404,7 +398,7 @@ impl Shaper {
                     }
                     let backoff = policy.backoff.full_jitter(failures - 1);
                     tracing::debug!(
-                        lane = vendor.key(),
+                        lane = lane.key(),
                         attempts,
                         ?backoff,
                         "retrying a failed request"
@@ -413,6 +407,7 @@ impl Shaper {
                     request = next;
                 }
             }
+            lane.reenter(&mut place)?;
         }
     }
 
@@ -486,17 +481,19 @@ pub struct Settle {
 }
 
 struct SettleInner {
+    lane: Arc<Lane>,
     charged: u64,
-    charges: Vec<(Arc<Lane>, Instant)>,
+    at: Instant,
     reported: AtomicBool,
 }
 
 impl Settle {
-    fn new(charged: u64, charges: Vec<(Arc<Lane>, Instant)>) -> Self {
+    fn new(lane: Arc<Lane>, charged: u64, at: Instant) -> Self {
         Self {
             inner: Arc::new(SettleInner {
+                lane,
                 charged,
-                charges,
+                at,
                 reported: AtomicBool::new(false),
             }),
         }
@@ -512,9 +509,8 @@ impl Settle {
         if self.inner.reported.swap(true, Ordering::AcqRel) {
             return;
         }
-        for (lane, at) in &self.inner.charges {
-            lane.settle(self.inner.charged, actual, *at);
-        }
+        let inner = &self.inner;
+        inner.lane.settle(inner.charged, actual, inner.at);
     }
 }
 
@@ -730,16 +726,17 @@ impl ShaperBuilder {
         self
     }
 
-    /// A level every request goes through before its vendor lane: per
-    /// tenant, per API key.
+    /// Quotas per tenant, per API key, on top of the vendor's: each key
+    /// gets a lane of its own under the vendor's shared quota.
     ///
     /// ```
     /// # use std::time::Duration;
-    /// use callshaper::{LaneKey, LanePolicy, Level, Rate};
+    /// use callshaper::{LaneKey, Level, Quota};
     /// // Each tenant at most 5/s, all of them together 10/s.
+    /// let per_tenant = Level::new("tenant", LaneKey::Tag, [Quota::leaky_bucket(5, Duration::from_secs(1))]);
     /// let shaper = callshaper::Shaper::builder()
     ///     .rate(10, Duration::from_secs(1))
-    ///     .level(Level::new("tenant", LaneKey::Tag, LanePolicy::new(Rate::new(5, Duration::from_secs(1)))))
+    ///     .level(per_tenant)
     ///     .build()?;
     /// # Ok::<(), callshaper::ConfigError>(())
     /// ```
@@ -776,12 +773,22 @@ impl ShaperBuilder {
         };
         policy.validate()?;
         let mut levels = self.levels;
-        levels.push(Level::new("", self.vendor_key, policy));
+        levels.push(Level::new("", self.vendor_key, policy.quotas.clone()));
         for level in levels
             .iter()
             .chain(self.routes.iter().flat_map(|r| &r.levels))
         {
-            level.policy.validate()?;
+            let name = if level.name.is_empty() {
+                "vendor"
+            } else {
+                &level.name
+            };
+            LanePolicy {
+                quotas: level.quotas.clone(),
+                ..policy.clone()
+            }
+            .validate()
+            .map_err(|e| e.within(&format!("levels.{name}")))?;
         }
         if self.retry.max_attempts == 0 {
             return Err(ConfigError::new("max_attempts", "must be at least 1"));
@@ -810,12 +817,14 @@ impl ShaperBuilder {
             inner: Arc::new(Inner {
                 client,
                 transport,
+                policy,
                 retry: self.retry,
                 routes: self.routes,
                 levels,
                 cost: self.cost,
                 dialects: self.dialects,
                 lanes: Arc::default(),
+                gates: Arc::default(),
                 shut: AtomicBool::new(false),
             }),
         })

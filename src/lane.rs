@@ -22,17 +22,18 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::time::{Instant, sleep, sleep_until};
 
-use crate::adaptive::{Adaptive, Aimd};
+use crate::adaptive::Adaptive;
 use crate::error::{ConfigError, Error};
-use crate::meters::{Meters, Quota, Rate, Unit};
-use crate::retry::{Backoff, Ledger, RetryBudget};
+use crate::gate::{self, Gate, lock};
+use crate::meters::{Meters, Quota, Rate};
+use crate::retry::{Backoff, RetryBudget};
 
 /// How one lane behaves.
 #[derive(Debug, Clone, PartialEq)]
@@ -98,11 +99,7 @@ impl LanePolicy {
 
     /// The lane's request rate: the slowest quota counting requests.
     pub fn request_rate(&self) -> Option<Rate> {
-        self.quotas
-            .iter()
-            .filter(|q| q.unit == Unit::Requests)
-            .map(Quota::rate)
-            .min_by(|a, b| slower_first(*a, *b))
+        gate::request_rate(&self.quotas)
     }
 
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
@@ -143,13 +140,6 @@ impl LanePolicy {
         }
         Ok(())
     }
-}
-
-/// Orders rates slowest first, comparing `count / per` without division.
-fn slower_first(a: Rate, b: Rate) -> std::cmp::Ordering {
-    let a_speed = u128::from(a.count) * b.per.as_nanos();
-    let b_speed = u128::from(b.count) * a.per.as_nanos();
-    a_speed.cmp(&b_speed)
 }
 
 /// Which class a request waits in.
@@ -236,11 +226,11 @@ pub struct Lane {
 struct Shared {
     key: String,
     policy: LanePolicy,
-    meters: Mutex<Meters>,
-    paused_until: Mutex<Option<Instant>>,
+    /// The lane's own gate first, then the shared gates of broader levels;
+    /// the last one is the vendor's.
+    gates: Vec<Arc<Gate>>,
     in_flight: Option<Arc<Semaphore>>,
     next_seq: AtomicU64,
-    throttle_streak: AtomicU32,
     released: AtomicU64,
     throttles: AtomicU64,
     /// Requests waiting for a turn, in the channel or held by the
@@ -248,22 +238,28 @@ struct Shared {
     /// dispatcher lets it go, so "zero" really means nobody is ahead; also
     /// what the queue bound counts.
     waiting: AtomicUsize,
-    pace: Mutex<Pace>,
-    ledger: Mutex<Ledger>,
 }
 
-/// What slows a lane below its policy.
-struct Pace {
-    /// A lower quota the vendor announced.
-    learned: Option<Rate>,
-    /// Adaptive pacing's share of the request rate.
-    aimd: Option<Aimd>,
+impl Shared {
+    /// The vendor's gate: the broadest level's.
+    fn vendor(&self) -> &Gate {
+        self.gates.last().map_or(&self.gates[0], |gate| gate)
+    }
+
+    /// Every gate's meters, locked in level order (the same order in every
+    /// lane, so lanes sharing gates cannot deadlock).
+    fn meters(&self) -> Vec<MutexGuard<'_, Meters>> {
+        self.gates.iter().map(|gate| lock(&gate.meters)).collect()
+    }
 }
 
-/// A mutex whose data stays valid even if a holder panicked: every critical
-/// section here leaves its data consistent at each step.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+/// When every meter of `meters` allows a request of `cost`.
+fn earliest(meters: &[MutexGuard<'_, Meters>], cost: u64, now: Instant) -> Instant {
+    meters
+        .iter()
+        .map(|m| m.earliest(cost, now))
+        .max()
+        .unwrap_or(now)
 }
 
 impl Lane {
@@ -279,38 +275,31 @@ impl Lane {
             key.into(),
             policy,
             RetryBudget::default(),
+            Vec::new(),
             None,
         ))
     }
 
-    /// Start the dispatcher of a lane whose policy is already validated.
+    /// Start the dispatcher of a lane whose policy is already validated;
+    /// `shared` are the gates of broader levels, the vendor's last.
     pub(crate) fn spawn(
         key: String,
         policy: LanePolicy,
         budget: RetryBudget,
+        shared: Vec<Arc<Gate>>,
         on_idle: Option<OnIdle>,
     ) -> Self {
         let (tickets, tickets_rx) = async_channel::unbounded();
-        let now = Instant::now();
-        let aimd = match (policy.adaptive, policy.request_rate()) {
-            (Some(knobs), Some(ceiling)) => Some(Aimd::new(knobs, ceiling)),
-            _ => None,
-        };
+        let own = Arc::new(Gate::new(policy.quotas.clone(), &policy, budget, None));
+        let gates = std::iter::once(own).chain(shared).collect();
         let shared = Arc::new(Shared {
             key,
-            meters: Mutex::new(Meters::new(&policy.quotas, policy.headroom, now)),
-            paused_until: Mutex::new(None),
+            gates,
             in_flight: policy.max_in_flight.map(|n| Arc::new(Semaphore::new(n))),
             next_seq: AtomicU64::new(0),
-            throttle_streak: AtomicU32::new(0),
             released: AtomicU64::new(0),
             throttles: AtomicU64::new(0),
             waiting: AtomicUsize::new(0),
-            pace: Mutex::new(Pace {
-                learned: None,
-                aimd,
-            }),
-            ledger: Mutex::new(Ledger::new(budget)),
             policy,
         });
         let dispatcher = Dispatcher {
@@ -354,7 +343,12 @@ impl Lane {
     ) -> Result<Place, Error> {
         let shared = &self.shared;
         let now = Instant::now();
-        if let Some(capacity) = lock(&shared.meters).too_costly(cost) {
+        let too_costly = shared
+            .gates
+            .iter()
+            .filter_map(|g| lock(&g.meters).too_costly(cost))
+            .min();
+        if let Some(capacity) = too_costly {
             return Err(Error::CostTooHigh {
                 lane: shared.key.clone(),
                 cost,
@@ -426,11 +420,13 @@ impl Lane {
             None => None,
             Some(slots) => Some(slots.clone().try_acquire_owned().ok()?),
         };
-        let mut meters = lock(&shared.meters);
-        if shared.waiting.load(Ordering::SeqCst) != 0 || meters.earliest(cost, now) > now {
+        let mut meters = shared.meters();
+        if shared.waiting.load(Ordering::SeqCst) != 0 || earliest(&meters, cost, now) > now {
             return None;
         }
-        meters.commit(cost, now);
+        for meter in &mut meters {
+            meter.commit(cost, now);
+        }
         shared.released.fetch_add(1, Ordering::Relaxed);
         Some(Turn {
             _in_flight: permit,
@@ -504,112 +500,75 @@ impl Lane {
     /// A request released at `turn` cost `actual`, not the `charged` it
     /// was estimated at: correct the meters that count cost.
     pub(crate) fn settle(&self, charged: u64, actual: u64, at: Instant) {
-        lock(&self.shared.meters).settle(charged, actual, at);
+        for gate in &self.shared.gates {
+            lock(&gate.meters).settle(charged, actual, at);
+        }
     }
 
-    /// Pause the whole lane for `pause` from now, clamped to `max_pause`.
-    /// A pause only ever moves forward: a shorter one than the current
-    /// leaves it as it is. Returns the instant the lane resumes.
+    /// Pause the whole lane, and the shared quotas above it (so every lane
+    /// sharing the vendor's quota stops too), for `pause` from now, clamped
+    /// to `max_pause`. A pause only ever moves forward: a shorter one than
+    /// the current leaves it as it is. Returns the instant the lane resumes.
     pub fn pause_for(&self, pause: Duration) -> Instant {
-        let until = Instant::now() + pause.min(self.shared.policy.max_pause);
-        let mut paused = lock(&self.shared.paused_until);
-        let until = paused.map_or(until, |current| current.max(until));
-        *paused = Some(until);
-        until
+        let gates = &self.shared.gates;
+        gates
+            .iter()
+            .map(|gate| gate.pause_for(pause))
+            .max()
+            .unwrap_or_else(Instant::now)
     }
 
-    /// The lane was throttled: the pause to take. The vendor's hint, else
-    /// the fallback backoff, which grows with each consecutive throttle (and
-    /// adaptive pacing, if on, cuts the rate: the vendor said nothing, so
-    /// the rate itself must be what is wrong).
+    /// The lane was throttled: the pause to take (the vendor's hint, else
+    /// the vendor gate's growing fallback).
     pub(crate) fn throttled(&self, hint: Option<Duration>) -> Duration {
         self.shared.throttles.fetch_add(1, Ordering::Relaxed);
-        let streak = self.shared.throttle_streak.fetch_add(1, Ordering::Relaxed);
-        match hint {
-            Some(hint) => hint,
-            None => {
-                self.adapt(Aimd::throttled);
-                self.shared.policy.fallback.equal_jitter(streak)
-            }
-        }
+        self.shared.vendor().throttled(hint)
     }
 
-    /// The vendor accepted a request: the fallback backoff starts over, and
-    /// adaptive pacing grows the rate back.
+    /// The vendor accepted a request.
     pub(crate) fn succeeded(&self) {
-        self.shared.throttle_streak.store(0, Ordering::Relaxed);
-        self.adapt(Aimd::succeeded);
+        self.shared.vendor().succeeded();
     }
 
-    fn adapt(&self, step: fn(&mut Aimd)) {
-        let mut pace = lock(&self.shared.pace);
-        if let Some(aimd) = pace.aimd.as_mut() {
-            step(aimd);
-            self.repace(&pace);
-        }
-    }
-
-    /// The vendor announced its quota. A lower one than the policy's request
-    /// rate becomes the lane's pace (never a higher one: the user's
-    /// declaration is the ceiling). True when this changed the pace.
+    /// The vendor announced its quota; see [`Gate::learn`]. True when this
+    /// changed the pace.
     pub(crate) fn learn(&self, announced: Rate) -> bool {
-        let Some(declared) = self.shared.policy.request_rate() else {
-            return false;
-        };
-        if slower_first(announced, declared).is_ge() {
-            return false;
-        }
-        let mut pace = lock(&self.shared.pace);
-        if pace.learned == Some(announced) {
-            return false;
-        }
-        pace.learned = Some(announced);
-        self.repace(&pace);
-        true
+        self.shared.vendor().learn(announced)
     }
 
-    /// Keep requests apart by the slowest of the learned quota and adaptive
-    /// pacing's share of the request rate; neither: as declared.
-    fn repace(&self, pace: &Pace) {
-        let policy = &self.shared.policy;
-        let headroom = policy.headroom;
-        let learned = pace.learned.map(|rate| rate.interval(headroom));
-        let adaptive = pace.aimd.as_ref().and_then(|aimd| {
-            let nominal = policy.request_rate()?.interval(headroom);
-            (aimd.share() < 1.0).then(|| nominal.div_f64(aimd.share()))
-        });
-        let interval = learned.max(adaptive);
-        let mut meters = lock(&self.shared.meters);
-        if meters.pace() != interval {
-            meters.set_pace(interval);
-        }
-    }
-
-    /// A request's first attempt: it earns the lane some retry budget.
+    /// A request's first attempt: it earns the vendor's retry budget some.
     pub(crate) fn deposit(&self) {
-        lock(&self.shared.ledger).deposit(Instant::now());
+        self.shared.vendor().deposit();
     }
 
-    /// Spend one failure retry from the lane's budget, if there is any left.
+    /// Spend one failure retry from the vendor's budget, if any is left.
     pub(crate) fn withdraw_retry(&self) -> bool {
-        lock(&self.shared.ledger).withdraw(Instant::now())
+        self.shared.vendor().withdraw_retry()
     }
 
     fn paused_until(&self) -> Option<Instant> {
-        let until = (*lock(&self.shared.paused_until))?;
-        (until > Instant::now()).then_some(until)
+        let now = Instant::now();
+        self.shared
+            .gates
+            .iter()
+            .filter_map(|gate| gate.paused_until(now))
+            .max()
     }
 
     /// Queue depth, pace, the head's cost and the pause give the wait a new
     /// request would see. An estimate when costs vary: it assumes everyone
     /// ahead costs one request.
     fn predicted_wait(&self, cost: u64, now: Instant) -> Duration {
-        let meters = lock(&self.shared.meters);
-        let head = meters
-            .earliest(cost, now)
-            .max(self.paused_until().unwrap_or(now));
+        let paused = self.paused_until().unwrap_or(now);
+        let meters = self.shared.meters();
+        let head = earliest(&meters, cost, now).max(paused);
+        let interval = meters
+            .iter()
+            .map(|m| m.interval())
+            .max()
+            .unwrap_or_default();
         let ahead = u32::try_from(self.queued()).unwrap_or(u32::MAX);
-        (head - now).saturating_add(meters.interval().saturating_mul(ahead))
+        (head - now).saturating_add(interval.saturating_mul(ahead))
     }
 
     fn queued(&self) -> usize {
@@ -620,9 +579,7 @@ impl Lane {
     /// pause, the meters rested.
     pub(crate) fn is_idle(&self) -> bool {
         let now = Instant::now();
-        self.queued() == 0
-            && self.paused_until().is_none()
-            && lock(&self.shared.meters).is_idle(now)
+        self.queued() == 0 && self.shared.gates.iter().all(|gate| gate.is_idle(now))
     }
 
     /// Refuse new requests and end every waiting one with
@@ -640,8 +597,14 @@ impl Lane {
             paused_for: self.paused_until().map(|until| until - now),
             released: self.shared.released.load(Ordering::Relaxed),
             throttles: self.shared.throttles.load(Ordering::Relaxed),
-            interval: lock(&self.shared.meters).interval(),
-            learned: lock(&self.shared.pace).learned,
+            interval: self
+                .shared
+                .meters()
+                .iter()
+                .map(|m| m.interval())
+                .max()
+                .unwrap_or_default(),
+            learned: self.shared.vendor().learned(),
         }
     }
 }
@@ -762,10 +725,13 @@ impl Dispatcher {
         }
 
         let now = Instant::now();
-        let paused_until = *lock(&self.shared.paused_until);
-        if let Some(until) = paused_until
-            && until > now
-        {
+        let paused_until = self
+            .shared
+            .gates
+            .iter()
+            .filter_map(|gate| gate.paused_until(now))
+            .max();
+        if let Some(until) = paused_until {
             return self.or_new_ticket(sleep_until(until)).await;
         }
 
@@ -802,8 +768,8 @@ impl Dispatcher {
         permit: Option<OwnedSemaphorePermit>,
     ) -> Result<(), Instant> {
         let shared = self.shared.clone();
-        let mut meters = lock(&shared.meters);
-        let at = meters.earliest(cost, now);
+        let mut meters = shared.meters();
+        let at = earliest(&meters, cost, now);
         if at > now {
             return Err(at);
         }
@@ -814,7 +780,9 @@ impl Dispatcher {
                 at: now,
             };
             if head.turn.send(turn).is_ok() {
-                meters.commit(cost, now);
+                for meter in &mut meters {
+                    meter.commit(cost, now);
+                }
                 shared.released.fetch_add(1, Ordering::Relaxed);
                 self.since_batch = match class {
                     Priority::Batch => 0,
@@ -867,6 +835,7 @@ impl Dispatcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Mutex;
 
     fn policy() -> LanePolicy {
         LanePolicy::new(Rate::new(10, Duration::from_secs(1)))

@@ -55,6 +55,7 @@
 pub mod adaptive;
 pub mod client;
 pub mod error;
+mod gate;
 pub mod lane;
 pub mod meters;
 #[cfg(feature = "middleware")]

@@ -1,21 +1,24 @@
 //! Which lanes a request goes through: keys, levels and routes.
 //!
-//! A **level** is a family of lanes under one policy, one lane per key: per
-//! origin (the vendor), per API key, per tenant. A request goes through
-//! several levels in order and waits its turn in each: a tenant's lane,
-//! then the vendor's. A **route** picks requests by method, host and path
-//! (`POST /v1/payments`) and gives them levels of their own, ahead of the
-//! shaper-wide ones.
+//! A **level** is a family of quotas, one set per key: per origin (the
+//! vendor's), per API key, per tenant. A **route** picks requests by method,
+//! host and path (`POST /v1/payments`) and gives them levels of their own,
+//! ahead of the shaper-wide ones; the vendor's level comes last.
+//!
+//! A request waits in exactly one lane: the lane of its most specific key
+//! (its tenant, its route), whose own gate holds that level's quotas, and
+//! which shares the gates of the broader levels (the vendor's) with every
+//! other lane under them (see `gate`). It is released when all of them
+//! allow it at once, so every level's quota holds at the moment it leaves.
 //!
 //! # Fairness between tenants
 //!
-//! With a per-tenant level (each tenant capped at its own quota) ahead of a
-//! shared vendor level, a tenant's flood reaches the vendor lane no faster
-//! than its cap, and the vendor lane serves what reaches it first come,
-//! first served. So under contention each active tenant gets at least
-//! `vendor rate × its cap / Σ caps of the active tenants`; with caps that
-//! add up to no more than the vendor's rate, no tenant waits on another at
-//! all.
+//! Each tenant has its own lane and FIFO queue. When a shared quota frees a
+//! slot, every lane waiting for it wakes at that instant and the first to
+//! run takes it; tokio runs woken tasks in order, so waiting lanes take
+//! turns. A tenant's flood therefore never queues another tenant behind it:
+//! each active tenant gets at least its cap, or, when the caps add up to
+//! more than the shared quota, roughly an equal share of it.
 
 use std::fmt;
 use std::sync::Arc;
@@ -23,7 +26,7 @@ use std::sync::Arc;
 use reqwest::header::HeaderName;
 use reqwest::{Method, Request};
 
-use crate::lane::LanePolicy;
+use crate::meters::Quota;
 
 /// A label a request carries for [`LaneKey::Tag`] levels: a tenant, a user.
 ///
@@ -85,25 +88,29 @@ impl fmt::Debug for LaneKey {
     }
 }
 
-/// A family of lanes under one policy, one lane per key.
+/// A family of quotas, one set per key: per tenant, per API key.
 #[derive(Debug, Clone)]
 pub struct Level {
     pub(crate) name: String,
     pub(crate) key: LaneKey,
-    pub(crate) policy: LanePolicy,
+    pub(crate) quotas: Vec<Quota>,
 }
 
 impl Level {
-    /// Lanes named `name/<key>`, keyed by `key`, each under `policy`.
-    pub fn new(name: impl Into<String>, key: LaneKey, policy: LanePolicy) -> Self {
+    /// Quotas named `name/<key>`, one set per key.
+    pub fn new(
+        name: impl Into<String>,
+        key: LaneKey,
+        quotas: impl IntoIterator<Item = Quota>,
+    ) -> Self {
         Self {
             name: name.into(),
             key,
-            policy,
+            quotas: quotas.into_iter().collect(),
         }
     }
 
-    /// The lane key of `request` in this level, as the shaper names lanes.
+    /// The key of `request` in this level, as the shaper names quotas.
     pub(crate) fn lane_name(&self, request: &Request, tag: Option<&Tag>) -> String {
         let key = self.key.of(request, tag);
         if self.name.is_empty() {
@@ -114,16 +121,17 @@ impl Level {
     }
 }
 
-/// Requests picked by method, host and path, with levels of their own.
+/// Requests picked by method, host and path, with quotas of their own on
+/// top of the shaper's.
 ///
 /// ```
 /// use std::time::Duration;
-/// use callshaper::{LanePolicy, Rate, Route};
+/// use callshaper::Route;
 /// // 10 payments a minute; everything else only under the shaper's rate.
 /// let payments = Route::new("payments")
 ///     .method(reqwest::Method::POST)
 ///     .path("/v1/payments/*")
-///     .policy(LanePolicy::new(Rate::new(10, Duration::from_secs(60))));
+///     .rate(10, Duration::from_secs(60));
 /// ```
 #[derive(Debug, Clone)]
 pub struct Route {
@@ -166,10 +174,25 @@ impl Route {
         self
     }
 
-    /// One lane shared by every request of the route, under `policy`.
-    pub fn policy(self, policy: LanePolicy) -> Self {
-        let name = self.name.clone();
-        self.level(Level::new(name, LaneKey::Shared, policy))
+    /// A quota shared by every request of the route.
+    pub fn quota(mut self, quota: Quota) -> Self {
+        match self
+            .levels
+            .iter_mut()
+            .find(|l| l.name == self.name && matches!(l.key, LaneKey::Shared))
+        {
+            Some(level) => level.quotas.push(quota),
+            None => {
+                let level = Level::new(self.name.clone(), LaneKey::Shared, [quota]);
+                self.levels.push(level);
+            }
+        }
+        self
+    }
+
+    /// `count` requests per `per` for the whole route, a leaky bucket.
+    pub fn rate(self, count: u32, per: std::time::Duration) -> Self {
+        self.quota(Quota::leaky_bucket(count, per))
     }
 
     /// Add a level (e.g. per API key within the route).
@@ -266,9 +289,9 @@ mod tests {
         );
         assert_eq!(LaneKey::Tag.of(&req, Some(&tag)), "acme");
         assert_eq!(LaneKey::Tag.of(&req, None), "");
-        let policy = LanePolicy::new(crate::Rate::new(1, std::time::Duration::from_secs(1)));
+        let quota = Quota::leaky_bucket(1, std::time::Duration::from_secs(1));
         assert_eq!(
-            Level::new("tenant", LaneKey::Tag, policy).lane_name(&req, Some(&tag)),
+            Level::new("tenant", LaneKey::Tag, [quota]).lane_name(&req, Some(&tag)),
             "tenant/acme"
         );
     }

@@ -1,0 +1,215 @@
+//! A gate: quotas and a pause that a release must pass.
+//!
+//! A lane holds a gate of its own (the quotas of a standalone `Lane`,
+//! its own pause) and, in a shaper, one shared gate per level: the route's
+//! or tenant's quotas for its key, and the vendor's, which every lane under
+//! that vendor holds at once. A lane releases its head only when every gate
+//! it holds allows it, at the same instant, and charges them all together. That is what keeps every level's quota exact
+//! at the moment a request leaves, whatever the queueing: a request never
+//! waits in one level after another (which would bunch up the pace the
+//! first level set), it waits once, in its own lane, for all of them.
+//!
+//! A pause, the learned quota and adaptive pacing belong to a gate too: a
+//! 429 seen by one tenant's request pauses the vendor's gate, and so every
+//! lane that shares it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::adaptive::Aimd;
+use crate::lane::LanePolicy;
+use crate::meters::{Meters, Quota, Rate, Unit};
+use crate::retry::{Ledger, RetryBudget};
+
+/// The shared gates of a shaper, by name. Weak: a gate lives as long as a
+/// lane holds it, and removes itself when the last one lets go.
+pub(crate) type GateMap = Mutex<HashMap<String, Weak<Gate>>>;
+
+/// A mutex whose data stays valid even if a holder panicked: every critical
+/// section here leaves its data consistent at each step.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+pub(crate) struct Gate {
+    quotas: Vec<Quota>,
+    headroom: Duration,
+    max_pause: Duration,
+    pub(crate) meters: Mutex<Meters>,
+    paused_until: Mutex<Option<Instant>>,
+    pace: Mutex<Pace>,
+    ledger: Mutex<Ledger>,
+    throttle_streak: AtomicU32,
+    fallback: crate::retry::Backoff,
+    /// Where a shared gate is registered, to leave the map when dropped.
+    registry: Option<(Weak<GateMap>, String)>,
+}
+
+/// What slows a gate below its quotas.
+struct Pace {
+    /// A lower quota the vendor announced.
+    learned: Option<Rate>,
+    /// Adaptive pacing's share of the request rate.
+    aimd: Option<Aimd>,
+}
+
+impl Gate {
+    /// A gate for `quotas`, with the behaviour of `policy` (headroom, pause
+    /// limits, adaptive pacing).
+    pub(crate) fn new(
+        quotas: Vec<Quota>,
+        policy: &LanePolicy,
+        budget: RetryBudget,
+        registry: Option<(Weak<GateMap>, String)>,
+    ) -> Self {
+        let now = Instant::now();
+        let request_rate = request_rate(&quotas);
+        let aimd = match (policy.adaptive, request_rate) {
+            (Some(knobs), Some(ceiling)) => Some(Aimd::new(knobs, ceiling)),
+            _ => None,
+        };
+        Self {
+            meters: Mutex::new(Meters::new(&quotas, policy.headroom, now)),
+            quotas,
+            headroom: policy.headroom,
+            max_pause: policy.max_pause,
+            paused_until: Mutex::new(None),
+            pace: Mutex::new(Pace {
+                learned: None,
+                aimd,
+            }),
+            ledger: Mutex::new(Ledger::new(budget)),
+            throttle_streak: AtomicU32::new(0),
+            fallback: policy.fallback,
+            registry,
+        }
+    }
+
+    /// The pause in force at `now`, if any.
+    pub(crate) fn paused_until(&self, now: Instant) -> Option<Instant> {
+        let until = (*lock(&self.paused_until))?;
+        (until > now).then_some(until)
+    }
+
+    /// Pause for `pause` from now, clamped to `max_pause`; never backward.
+    pub(crate) fn pause_for(&self, pause: Duration) -> Instant {
+        let until = Instant::now() + pause.min(self.max_pause);
+        let mut paused = lock(&self.paused_until);
+        let until = paused.map_or(until, |current| current.max(until));
+        *paused = Some(until);
+        until
+    }
+
+    /// A throttle: the vendor's hint, else the fallback backoff, which grows
+    /// with each consecutive throttle (and adaptive pacing cuts the rate:
+    /// the vendor said nothing, so the rate itself must be what is wrong).
+    pub(crate) fn throttled(&self, hint: Option<Duration>) -> Duration {
+        let streak = self.throttle_streak.fetch_add(1, Ordering::Relaxed);
+        match hint {
+            Some(hint) => hint,
+            None => {
+                self.adapt(Aimd::throttled);
+                self.fallback.equal_jitter(streak)
+            }
+        }
+    }
+
+    /// A success: the fallback starts over, adaptive pacing grows back.
+    pub(crate) fn succeeded(&self) {
+        self.throttle_streak.store(0, Ordering::Relaxed);
+        self.adapt(Aimd::succeeded);
+    }
+
+    fn adapt(&self, step: fn(&mut Aimd)) {
+        let mut pace = lock(&self.pace);
+        if let Some(aimd) = pace.aimd.as_mut() {
+            step(aimd);
+            self.repace(&pace);
+        }
+    }
+
+    /// The vendor announced its quota: a lower one than this gate's
+    /// request rate becomes its pace (never a higher one: the user's
+    /// declaration is the ceiling). True when this changed the pace.
+    pub(crate) fn learn(&self, announced: Rate) -> bool {
+        let Some(declared) = request_rate(&self.quotas) else {
+            return false;
+        };
+        if slower_first(announced, declared).is_ge() {
+            return false;
+        }
+        let mut pace = lock(&self.pace);
+        if pace.learned == Some(announced) {
+            return false;
+        }
+        pace.learned = Some(announced);
+        self.repace(&pace);
+        true
+    }
+
+    pub(crate) fn learned(&self) -> Option<Rate> {
+        lock(&self.pace).learned
+    }
+
+    /// Keep requests apart by the slowest of the learned quota and adaptive
+    /// pacing's share of the request rate; neither: as declared.
+    fn repace(&self, pace: &Pace) {
+        let learned = pace.learned.map(|rate| rate.interval(self.headroom));
+        let adaptive = pace.aimd.as_ref().and_then(|aimd| {
+            let nominal = request_rate(&self.quotas)?.interval(self.headroom);
+            (aimd.share() < 1.0).then(|| nominal.div_f64(aimd.share()))
+        });
+        let interval = learned.max(adaptive);
+        let mut meters = lock(&self.meters);
+        if meters.pace() != interval {
+            meters.set_pace(interval);
+        }
+    }
+
+    pub(crate) fn deposit(&self) {
+        lock(&self.ledger).deposit(Instant::now());
+    }
+
+    pub(crate) fn withdraw_retry(&self) -> bool {
+        lock(&self.ledger).withdraw(Instant::now())
+    }
+
+    pub(crate) fn is_idle(&self, now: Instant) -> bool {
+        self.paused_until(now).is_none() && lock(&self.meters).is_idle(now)
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        let Some((registry, key)) = &self.registry else {
+            return;
+        };
+        let Some(registry) = registry.upgrade() else {
+            return;
+        };
+        let mut gates = lock(&registry);
+        if gates.get(key).is_some_and(|gate| gate.strong_count() == 0) {
+            gates.remove(key);
+        }
+    }
+}
+
+/// The slowest quota counting requests.
+pub(crate) fn request_rate(quotas: &[Quota]) -> Option<Rate> {
+    quotas
+        .iter()
+        .filter(|q| q.unit == Unit::Requests)
+        .map(Quota::rate)
+        .min_by(|a, b| slower_first(*a, *b))
+}
+
+/// Orders rates slowest first, comparing `count / per` without division.
+fn slower_first(a: Rate, b: Rate) -> std::cmp::Ordering {
+    let a_speed = u128::from(a.count) * b.per.as_nanos();
+    let b_speed = u128::from(b.count) * a.per.as_nanos();
+    a_speed.cmp(&b_speed)
+}

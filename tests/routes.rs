@@ -1,0 +1,124 @@
+//! Per-route limits, per-tenant lanes under a shared vendor quota, and the
+//! fairness rule between tenants.
+
+mod common;
+
+use std::time::Duration;
+
+use callshaper::testing::Vendor;
+use callshaper::{LaneKey, Level, Quota, Route};
+use common::{SECOND, join_all, shaper};
+use reqwest::Method;
+use tokio::time::Instant;
+
+#[tokio::test(start_paused = true)]
+async fn a_route_keeps_its_own_limit_under_the_vendors() {
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let payments = Route::new("payments")
+        .method(Method::POST)
+        .path("/v1/payments/*")
+        .rate(2, SECOND);
+    let shaper = shaper(10).route(payments).build().unwrap();
+    let base = vendor.uri();
+
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        tasks.push(tokio::spawn(
+            shaper.post(format!("{base}/v1/payments/{i}")).send(),
+        ));
+    }
+    for i in 0..20 {
+        tasks.push(tokio::spawn(
+            shaper.get(format!("{base}/v1/products/{i}")).send(),
+        ));
+    }
+    for outcome in join_all(tasks).await {
+        assert_eq!(outcome.unwrap().status(), 200);
+    }
+
+    assert_eq!(vendor.throttled(), 0);
+    assert!(
+        vendor.max_in_any_window(SECOND) <= 10,
+        "the vendor-wide 10/s holds"
+    );
+    let arrivals = vendor.arrivals();
+    let payments: Vec<_> = arrivals
+        .iter()
+        .filter(|a| a.path.starts_with("/v1/payments"))
+        .map(|a| a.at)
+        .collect();
+    assert_eq!(
+        callshaper::testing::max_in_any_window(payments.iter().copied(), SECOND),
+        2
+    );
+    let last_product = arrivals
+        .iter()
+        .filter(|a| a.path.starts_with("/v1/products"))
+        .map(|a| a.at)
+        .max()
+        .unwrap();
+    // 26 requests at 10/s: the products are not held behind the slow route.
+    assert!(
+        last_product < Duration::from_millis(2_700),
+        "{last_product:?}"
+    );
+    assert!(
+        *payments.last().unwrap() >= Duration::from_millis(2_500),
+        "payments at 2/s"
+    );
+    assert!(
+        shaper
+            .lanes()
+            .iter()
+            .any(|l| l.key.starts_with("payments/ | ")),
+        "{:?}",
+        shaper.lanes()
+    );
+}
+
+/// The fairness rule (see `callshaper::route`): a tenant's flood reaches
+/// the vendor lane no faster than its own cap, so another tenant is never
+/// queued behind it. Tenant A floods 60 requests, then B sends 10: B is
+/// done as soon as its own cap allows (10 at 5/s: 2 s), not after A's 60.
+#[tokio::test(start_paused = true)]
+async fn a_tenants_flood_does_not_starve_another_tenant() {
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let tenant = Level::new("tenant", LaneKey::Tag, [Quota::leaky_bucket(5, SECOND)]);
+    let shaper = shaper(10).level(tenant).build().unwrap();
+    let started = Instant::now();
+    let send = |tenant: &'static str, i: usize| {
+        let call = shaper
+            .get(format!("{}/{tenant}/{i}", vendor.uri()))
+            .tag(tenant)
+            .send();
+        tokio::spawn(async move { (call.await, started.elapsed()) })
+    };
+
+    let flood: Vec<_> = (0..60).map(|i| send("a", i)).collect();
+    tokio::task::yield_now().await;
+    let other: Vec<_> = (0..10).map(|i| send("b", i)).collect();
+
+    let b_done = join_all(other).await.into_iter().map(|(outcome, at)| {
+        assert_eq!(outcome.unwrap().status(), 200);
+        at
+    });
+    let b_last = b_done.max().unwrap();
+    assert!(
+        b_last <= Duration::from_millis(2_100),
+        "tenant b finished at {b_last:?}"
+    );
+    for (outcome, _) in join_all(flood).await {
+        assert_eq!(outcome.unwrap().status(), 200);
+    }
+    assert_eq!(vendor.throttled(), 0);
+    assert!(vendor.max_in_any_window(SECOND) <= 10);
+    let a_in_first_second = vendor
+        .arrivals()
+        .iter()
+        .filter(|a| a.path.starts_with("/a/") && a.at < SECOND)
+        .count();
+    assert!(
+        a_in_first_second <= 5,
+        "tenant a kept to its cap: {a_in_first_second}"
+    );
+}

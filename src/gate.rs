@@ -13,11 +13,12 @@
 //! 429 seen by one tenant's request pauses the vendor's gate, and so every
 //! lane that shares it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::adaptive::Aimd;
@@ -45,9 +46,17 @@ pub(crate) struct Gate {
     ledger: Mutex<Ledger>,
     throttle_streak: AtomicU32,
     fallback: crate::retry::Backoff,
+    /// Lanes whose head only this gate holds back, by how long they have
+    /// waited: the gate's next slot goes to the first.
+    queue: Mutex<BTreeSet<Waiter>>,
+    /// Woken when the gate's first waiter changes.
+    pub(crate) turn: Arc<Notify>,
     /// Where a shared gate is registered, to leave the map when dropped.
     registry: Option<(Weak<GateMap>, String)>,
 }
+
+/// A lane waiting at a gate: since when, and which lane.
+pub(crate) type Waiter = (Instant, u64);
 
 /// What slows a gate below its quotas.
 struct Pace {
@@ -85,8 +94,36 @@ impl Gate {
             ledger: Mutex::new(Ledger::new(budget)),
             throttle_streak: AtomicU32::new(0),
             fallback: policy.fallback,
+            queue: Mutex::new(BTreeSet::new()),
+            turn: Arc::new(Notify::new()),
             registry,
         }
+    }
+
+    /// Join the gate's queue of waiting lanes (again: no change).
+    pub(crate) fn enlist(&self, waiter: Waiter) {
+        lock(&self.queue).insert(waiter);
+    }
+
+    /// Leave the gate's queue; wakes the others if the first changed.
+    pub(crate) fn delist(&self, waiter: Waiter) {
+        let mut queue = lock(&self.queue);
+        let was_first = queue.first() == Some(&waiter);
+        if queue.remove(&waiter) && was_first {
+            self.turn.notify_waiters();
+        }
+    }
+
+    /// True when some lane waits for this gate: newcomers queue behind it.
+    pub(crate) fn has_queue(&self) -> bool {
+        !lock(&self.queue).is_empty()
+    }
+
+    /// True when no other lane waits ahead of `waiter`.
+    pub(crate) fn is_first(&self, waiter: Waiter) -> bool {
+        lock(&self.queue)
+            .first()
+            .is_none_or(|first| *first == waiter)
     }
 
     /// The pause in force at `now`, if any.
@@ -212,4 +249,32 @@ fn slower_first(a: Rate, b: Rate) -> std::cmp::Ordering {
     let a_speed = u128::from(a.count) * b.per.as_nanos();
     let b_speed = u128::from(b.count) * a.per.as_nanos();
     a_speed.cmp(&b_speed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meters::Quota;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_lane_that_waited_longest_is_first_and_its_going_wakes_the_rest() {
+        let policy = LanePolicy::with_quotas([Quota::leaky_bucket(10, Duration::from_secs(1))]);
+        let gate = Gate::new(policy.quotas.clone(), &policy, RetryBudget::default(), None);
+        let t0 = Instant::now();
+        let (older, newer) = ((t0, 7), (t0 + Duration::from_millis(5), 3));
+        assert!(!gate.has_queue());
+        gate.enlist(newer);
+        gate.enlist(older);
+        gate.enlist(older);
+        assert!(gate.is_first(older) && !gate.is_first(newer));
+        let mut woken = Box::pin(gate.turn.clone().notified_owned());
+        woken.as_mut().enable();
+        gate.delist(older);
+        assert!(gate.is_first(newer));
+        tokio::time::timeout(Duration::from_millis(1), woken)
+            .await
+            .expect("the next lane is woken");
+        gate.delist(newer);
+        assert!(!gate.has_queue());
+    }
 }

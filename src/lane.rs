@@ -26,6 +26,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
+use std::pin::Pin;
+
+use tokio::sync::futures::OwnedNotified;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::time::{Instant, sleep, sleep_until};
 
@@ -224,6 +227,8 @@ pub struct Lane {
 }
 
 struct Shared {
+    /// Tells lanes apart in a gate's queue.
+    id: u64,
     key: String,
     policy: LanePolicy,
     /// The lane's own gate first, then the shared gates of broader levels;
@@ -292,7 +297,9 @@ impl Lane {
         let (tickets, tickets_rx) = async_channel::unbounded();
         let own = Arc::new(Gate::new(policy.quotas.clone(), &policy, budget, None));
         let gates = std::iter::once(own).chain(shared).collect();
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         let shared = Arc::new(Shared {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             key,
             gates,
             in_flight: policy.max_in_flight.map(|n| Arc::new(Semaphore::new(n))),
@@ -308,6 +315,7 @@ impl Lane {
             interactive: BTreeMap::new(),
             batch: BTreeMap::new(),
             since_batch: 0,
+            since: None,
             on_idle,
         };
         tokio::spawn(dispatcher.run());
@@ -413,7 +421,7 @@ impl Lane {
         if shared.waiting.load(Ordering::SeqCst) != 0 || self.tickets.is_closed() {
             return None;
         }
-        if self.paused_until().is_some() {
+        if self.paused_until().is_some() || shared.gates.iter().any(|gate| gate.has_queue()) {
             return None;
         }
         let permit = match &shared.in_flight {
@@ -657,12 +665,24 @@ struct Dispatcher {
     batch: BTreeMap<u64, Waiting>,
     /// Interactive releases since the last batch one, while batch waited.
     since_batch: u32,
+    /// Since when this lane has been ready but for a shared gate: its place
+    /// in those gates' queues.
+    since: Option<Instant>,
     on_idle: Option<OnIdle>,
+}
+
+/// Why the head can't go yet.
+enum Blocked {
+    /// A meter allows it then.
+    Until(Instant),
+    /// Another lane is first in a gate's queue; wait for it to go.
+    Turn(Pin<Box<OwnedNotified>>),
 }
 
 impl Dispatcher {
     async fn run(mut self) {
         while self.step().await {}
+        self.leave_queues();
         // Closed: whoever still waits learns it at once.
         self.interactive.clear();
         self.batch.clear();
@@ -712,6 +732,7 @@ impl Dispatcher {
             self.file(ticket);
         }
         let Some(class) = self.next_class() else {
+            self.leave_queues();
             return self.wait_for_work().await;
         };
         let Some((&seq, head)) = self.front(class).first_key_value() else {
@@ -732,14 +753,16 @@ impl Dispatcher {
             .filter_map(|gate| gate.paused_until(now))
             .max();
         if let Some(until) = paused_until {
+            self.leave_queues();
             return self.or_new_ticket(sleep_until(until)).await;
         }
 
-        let permit = match &self.shared.in_flight {
+        let permit = match self.shared.in_flight.clone() {
             None => None,
             Some(slots) => match slots.clone().try_acquire_owned() {
                 Ok(permit) => Some(permit),
                 Err(_) => {
+                    self.leave_queues();
                     // Only the dispatcher takes slots: once one is free it
                     // is still free on the next step.
                     let free = slots.clone();
@@ -752,13 +775,30 @@ impl Dispatcher {
 
         match self.release(class, seq, cost, now, permit) {
             Ok(()) => true,
-            Err(at) => self.or_new_ticket(sleep_until(at)).await,
+            Err(Blocked::Until(at)) => self.or_new_ticket(sleep_until(at)).await,
+            Err(Blocked::Turn(turn)) => self.or_new_ticket(turn).await,
         }
     }
 
-    /// Hand the head its turn if every meter allows it now, or say when
-    /// they will. Check and charge happen under one lock, as on the fast
-    /// path.
+    /// This lane is no longer ready: give up its places in gate queues.
+    fn leave_queues(&mut self) {
+        if let Some(since) = self.since.take() {
+            for gate in &self.shared.gates {
+                gate.delist((since, self.shared.id));
+            }
+        }
+    }
+
+    /// Hand the head its turn if every meter allows it now and no lane
+    /// that waited longer is first in a shared gate's queue, or say what to
+    /// wait for. Check and charge happen under the meters' locks, as on the
+    /// fast path.
+    ///
+    /// Fair sharing: a lane ready but for one gate joins that gate's queue
+    /// and keeps its place there until it goes, so when a slot frees, the
+    /// lane that has waited longest takes it, whichever lane's timer fires
+    /// first. A lane held back by another gate (its own tenant cap) leaves
+    /// the queue, so it never blocks a gate it could not use anyway.
     fn release(
         &mut self,
         class: Priority,
@@ -766,12 +806,33 @@ impl Dispatcher {
         cost: u64,
         now: Instant,
         permit: Option<OwnedSemaphorePermit>,
-    ) -> Result<(), Instant> {
+    ) -> Result<(), Blocked> {
         let shared = self.shared.clone();
         let mut meters = shared.meters();
-        let at = earliest(&meters, cost, now);
+        let times: Vec<Instant> = meters.iter().map(|m| m.earliest(cost, now)).collect();
+        let me = (*self.since.get_or_insert(now), shared.id);
+        let mut held_by = None;
+        for (i, gate) in shared.gates.iter().enumerate() {
+            let others_allow = times.iter().enumerate().all(|(j, &at)| j == i || at <= now);
+            if !others_allow {
+                gate.delist(me);
+                continue;
+            }
+            gate.enlist(me);
+            if times[i] <= now && !gate.is_first(me) {
+                held_by = Some(gate);
+            }
+        }
+        let at = times.iter().copied().max().unwrap_or(now);
         if at > now {
-            return Err(at);
+            return Err(Blocked::Until(at));
+        }
+        if let Some(gate) = held_by {
+            // Enabled while the meters are locked: the lane ahead can only
+            // go, and wake us, after we let go of them.
+            let mut turn = Box::pin(gate.turn.clone().notified_owned());
+            turn.as_mut().enable();
+            return Err(Blocked::Turn(turn));
         }
         let batch_waited = !self.batch.is_empty();
         if let Some(head) = self.front(class).remove(&seq) {
@@ -789,6 +850,10 @@ impl Dispatcher {
                     Priority::Interactive if batch_waited => self.since_batch + 1,
                     Priority::Interactive => 0,
                 };
+                for gate in &shared.gates {
+                    gate.delist(me);
+                }
+                self.since = None;
             }
             shared.waiting.fetch_sub(1, Ordering::SeqCst);
         }

@@ -122,3 +122,46 @@ async fn a_tenants_flood_does_not_starve_another_tenant() {
         "tenant a kept to its cap: {a_in_first_second}"
     );
 }
+
+/// When the tenants' caps add up to more than the shared quota, the shared
+/// gate serves the lane that has waited longest: two busy tenants take
+/// turns. Tenant A floods 60 requests, then B sends 10, each capped at
+/// 100/s under a vendor at 10/s: B gets every other slot and is done in
+/// about 2 s, instead of waiting out A's 6 s.
+#[tokio::test(start_paused = true)]
+async fn busy_tenants_take_turns_at_the_shared_quota() {
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let tenant = Level::new("tenant", LaneKey::Tag, [Quota::leaky_bucket(100, SECOND)]);
+    let shaper = shaper(10).level(tenant).build().unwrap();
+    let started = Instant::now();
+    let send = |tenant: &'static str, i: usize| {
+        let call = shaper
+            .get(format!("{}/{tenant}/{i}", vendor.uri()))
+            .tag(tenant)
+            .send();
+        tokio::spawn(async move { (call.await, started.elapsed()) })
+    };
+
+    let flood: Vec<_> = (0..60).map(|i| send("a", i)).collect();
+    tokio::task::yield_now().await;
+    let other: Vec<_> = (0..10).map(|i| send("b", i)).collect();
+
+    let b_last = join_all(other)
+        .await
+        .into_iter()
+        .map(|(outcome, at)| {
+            assert_eq!(outcome.unwrap().status(), 200);
+            at
+        })
+        .max()
+        .unwrap();
+    assert!(
+        b_last <= Duration::from_millis(2_200),
+        "tenant b finished at {b_last:?}"
+    );
+    for (outcome, _) in join_all(flood).await {
+        assert_eq!(outcome.unwrap().status(), 200);
+    }
+    assert_eq!(vendor.throttled(), 0);
+    assert!(vendor.max_in_any_window(SECOND) <= 10);
+}

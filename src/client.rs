@@ -458,6 +458,7 @@ fn evict_when_idle(lanes: Weak<LaneMap>, key: String) -> crate::lane::OnIdle {
             .is_some_and(|lane| Arc::strong_count(lane) == 1 && lane.is_idle())
         {
             lanes.remove(&key);
+            shrink(&mut lanes);
         }
     })
 }
@@ -519,6 +520,14 @@ impl fmt::Debug for Settle {
         f.debug_struct("Settle")
             .field("charged", &self.inner.charged)
             .finish_non_exhaustive()
+    }
+}
+
+/// Give memory back once a map is mostly empty (after a burst of keys),
+/// at a cost amortized over the removals that emptied it.
+pub(crate) fn shrink<V>(map: &mut HashMap<String, V>) {
+    if map.capacity() > 64 && map.len() < map.capacity() / 4 {
+        map.shrink_to(map.len() * 2);
     }
 }
 

@@ -231,6 +231,7 @@ impl Drop for Gate {
         let mut gates = lock(&registry);
         if gates.get(key).is_some_and(|gate| gate.strong_count() == 0) {
             gates.remove(key);
+            crate::client::shrink(&mut gates);
         }
     }
 }

@@ -102,7 +102,7 @@ impl Ledger {
         Self {
             budget,
             slot: (budget.ttl / SLOTS).max(Duration::from_millis(1)),
-            slots: VecDeque::with_capacity(SLOTS as usize + 1),
+            slots: VecDeque::new(),
         }
     }
 

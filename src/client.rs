@@ -189,17 +189,23 @@ impl Shaper {
         }
     }
 
-    /// The levels `request` goes through: its route's, then the shaper's.
+    /// The levels `request` goes through: its route's, then the shaper's
+    /// (unless the route stands alone).
     fn levels_for(&self, request: &Request) -> impl Iterator<Item = &Level> {
         let route = self
             .inner
             .routes
             .iter()
             .find(|route| route.matches(request));
+        let shared = if route.is_some_and(|route| route.alone) {
+            &[][..]
+        } else {
+            &self.inner.levels[..]
+        };
         route
             .into_iter()
             .flat_map(|route| &route.levels)
-            .chain(&self.inner.levels)
+            .chain(shared)
     }
 
     /// The lane of `request`, created on first use: named by its key in
@@ -210,6 +216,11 @@ impl Shaper {
             .iter()
             .map(|level| level.lane_name(request, tag))
             .collect();
+        if levels.is_empty() {
+            return Err(Error::NoQuota {
+                url: request.url().to_string(),
+            });
+        }
         let name = keys.join(" | ");
         let mut lanes = lock(&self.inner.lanes);
         if self.inner.shut.load(Ordering::Acquire) {
@@ -770,19 +781,29 @@ impl ShaperBuilder {
 
     /// Check the settings and build the shaper.
     pub fn build(self) -> Result<Shaper, ConfigError> {
-        if self.quotas.is_empty() {
+        if self.quotas.is_empty() && self.routes.is_empty() {
             return Err(ConfigError::new(
                 "rate",
                 "not set: call .rate(count, per) or .quota(..) with the vendor's quota",
             ));
         }
+        let mut levels = self.levels;
+        if !self.quotas.is_empty() {
+            levels.push(Level::new("", self.vendor_key, self.quotas.clone()));
+        }
+        // Lane behaviour is checked against some quotas: the shaper's, or
+        // the first route's.
+        let probe = levels
+            .iter()
+            .chain(self.routes.iter().flat_map(|r| &r.levels))
+            .next()
+            .map(|level| level.quotas.clone())
+            .unwrap_or_default();
         let policy = LanePolicy {
-            quotas: self.quotas,
+            quotas: probe,
             ..self.policy
         };
         policy.validate()?;
-        let mut levels = self.levels;
-        levels.push(Level::new("", self.vendor_key, policy.quotas.clone()));
         for level in levels
             .iter()
             .chain(self.routes.iter().flat_map(|r| &r.levels))

@@ -105,6 +105,14 @@ pub enum Error {
         source: reqwest::Error,
     },
 
+    /// No quota covers this request: it matches no route, and the shaper
+    /// has no default quota. Refused rather than sent unshaped.
+    #[error("no quota covers {url}")]
+    NoQuota {
+        /// The request's URL.
+        url: String,
+    },
+
     /// The request could not be built (an invalid URL or header).
     #[error("invalid request: {0}")]
     InvalidRequest(#[source] reqwest::Error),

@@ -563,20 +563,21 @@ impl Lane {
             .max()
     }
 
-    /// Queue depth, pace, the head's cost and the pause give the wait a new
-    /// request would see. An estimate when costs vary: it assumes everyone
-    /// ahead costs one request.
+    /// Queue depth, the meters and the pause give the wait a new request
+    /// would see. An estimate when costs vary: it takes everyone ahead to
+    /// cost as much as this request, and ignores other lanes sharing a
+    /// quota, which is why `max_wait` is also enforced while waiting.
     fn predicted_wait(&self, cost: u64, now: Instant) -> Duration {
-        let paused = self.paused_until().unwrap_or(now);
+        // During a pause nothing goes: the queue drains from its end.
+        let from = self.paused_until().unwrap_or(now);
+        let ahead = u64::try_from(self.queued()).unwrap_or(u64::MAX);
         let meters = self.shared.meters();
-        let head = earliest(&meters, cost, now).max(paused);
-        let interval = meters
+        let eta = meters
             .iter()
-            .map(|m| m.interval())
+            .map(|m| m.eta(ahead, cost, from))
             .max()
-            .unwrap_or_default();
-        let ahead = u32::try_from(self.queued()).unwrap_or(u32::MAX);
-        (head - now).saturating_add(interval.saturating_mul(ahead))
+            .unwrap_or(from);
+        eta - now
     }
 
     fn queued(&self) -> usize {
@@ -996,6 +997,42 @@ mod tests {
             }
             Err(other) => panic!("expected CostTooHigh, got {other}"),
             Ok(_) => panic!("expected CostTooHigh"),
+        }
+    }
+
+    /// Burst-capable meters predict a burst, not a trickle: a fixed window
+    /// of 10 a minute admits ten at once and tells the eleventh a minute.
+    #[tokio::test(start_paused = true)]
+    async fn admission_predicts_waits_from_each_meters_shape() {
+        let minute = Duration::from_secs(60);
+        for quota in [
+            Quota::fixed_window(10, minute),
+            Quota::token_bucket(10, 10, minute),
+            Quota::sliding_log(10, minute),
+        ] {
+            let policy = LanePolicy {
+                headroom: Duration::ZERO,
+                ..LanePolicy::with_quotas([quota])
+            };
+            let lane = Lane::new("t", policy).unwrap();
+            let max_wait = Some(Duration::from_secs(5));
+            let mut places = Vec::new();
+            for _ in 0..10 {
+                places.push(
+                    lane.enter(1, Priority::Interactive, max_wait)
+                        .expect("fits the burst"),
+                );
+            }
+            match lane.enter(1, Priority::Interactive, max_wait) {
+                Err(Error::WouldExceedMaxWait { predicted, .. }) => {
+                    assert!(
+                        predicted >= Duration::from_secs(6),
+                        "{quota:?}: {predicted:?}"
+                    );
+                }
+                Err(other) => panic!("{quota:?}: {other}"),
+                Ok(_) => panic!("{quota:?}: the eleventh fits no window"),
+            }
         }
     }
 

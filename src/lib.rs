@@ -47,6 +47,7 @@
 //! | [`signals`] | what a response says about its limits, in every common dialect |
 //! | [`adaptive`] | pacing for vendors that announce nothing (AIMD) |
 //! | [`retry`] | which outcomes are tried again, and the backoff |
+//! | `config` | a shaper declared in TOML or JSON (feature `config`) |
 //! | `middleware` | `reqwest_middleware::Middleware` (feature `middleware`) |
 //! | `testing` | a vendor with a quota, for wiremock tests (feature `testing`) |
 #![warn(missing_docs)]
@@ -54,6 +55,8 @@
 
 pub mod adaptive;
 pub mod client;
+#[cfg(feature = "config")]
+pub mod config;
 pub mod error;
 mod gate;
 pub mod lane;
@@ -68,6 +71,8 @@ pub mod testing;
 
 pub use adaptive::Adaptive;
 pub use client::{MaxWait, RequestBuilder, Settle, Shaper, ShaperBuilder, Transport};
+#[cfg(feature = "config")]
+pub use config::ShaperConfig;
 pub use error::{ConfigError, Error};
 pub use lane::{Lane, LanePolicy, LaneSnapshot, Priority, Turn};
 pub use meters::{Algorithm, Meter, Quota, Rate, Unit};

@@ -140,6 +140,7 @@ pub struct Route {
     host: Option<String>,
     path: Option<Vec<String>>,
     pub(crate) levels: Vec<Level>,
+    pub(crate) alone: bool,
 }
 
 impl Route {
@@ -151,7 +152,16 @@ impl Route {
             host: None,
             path: None,
             levels: Vec::new(),
+            alone: false,
         }
+    }
+
+    /// The route's levels are all its requests go through: the shaper-wide
+    /// ones (the default vendor's) are skipped. For a vendor of its own,
+    /// whose last level is its quota.
+    pub fn alone(mut self) -> Self {
+        self.alone = true;
+        self
     }
 
     /// Only requests with this method.
@@ -160,7 +170,8 @@ impl Route {
         self
     }
 
-    /// Only requests to this host.
+    /// Only requests to this host (`api.example.com`), or to this host and
+    /// port (`127.0.0.1:8080`).
     pub fn host(mut self, host: impl Into<String>) -> Self {
         self.host = Some(host.into());
         self
@@ -206,11 +217,23 @@ impl Route {
             && self
                 .host
                 .as_deref()
-                .is_none_or(|h| request.url().host_str() == Some(h))
+                .is_none_or(|host| host_matches(host, request.url()))
             && self
                 .path
                 .as_ref()
                 .is_none_or(|pattern| path_matches(pattern, request.url().path()))
+    }
+}
+
+fn host_matches(host: &str, url: &reqwest::Url) -> bool {
+    match host.rsplit_once(':') {
+        Some((name, port)) if !name.is_empty() && !name.ends_with(':') => {
+            url.host_str() == Some(name)
+                && url
+                    .port_or_known_default()
+                    .is_some_and(|p| p.to_string() == port)
+        }
+        _ => url.host_str() == Some(host),
     }
 }
 
@@ -269,6 +292,9 @@ mod tests {
             Method::POST,
             "https://api.example.com/v1/acme/products"
         ));
+        let port = Route::new("p").host("127.0.0.1:8080");
+        assert!(port.matches(&request(Method::GET, "http://127.0.0.1:8080/x")));
+        assert!(!port.matches(&request(Method::GET, "http://127.0.0.1:8081/x")));
         let exact = Route::new("e").path("/v1/products");
         assert!(exact.matches(&request(Method::GET, "http://h/v1/products/")));
         assert!(!exact.matches(&request(Method::GET, "http://h/v1/products/7")));

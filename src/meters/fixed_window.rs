@@ -89,6 +89,18 @@ impl Meter for FixedWindow {
     fn interval(&self) -> Duration {
         self.window / u32::try_from(self.count).unwrap_or(u32::MAX).max(1)
     }
+
+    fn eta(&self, ahead: u64, cost: u64, now: Instant) -> Instant {
+        // Windows fill up in turn: the rest of this one, then `count` each.
+        let index = self.index(now);
+        let room = self.count.saturating_sub(self.spent(index));
+        let need = ahead.saturating_add(cost);
+        if need <= room {
+            return now;
+        }
+        let count = self.count.max(1);
+        self.start(index + (need - room).div_ceil(count))
+    }
 }
 
 #[cfg(test)]

@@ -95,6 +95,17 @@ pub trait Meter: Send + fmt::Debug {
     fn is_idle(&self, now: Instant) -> bool;
     /// The average spacing between single units, for wait predictions.
     fn interval(&self) -> Duration;
+
+    /// When a request of `cost` could go if `ahead` units go first: the
+    /// wait a newcomer is told at admission. The default spaces them
+    /// `interval` apart, exact for a leaky bucket; meters that allow bursts
+    /// know better.
+    fn eta(&self, ahead: u64, cost: u64, now: Instant) -> Instant {
+        let spacing = self
+            .interval()
+            .saturating_mul(u32::try_from(ahead).unwrap_or(u32::MAX));
+        self.earliest(cost, now) + spacing
+    }
 }
 
 /// What a meter counts.
@@ -291,6 +302,17 @@ impl Meters {
     pub(crate) fn is_idle(&self, now: Instant) -> bool {
         self.meters.iter().all(|(meter, _)| meter.is_idle(now))
             && self.pace.as_ref().is_none_or(|pace| pace.is_idle(now))
+    }
+
+    /// When a request of `cost` could go behind `ahead` requests, taking
+    /// each of them to cost as much as this one.
+    pub(crate) fn eta(&self, ahead: u64, cost: u64, now: Instant) -> Instant {
+        let declared = self.meters.iter().map(|(meter, unit)| {
+            let units = Self::units(*unit, cost);
+            meter.eta(ahead.saturating_mul(units), units, now)
+        });
+        let pace = self.pace.iter().map(|pace| pace.eta(ahead, 1, now));
+        declared.chain(pace).max().unwrap_or(now)
     }
 
     /// The spacing between requests, for predictions: the slowest

@@ -110,6 +110,29 @@ impl Meter for SlidingLog {
     fn interval(&self) -> Duration {
         self.window / u32::try_from(self.count).unwrap_or(u32::MAX).max(1)
     }
+
+    fn eta(&self, ahead: u64, cost: u64, now: Instant) -> Instant {
+        // Room for `ahead + cost` units: wait for enough logged units to
+        // leave; beyond the log, a window per `count` more.
+        let live: Vec<_> = self
+            .log
+            .iter()
+            .filter(|&&(at, _)| self.live(at, now))
+            .collect();
+        let used: u64 = live.iter().map(|&&(_, units)| units).sum();
+        let need = ahead.saturating_add(cost);
+        let Some(mut excess) = (used + need).checked_sub(self.count).filter(|&e| e > 0) else {
+            return now;
+        };
+        for &&(at, units) in &live {
+            excess = excess.saturating_sub(units);
+            if excess == 0 {
+                return at + self.window;
+            }
+        }
+        let windows = u32::try_from(excess.div_ceil(self.count.max(1))).unwrap_or(u32::MAX);
+        live.last().map_or(now, |&&(at, _)| at) + self.window.saturating_mul(windows + 1)
+    }
 }
 
 #[cfg(test)]

@@ -82,6 +82,13 @@ impl Meter for TokenBucket {
     fn interval(&self) -> Duration {
         self.interval
     }
+
+    fn eta(&self, ahead: u64, cost: u64, now: Instant) -> Instant {
+        // After `ahead` tokens go, the bucket is full again at `tat`.
+        let tat = self.tat.map_or(now, |tat| tat.max(now)) + self.tokens(ahead);
+        let tolerance = self.tokens(self.capacity.saturating_sub(cost));
+        tat.checked_sub(tolerance).map_or(now, |at| at.max(now))
+    }
 }
 
 #[cfg(test)]

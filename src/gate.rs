@@ -38,6 +38,9 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 pub(crate) struct Gate {
     quotas: Vec<Quota>,
+    /// The largest request cost every meter can ever allow (fixed at
+    /// creation, so admission needs no lock to check it).
+    capacity: u64,
     headroom: Duration,
     max_pause: Duration,
     pub(crate) meters: Mutex<Meters>,
@@ -81,8 +84,10 @@ impl Gate {
             (Some(knobs), Some(ceiling)) => Some(Aimd::new(knobs, ceiling)),
             _ => None,
         };
+        let meters = Meters::new(&quotas, policy.headroom, now);
         Self {
-            meters: Mutex::new(Meters::new(&quotas, policy.headroom, now)),
+            capacity: meters.capacity(),
+            meters: Mutex::new(meters),
             quotas,
             headroom: policy.headroom,
             max_pause: policy.max_pause,
@@ -124,6 +129,11 @@ impl Gate {
         lock(&self.queue)
             .first()
             .is_none_or(|first| *first == waiter)
+    }
+
+    /// The smallest capacity a request of `cost` exceeds, if any.
+    pub(crate) fn too_costly(&self, cost: u64) -> Option<u64> {
+        (cost > self.capacity).then_some(self.capacity)
     }
 
     /// The pause in force at `now`, if any.

@@ -256,6 +256,21 @@ impl Shared {
     fn meters(&self) -> Vec<MutexGuard<'_, Meters>> {
         self.gates.iter().map(|gate| lock(&gate.meters)).collect()
     }
+
+    /// Run `f` with every gate's meters locked; a lane with one gate (the
+    /// common case) allocates nothing for it, which shows on the hot path.
+    fn with_meters<R>(&self, f: impl FnOnce(&mut [MutexGuard<'_, Meters>]) -> R) -> R {
+        match &self.gates[..] {
+            [gate] => f(std::slice::from_mut(&mut lock(&gate.meters))),
+            _ => f(&mut self.meters()),
+        }
+    }
+}
+
+/// True when more than one lane holds `gate`: only then do lanes queue
+/// for it.
+fn is_shared(gate: &Arc<Gate>) -> bool {
+    Arc::strong_count(gate) > 1
 }
 
 /// When every meter of `meters` allows a request of `cost`.
@@ -351,11 +366,7 @@ impl Lane {
     ) -> Result<Place, Error> {
         let shared = &self.shared;
         let now = Instant::now();
-        let too_costly = shared
-            .gates
-            .iter()
-            .filter_map(|g| lock(&g.meters).too_costly(cost))
-            .min();
+        let too_costly = shared.gates.iter().filter_map(|g| g.too_costly(cost)).min();
         if let Some(capacity) = too_costly {
             return Err(Error::CostTooHigh {
                 lane: shared.key.clone(),
@@ -421,19 +432,28 @@ impl Lane {
         if shared.waiting.load(Ordering::SeqCst) != 0 || self.tickets.is_closed() {
             return None;
         }
-        if self.paused_until().is_some() || shared.gates.iter().any(|gate| gate.has_queue()) {
+        let queued_elsewhere = shared
+            .gates
+            .iter()
+            .any(|gate| is_shared(gate) && gate.has_queue());
+        if queued_elsewhere || self.paused_until().is_some() {
             return None;
         }
         let permit = match &shared.in_flight {
             None => None,
             Some(slots) => Some(slots.clone().try_acquire_owned().ok()?),
         };
-        let mut meters = shared.meters();
-        if shared.waiting.load(Ordering::SeqCst) != 0 || earliest(&meters, cost, now) > now {
+        let taken = shared.with_meters(|meters| {
+            if shared.waiting.load(Ordering::SeqCst) != 0 || earliest(meters, cost, now) > now {
+                return false;
+            }
+            for meter in meters {
+                meter.commit(cost, now);
+            }
+            true
+        });
+        if !taken {
             return None;
-        }
-        for meter in &mut meters {
-            meter.commit(cost, now);
         }
         shared.released.fetch_add(1, Ordering::Relaxed);
         Some(Turn {
@@ -809,11 +829,61 @@ impl Dispatcher {
         permit: Option<OwnedSemaphorePermit>,
     ) -> Result<(), Blocked> {
         let shared = self.shared.clone();
-        let mut meters = shared.meters();
+        shared.with_meters(|meters| {
+            let at = earliest(meters, cost, now);
+            if let Some(blocked) = self.queue_up(meters, cost, now) {
+                return Err(blocked);
+            }
+            if at > now {
+                return Err(Blocked::Until(at));
+            }
+            let batch_waited = !self.batch.is_empty();
+            if let Some(head) = self.front(class).remove(&seq) {
+                let turn = Turn {
+                    _in_flight: permit,
+                    at: now,
+                };
+                if head.turn.send(turn).is_ok() {
+                    for meter in meters.iter_mut() {
+                        meter.commit(cost, now);
+                    }
+                    shared.released.fetch_add(1, Ordering::Relaxed);
+                    self.since_batch = match class {
+                        Priority::Batch => 0,
+                        Priority::Interactive if batch_waited => self.since_batch + 1,
+                        Priority::Interactive => 0,
+                    };
+                    self.leave_queues();
+                }
+                shared.waiting.fetch_sub(1, Ordering::SeqCst);
+            }
+            Ok(())
+        })
+    }
+
+    /// Take or keep this lane's place in the queue of each shared gate that
+    /// alone holds it back; leave the queues of gates it could not use
+    /// anyway. `Some` when another lane is first at a gate that would let
+    /// this one go now.
+    fn queue_up(
+        &mut self,
+        meters: &[MutexGuard<'_, Meters>],
+        cost: u64,
+        now: Instant,
+    ) -> Option<Blocked> {
+        let shared = self.shared.clone();
+        if !shared.gates.iter().any(is_shared) {
+            return None;
+        }
         let times: Vec<Instant> = meters.iter().map(|m| m.earliest(cost, now)).collect();
         let me = (*self.since.get_or_insert(now), shared.id);
         let mut held_by = None;
-        for (i, gate) in shared.gates.iter().enumerate() {
+        for (i, gate) in shared
+            .gates
+            .iter()
+            .enumerate()
+            .filter(|(_, gate)| is_shared(gate))
+        {
             let others_allow = times.iter().enumerate().all(|(j, &at)| j == i || at <= now);
             if !others_allow {
                 gate.delist(me);
@@ -825,40 +895,12 @@ impl Dispatcher {
             }
         }
         let at = times.iter().copied().max().unwrap_or(now);
-        if at > now {
-            return Err(Blocked::Until(at));
-        }
-        if let Some(gate) = held_by {
-            // Enabled while the meters are locked: the lane ahead can only
-            // go, and wake us, after we let go of them.
-            let mut turn = Box::pin(gate.turn.clone().notified_owned());
-            turn.as_mut().enable();
-            return Err(Blocked::Turn(turn));
-        }
-        let batch_waited = !self.batch.is_empty();
-        if let Some(head) = self.front(class).remove(&seq) {
-            let turn = Turn {
-                _in_flight: permit,
-                at: now,
-            };
-            if head.turn.send(turn).is_ok() {
-                for meter in &mut meters {
-                    meter.commit(cost, now);
-                }
-                shared.released.fetch_add(1, Ordering::Relaxed);
-                self.since_batch = match class {
-                    Priority::Batch => 0,
-                    Priority::Interactive if batch_waited => self.since_batch + 1,
-                    Priority::Interactive => 0,
-                };
-                for gate in &shared.gates {
-                    gate.delist(me);
-                }
-                self.since = None;
-            }
-            shared.waiting.fetch_sub(1, Ordering::SeqCst);
-        }
-        Ok(())
+        let gate = held_by.filter(|_| at <= now)?;
+        // Enabled while the meters are locked: the lane ahead can only go,
+        // and wake us, after we let go of them.
+        let mut turn = Box::pin(gate.turn.clone().notified_owned());
+        turn.as_mut().enable();
+        Some(Blocked::Turn(turn))
     }
 
     /// Nothing to release: wait for a request, or report idleness.

@@ -263,13 +263,17 @@ impl Meters {
         }
     }
 
-    /// The smallest capacity a request of `cost` exceeds, if any.
-    pub(crate) fn too_costly(&self, cost: u64) -> Option<u64> {
+    /// The largest cost a request may have: the smallest capacity among
+    /// meters that count cost (a meter counting requests takes one unit of
+    /// any request, so only a zero capacity, refused by validation, could
+    /// stop it).
+    pub(crate) fn capacity(&self) -> u64 {
         self.meters
             .iter()
-            .filter(|(meter, unit)| Self::units(*unit, cost) > meter.capacity())
+            .filter(|(_, unit)| *unit == Unit::Cost)
             .map(|(meter, _)| meter.capacity())
             .min()
+            .unwrap_or(u64::MAX)
     }
 
     pub(crate) fn earliest(&self, cost: u64, now: Instant) -> Instant {

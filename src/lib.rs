@@ -7,29 +7,38 @@
 //!
 //! # The one idea
 //!
-//! Every upstream quota is a **lane** ([`Lane`]). A lane owns a bounded
-//! **FIFO queue**, a **meter** that says when the head may go (a leaky
-//! bucket by default, [`meters::LeakyBucket`]: one release every `(period +
-//! headroom) / N`, no burst; or any of the other [`meters`], several at once), and a **pause** that the vendor's `Retry-After` moves forward,
-//! never back. A 429 or 503 pauses the *lane*, not one request: the
-//! throttled request goes back to the head of the queue and the lane resumes
-//! at its nominal pace when the pause ends, with no catch-up burst.
+//! Every upstream quota waits in a **lane** ([`Lane`]): a bounded **FIFO
+//! queue** drained by one dispatcher, which releases the head when the
+//! quota's **meters** allow it (a leaky bucket by default,
+//! [`meters::LeakyBucket`]: one release every `(period + headroom) / N`, no
+//! burst; or any of the other [`meters`], several at once) and no **pause**
+//! holds it back. The vendor's `Retry-After` (and every other dialect in
+//! [`signals`]) moves the pause forward, never back. A 429 or 503 pauses the
+//! *lane*, not one request: the throttled request goes back to the head of
+//! the queue and the lane resumes at its nominal pace when the pause ends,
+//! with no catch-up burst.
 //!
 //! ```text
 //! caller ──► Shaper ──► lane(key) ──► FIFO queue ──► turn ──► reqwest ──► vendor
-//!                          ▲              (meter + pause)          │
-//!                          └──── pause / back to the head ◄── 429, 503
+//!                          ▲           (gates: meters + pause)      │
+//!                          └──── pause / back to the head ◄── 429, 503, remaining: 0
 //! ```
+//!
+//! Quotas come in levels (the vendor's, per tenant, per route): a request
+//! waits in the one lane of its keys and is released when every level's
+//! quota allows it at once; lanes under the same vendor share its quota and
+//! its pause (see [`route`]).
 //!
 //! # Guarantees
 //!
-//! - **Quota:** with a lane of N per W, releases are at least `(W +
-//!   headroom) / N` apart, so the vendor never sees more than N arrivals in
-//!   any window W, retries included, whatever the number of callers.
-//! - **FIFO:** a lane releases requests in submission order; a retried
-//!   request keeps its place.
-//! - **No storm:** after a throttle the lane releases nothing until the pause
-//!   ends.
+//! - **Quota:** with a leaky-bucket quota of N per W, releases are at least
+//!   `(W + headroom) / N` apart, so a vendor counting a strict sliding
+//!   window of W never sees more than N, retries included, whatever the
+//!   number of callers. Each other meter states its own guarantee.
+//! - **FIFO:** a lane releases requests in submission order (within a
+//!   priority class); a retried request keeps its place.
+//! - **No storm:** after a throttle the lane, and every lane sharing the
+//!   vendor's quota, releases nothing until the pause ends.
 //! - **Nothing lost:** every request ends in exactly one outcome, a response
 //!   or an [`Error`]; a caller that drops its future frees its place and
 //!   spends no quota.
@@ -41,15 +50,20 @@
 //! | module | part of the design |
 //! |---|---|
 //! | [`client`] | [`Shaper`], the front door |
-//! | [`lane`] | the FIFO queue, its dispatcher, pause and concurrency cap |
+//! | [`lane`] | the FIFO queue, its dispatcher, priorities and concurrency cap |
+//! | `gate` | quotas and a pause a release must pass, shared between lanes |
 //! | [`meters`] | when the head may go: the five algorithms |
-//! | [`route`] | which lanes a request goes through: keys, levels, routes |
+//! | [`route`] | which lane a request waits in: keys, levels, routes |
 //! | [`signals`] | what a response says about its limits, in every common dialect |
 //! | [`adaptive`] | pacing for vendors that announce nothing (AIMD) |
-//! | [`retry`] | which outcomes are tried again, and the backoff |
+//! | [`retry`] | which outcomes are tried again, the backoff, the retry budget |
 //! | `config` | a shaper declared in TOML or JSON (feature `config`) |
 //! | `middleware` | `reqwest_middleware::Middleware` (feature `middleware`) |
 //! | `testing` | a vendor with a quota, for wiremock tests (feature `testing`) |
+//!
+//! Not built yet: the Redis store that lets a fleet share one quota (lane
+//! state is in memory, per process), and `metrics` counters; a lane's state
+//! is visible through [`Shaper::lanes`] and `tracing` events.
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 

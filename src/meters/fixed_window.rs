@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Meter, Rate};
+use super::{Meter, Rate, Windows};
 
 /// At most `count` units in each window `[origin + k·per', origin +
 /// (k+1)·per')`, with `per' = per + headroom` and `origin` the meter's
@@ -21,8 +21,7 @@ use super::{Meter, Rate};
 #[derive(Debug, Clone)]
 pub struct FixedWindow {
     count: u64,
-    window: Duration,
-    origin: Instant,
+    windows: Windows,
     /// The window index and what it has spent.
     current: (u64, u64),
 }
@@ -32,20 +31,17 @@ impl FixedWindow {
     pub fn new(rate: Rate, headroom: Duration, origin: Instant) -> Self {
         Self {
             count: u64::from(rate.count),
-            window: (rate.per + headroom).max(Duration::from_nanos(1)),
-            origin,
+            windows: Windows::new(origin, rate.per + headroom),
             current: (0, 0),
         }
     }
 
     fn index(&self, at: Instant) -> u64 {
-        let elapsed = at.saturating_duration_since(self.origin).as_nanos();
-        u64::try_from(elapsed / self.window.as_nanos()).unwrap_or(u64::MAX)
+        self.windows.index(at)
     }
 
     fn start(&self, index: u64) -> Instant {
-        let offset = self.window.as_nanos().saturating_mul(u128::from(index));
-        self.origin + Duration::from_nanos(u64::try_from(offset).unwrap_or(u64::MAX))
+        self.windows.start(index)
     }
 
     fn spent(&self, index: u64) -> u64 {
@@ -87,7 +83,7 @@ impl Meter for FixedWindow {
     }
 
     fn interval(&self) -> Duration {
-        self.window / u32::try_from(self.count).unwrap_or(u32::MAX).max(1)
+        self.windows.length() / u32::try_from(self.count).unwrap_or(u32::MAX).max(1)
     }
 
     fn eta(&self, ahead: u64, cost: u64, now: Instant) -> Instant {

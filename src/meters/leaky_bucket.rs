@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Meter, Rate};
+use super::{Meter, Rate, settle_tat, spacing};
 
 /// One release every `T = (per + headroom) / count`, no burst.
 ///
@@ -86,8 +86,7 @@ impl LeakyBucket {
     }
 
     fn spacing(&self, cost: u64) -> Duration {
-        self.interval
-            .saturating_mul(u32::try_from(cost).unwrap_or(u32::MAX))
+        spacing(self.interval, cost)
     }
 }
 
@@ -116,13 +115,7 @@ impl Meter for LeakyBucket {
     }
 
     fn settle(&mut self, charged: u64, actual: u64, _at: Instant) {
-        let Some(tat) = self.tat else { return };
-        self.tat = Some(if actual < charged {
-            tat.checked_sub(self.spacing(charged - actual))
-                .unwrap_or(tat)
-        } else {
-            tat + self.spacing(actual - charged)
-        });
+        settle_tat(&mut self.tat, self.interval, charged, actual);
     }
 
     fn is_idle(&self, now: Instant) -> bool {

@@ -76,6 +76,58 @@ impl Rate {
     }
 }
 
+/// `interval × n`, saturating: the time `n` units take at one per
+/// `interval`.
+pub(crate) fn spacing(interval: Duration, n: u64) -> Duration {
+    interval.saturating_mul(u32::try_from(n).unwrap_or(u32::MAX))
+}
+
+/// Settle a GCRA charge: move `tat` back by the units not used, or forward
+/// by the units used beyond the estimate.
+pub(crate) fn settle_tat(tat: &mut Option<Instant>, interval: Duration, charged: u64, actual: u64) {
+    if let Some(at) = *tat {
+        *tat = Some(if actual < charged {
+            at.checked_sub(spacing(interval, charged - actual))
+                .unwrap_or(at)
+        } else {
+            at + spacing(interval, actual - charged)
+        });
+    }
+}
+
+/// Windows of `length` counted from `origin`, for the meters that count in
+/// windows.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Windows {
+    origin: Instant,
+    length: Duration,
+}
+
+impl Windows {
+    pub(crate) fn new(origin: Instant, length: Duration) -> Self {
+        Self {
+            origin,
+            length: length.max(Duration::from_nanos(1)),
+        }
+    }
+
+    /// The window `at` falls in.
+    pub(crate) fn index(&self, at: Instant) -> u64 {
+        let elapsed = at.saturating_duration_since(self.origin).as_nanos();
+        u64::try_from(elapsed / self.length.as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Where window `index` starts.
+    pub(crate) fn start(&self, index: u64) -> Instant {
+        let offset = self.length.as_nanos().saturating_mul(u128::from(index));
+        self.origin + Duration::from_nanos(u64::try_from(offset).unwrap_or(u64::MAX))
+    }
+
+    pub(crate) fn length(&self) -> Duration {
+        self.length
+    }
+}
+
 /// One rate-limiting algorithm's state.
 ///
 /// Implement it for an algorithm of your own; the lane calls it under a

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Meter, Rate};
+use super::{Meter, Rate, Windows};
 
 /// The previous and current fixed windows, weighted: the estimate at `t` is
 /// `previous × (1 − elapsed/per') + current`, and a request goes when the
@@ -28,8 +28,7 @@ use super::{Meter, Rate};
 #[derive(Debug, Clone)]
 pub struct SlidingWindow {
     count: u64,
-    window: Duration,
-    origin: Instant,
+    windows: Windows,
     /// `(index of the current window, previous count, current count)`.
     state: (u64, u64, u64),
 }
@@ -39,20 +38,17 @@ impl SlidingWindow {
     pub fn new(rate: Rate, headroom: Duration, origin: Instant) -> Self {
         Self {
             count: u64::from(rate.count),
-            window: (rate.per + headroom).max(Duration::from_nanos(1)),
-            origin,
+            windows: Windows::new(origin, rate.per + headroom),
             state: (0, 0, 0),
         }
     }
 
     fn index(&self, at: Instant) -> u64 {
-        let elapsed = at.saturating_duration_since(self.origin).as_nanos();
-        u64::try_from(elapsed / self.window.as_nanos()).unwrap_or(u64::MAX)
+        self.windows.index(at)
     }
 
     fn start(&self, index: u64) -> Instant {
-        let offset = self.window.as_nanos().saturating_mul(u128::from(index));
-        self.origin + Duration::from_nanos(u64::try_from(offset).unwrap_or(u64::MAX))
+        self.windows.start(index)
     }
 
     /// The (previous, current) counts as seen from window `index`.
@@ -73,8 +69,8 @@ impl SlidingWindow {
         }
         let elapsed = 1.0 - room as f64 / previous as f64;
         // Round up, so the estimate at the returned instant really fits.
-        let offset =
-            Duration::from_secs_f64(self.window.as_secs_f64() * elapsed) + Duration::from_nanos(1);
+        let offset = Duration::from_secs_f64(self.windows.length().as_secs_f64() * elapsed)
+            + Duration::from_nanos(1);
         self.start(index) + offset
     }
 }
@@ -116,7 +112,7 @@ impl Meter for SlidingWindow {
     }
 
     fn interval(&self) -> Duration {
-        self.window / u32::try_from(self.count).unwrap_or(u32::MAX).max(1)
+        self.windows.length() / u32::try_from(self.count).unwrap_or(u32::MAX).max(1)
     }
 }
 

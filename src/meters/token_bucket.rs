@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Meter, Rate};
+use super::{Meter, Rate, settle_tat, spacing};
 
 /// A bucket of `capacity` tokens refilled at `refill` ("10 RPS with bursts up
 /// to 50": capacity 50, refill 10 per second). A request takes `cost`
@@ -44,8 +44,7 @@ impl TokenBucket {
     }
 
     fn tokens(&self, n: u64) -> Duration {
-        self.interval
-            .saturating_mul(u32::try_from(n).unwrap_or(u32::MAX))
+        spacing(self.interval, n)
     }
 }
 
@@ -66,13 +65,7 @@ impl Meter for TokenBucket {
     }
 
     fn settle(&mut self, charged: u64, actual: u64, _at: Instant) {
-        let Some(tat) = self.tat else { return };
-        self.tat = Some(if actual < charged {
-            tat.checked_sub(self.tokens(charged - actual))
-                .unwrap_or(tat)
-        } else {
-            tat + self.tokens(actual - charged)
-        });
+        settle_tat(&mut self.tat, self.interval, charged, actual);
     }
 
     fn is_idle(&self, now: Instant) -> bool {

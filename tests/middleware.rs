@@ -69,3 +69,49 @@ async fn a_middleware_stack_is_paced_and_paused_by_the_shaper() {
     assert!(error.to_string().contains("max_wait"), "{error}");
     assert_eq!(vendor.arrivals().len(), 3);
 }
+
+#[tokio::test(start_paused = true)]
+async fn cost_and_tag_travel_as_extensions() {
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let per_tenant = callshaper::Level::new(
+        "tenant",
+        callshaper::LaneKey::Tag,
+        [callshaper::Quota::leaky_bucket(5, SECOND)],
+    );
+    let shaper = Shaper::builder()
+        .rate(10, SECOND)
+        .quota(callshaper::Quota::sliding_log(1_000, SECOND).per_cost())
+        .level(per_tenant)
+        .build()
+        .unwrap();
+    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(shaper.clone())
+        .with(HoldClock)
+        .build();
+
+    let ok = client
+        .get(vendor.uri())
+        .with_extension(callshaper::Cost(600))
+        .with_extension(callshaper::Tag("acme".into()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+    assert!(
+        shaper
+            .lanes()
+            .iter()
+            .any(|lane| lane.key.starts_with("tenant/acme | ")),
+        "{:?}",
+        shaper.lanes()
+    );
+
+    let too_costly = client
+        .get(vendor.uri())
+        .with_extension(callshaper::Cost(1_001))
+        .send()
+        .await;
+    let error = too_costly.unwrap_err();
+    assert!(error.to_string().contains("can never fit"), "{error}");
+    assert_eq!(vendor.arrivals().len(), 1);
+}

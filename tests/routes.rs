@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use callshaper::testing::Vendor;
-use callshaper::{LaneKey, Level, Quota, Route};
+use callshaper::{LaneKey, Level, Priority, Quota, Route};
 use common::{SECOND, join_all, shaper};
 use reqwest::Method;
 use tokio::time::Instant;
@@ -143,4 +143,42 @@ async fn busy_tenants_take_turns_at_the_shared_quota() {
         b_last <= Duration::from_millis(2_200),
         "tenant b finished at {b_last:?}"
     );
+}
+
+/// Interactive requests go first; batch work keeps one release in five
+/// when both wait, so it never starves.
+#[tokio::test(start_paused = true)]
+async fn interactive_requests_overtake_batch_work_without_starving_it() {
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let shaper = shaper(10).build().unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..10 {
+        let call = shaper
+            .get(format!("{}/batch/{i}", vendor.uri()))
+            .priority(Priority::Batch);
+        tasks.push(tokio::spawn(call.send()));
+    }
+    for i in 0..10 {
+        tasks.push(tokio::spawn(
+            shaper.get(format!("{}/now/{i}", vendor.uri())).send(),
+        ));
+    }
+    for outcome in join_all(tasks).await {
+        assert_eq!(outcome.unwrap().status(), 200);
+    }
+    let order: Vec<_> = vendor
+        .arrivals()
+        .iter()
+        .map(|a| a.path.split('/').nth(1).unwrap().to_owned())
+        .collect();
+    // The first batch request found the lane empty and went at once; then
+    // four interactive, one batch, and so on.
+    let expected: Vec<&str> = [
+        "batch", "now", "now", "now", "now", "batch", "now", "now", "now", "now", "batch", "now",
+        "now", "batch",
+    ]
+    .into_iter()
+    .chain(std::iter::repeat_n("batch", 6))
+    .collect();
+    assert_eq!(order, expected);
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use callshaper::testing::Vendor;
 use callshaper::{Error, LanePolicy, Quota, Settle};
-use common::{SECOND, burst, join_all, order, shaper};
+use common::{SECOND, accepted_order, burst, join_all, order, shaper};
 
 async fn run(quota: Quota, vendor: Vendor, n: usize) -> Vendor {
     let vendor = vendor.start().await;
@@ -18,13 +18,7 @@ async fn run(quota: Quota, vendor: Vendor, n: usize) -> Vendor {
     for outcome in burst(&shaper, &vendor.uri(), n).await {
         outcome.unwrap();
     }
-    let arrivals = vendor.arrivals();
-    let accepted: Vec<_> = arrivals
-        .iter()
-        .filter(|a| a.status == 200)
-        .cloned()
-        .collect();
-    assert_eq!(order(&accepted), (0..n).collect::<Vec<_>>(), "FIFO");
+    assert_eq!(accepted_order(&vendor), (0..n).collect::<Vec<_>>(), "FIFO");
     vendor
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use callshaper::Error;
 use callshaper::testing::{Arrival, RetryAfter, Vendor};
-use common::{SECOND, burst, order, shaper};
+use common::{SECOND, accepted_order, burst, order, shaper};
 
 /// After every 429, nothing arrives for at least `pause`.
 fn assert_silent_after_each_throttle(arrivals: &[Arrival], pause: impl Fn(usize) -> Duration) {
@@ -38,19 +38,13 @@ async fn paused_by(hint: RetryAfter, period: Duration) -> Vec<Arrival> {
     for outcome in outcomes {
         assert_eq!(outcome.unwrap().status(), 200);
     }
-    let arrivals = vendor.arrivals();
-    let accepted: Vec<_> = arrivals
-        .iter()
-        .filter(|a| a.status == 200)
-        .cloned()
-        .collect();
     assert_eq!(
-        order(&accepted),
+        accepted_order(&vendor),
         (0..30).collect::<Vec<_>>(),
         "FIFO, retries in place"
     );
     assert!(vendor.max_in_any_window(SECOND) <= 10);
-    arrivals
+    vendor.arrivals()
 }
 
 #[tokio::test(start_paused = true)]

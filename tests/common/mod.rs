@@ -42,3 +42,13 @@ pub fn order(arrivals: &[callshaper::testing::Arrival]) -> Vec<usize> {
         .filter_map(|a| a.path.strip_prefix("/r/")?.parse().ok())
         .collect()
 }
+
+/// The request indices of the accepted (200) arrivals, in arrival order.
+pub fn accepted_order(vendor: &callshaper::testing::Vendor) -> Vec<usize> {
+    let accepted: Vec<_> = vendor
+        .arrivals()
+        .into_iter()
+        .filter(|a| a.status == 200)
+        .collect();
+    order(&accepted)
+}

@@ -20,7 +20,7 @@
 //! `batch_share`-th release goes to the oldest batch request, so batch work
 //! keeps at least `1 / batch_share` of a busy lane and never starves.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, MutexGuard};
@@ -327,8 +327,8 @@ impl Lane {
         let dispatcher = Dispatcher {
             shared: shared.clone(),
             tickets: tickets_rx,
-            interactive: BTreeMap::new(),
-            batch: BTreeMap::new(),
+            interactive: Front::default(),
+            batch: Front::default(),
             since_batch: 0,
             since: None,
             on_idle,
@@ -365,7 +365,6 @@ impl Lane {
         max_wait: Option<Duration>,
     ) -> Result<Place, Error> {
         let shared = &self.shared;
-        let now = Instant::now();
         let too_costly = shared.gates.iter().filter_map(|g| g.too_costly(cost)).min();
         if let Some(capacity) = too_costly {
             return Err(Error::CostTooHigh {
@@ -374,18 +373,23 @@ impl Lane {
                 capacity,
             });
         }
-        if let Some(max_wait) = max_wait {
-            let predicted = self.predicted_wait(cost, now);
-            if predicted > max_wait {
-                return Err(Error::WouldExceedMaxWait {
-                    lane: shared.key.clone(),
-                    predicted,
-                    max_wait,
-                });
+        // Only a request with a deadline needs the clock here.
+        let deadline = match max_wait {
+            None => None,
+            Some(max_wait) => {
+                let now = Instant::now();
+                let predicted = self.predicted_wait(cost, now);
+                if predicted > max_wait {
+                    return Err(Error::WouldExceedMaxWait {
+                        lane: shared.key.clone(),
+                        predicted,
+                        max_wait,
+                    });
+                }
+                Some(Box::new((now + max_wait, max_wait)))
             }
-        }
+        };
         let seq = shared.next_seq.fetch_add(1, Ordering::Relaxed);
-        let deadline = max_wait.map(|d| (now + d, d));
         let place = |slot| Place {
             seq,
             cost,
@@ -393,7 +397,7 @@ impl Lane {
             slot,
             deadline,
         };
-        if let Some(turn) = self.turn_now(cost, now) {
+        if let Some(turn) = self.turn_now(cost) {
             return Ok(place(Slot::Ready(turn)));
         }
         let capacity = shared.policy.queue_capacity;
@@ -427,7 +431,7 @@ impl Lane {
     /// dispatcher. FIFO holds: "nobody waits" is checked again under the
     /// meters' lock, which the dispatcher also holds from its check to its
     /// charge, so no two releases can share a slot.
-    fn turn_now(&self, cost: u64, now: Instant) -> Option<Turn> {
+    fn turn_now(&self, cost: u64) -> Option<Turn> {
         let shared = &self.shared;
         if shared.waiting.load(Ordering::SeqCst) != 0 || self.tickets.is_closed() {
             return None;
@@ -443,29 +447,30 @@ impl Lane {
             None => None,
             Some(slots) => Some(slots.clone().try_acquire_owned().ok()?),
         };
-        let taken = shared.with_meters(|meters| {
+        // The clock is read under the lock: an instant read before it may
+        // predate the charge of whoever held it, and would send this caller
+        // to the queue for nothing (and everyone after it, behind it).
+        let charged_at = shared.with_meters(|meters| {
+            let now = Instant::now();
             if shared.waiting.load(Ordering::SeqCst) != 0 || earliest(meters, cost, now) > now {
-                return false;
+                return None;
             }
             for meter in meters {
                 meter.commit(cost, now);
             }
-            true
-        });
-        if !taken {
-            return None;
-        }
+            Some(now)
+        })?;
         shared.released.fetch_add(1, Ordering::Relaxed);
         Some(Turn {
             _in_flight: permit,
-            at: now,
+            at: charged_at,
         })
     }
 
     /// Put a released request back in the queue with its old number, so it
     /// goes before everything that came after it.
     pub(crate) fn reenter(&self, place: &mut Place) -> Result<(), Error> {
-        if let Some((deadline, max_wait)) = place.deadline {
+        if let Some(&(deadline, max_wait)) = place.deadline.as_deref() {
             let release = self.paused_until().unwrap_or_else(Instant::now);
             if release > deadline {
                 return Err(Error::WouldExceedMaxWait {
@@ -493,7 +498,7 @@ impl Lane {
             Slot::Waiting(rx) => rx,
             Slot::Taken => return Err(Error::Shutdown),
         };
-        match place.deadline {
+        match place.deadline.as_deref().copied() {
             None => rx.await.map_err(|_| Error::Shutdown),
             // Boxed: a timer is large, and most requests have no deadline;
             // this keeps every queued request without one small.
@@ -653,7 +658,8 @@ pub(crate) struct Place {
     cost: u64,
     priority: Priority,
     slot: Slot,
-    deadline: Option<(Instant, Duration)>,
+    /// Boxed: most requests have none, and every waiting one carries this.
+    deadline: Option<Box<(Instant, Duration)>>,
 }
 
 impl Turn {
@@ -672,6 +678,56 @@ enum Slot {
     Taken,
 }
 
+/// One class's waiting tickets, oldest first. Tickets almost always arrive
+/// in sequence order, so they queue in a ring; only a throttled request
+/// coming back with its old number goes to the ordered map. The head is the
+/// lower of the two.
+#[derive(Default)]
+struct Front {
+    fresh: VecDeque<(u64, Waiting)>,
+    returned: BTreeMap<u64, Waiting>,
+}
+
+impl Front {
+    fn insert(&mut self, seq: u64, waiting: Waiting) {
+        if self.fresh.back().is_none_or(|&(last, _)| last < seq) {
+            self.fresh.push_back((seq, waiting));
+        } else {
+            self.returned.insert(seq, waiting);
+        }
+    }
+
+    fn first(&self) -> Option<(u64, &Waiting)> {
+        let fresh = self.fresh.front().map(|(seq, w)| (*seq, w));
+        let returned = self.returned.first_key_value().map(|(seq, w)| (*seq, w));
+        match (fresh, returned) {
+            (Some(a), Some(b)) => Some(if b.0 < a.0 { b } else { a }),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn remove(&mut self, seq: u64) -> Option<Waiting> {
+        if self.fresh.front().is_some_and(|&(first, _)| first == seq) {
+            let waiting = self.fresh.pop_front().map(|(_, w)| w);
+            if self.fresh.is_empty() && self.fresh.capacity() > 64 {
+                // A burst is over: give its room back.
+                self.fresh = VecDeque::new();
+            }
+            return waiting;
+        }
+        self.returned.remove(&seq)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.fresh.is_empty() && self.returned.is_empty()
+    }
+
+    fn clear(&mut self) {
+        self.fresh.clear();
+        self.returned.clear();
+    }
+}
+
 /// A waiting ticket, as the dispatcher holds it.
 struct Waiting {
     cost: u64,
@@ -682,8 +738,8 @@ struct Dispatcher {
     shared: Arc<Shared>,
     tickets: async_channel::Receiver<Ticket>,
     /// Waiting tickets by class, by sequence number.
-    interactive: BTreeMap<u64, Waiting>,
-    batch: BTreeMap<u64, Waiting>,
+    interactive: Front,
+    batch: Front,
     /// Interactive releases since the last batch one, while batch waited.
     since_batch: u32,
     /// Since when this lane has been ready but for a shared gate: its place
@@ -715,13 +771,11 @@ impl Dispatcher {
             Priority::Interactive => &mut self.interactive,
             Priority::Batch => &mut self.batch,
         };
-        front.insert(
-            ticket.seq,
-            Waiting {
-                cost: ticket.cost,
-                turn: ticket.turn,
-            },
-        );
+        let waiting = Waiting {
+            cost: ticket.cost,
+            turn: ticket.turn,
+        };
+        front.insert(ticket.seq, waiting);
     }
 
     /// The class whose oldest ticket goes next.
@@ -737,7 +791,7 @@ impl Dispatcher {
         }
     }
 
-    fn front(&mut self, class: Priority) -> &mut BTreeMap<u64, Waiting> {
+    fn front(&mut self, class: Priority) -> &mut Front {
         match class {
             Priority::Interactive => &mut self.interactive,
             Priority::Batch => &mut self.batch,
@@ -756,12 +810,12 @@ impl Dispatcher {
             self.leave_queues();
             return self.wait_for_work().await;
         };
-        let Some((&seq, head)) = self.front(class).first_key_value() else {
+        let Some((seq, head)) = self.front(class).first() else {
             return true;
         };
         let cost = head.cost;
         if head.turn.is_closed() {
-            self.front(class).remove(&seq);
+            self.front(class).remove(seq);
             self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
             return true;
         }
@@ -838,7 +892,7 @@ impl Dispatcher {
                 return Err(Blocked::Until(at));
             }
             let batch_waited = !self.batch.is_empty();
-            if let Some(head) = self.front(class).remove(&seq) {
+            if let Some(head) = self.front(class).remove(seq) {
                 let turn = Turn {
                     _in_flight: permit,
                     at: now,

@@ -289,6 +289,7 @@ impl Shaper {
             .or_else(|| self.inner.cost.as_ref().map(|estimate| estimate(&request)))
             .unwrap_or(1);
         let max_wait = options.max_wait.or(lane.policy().max_wait);
+        let submitted = Instant::now();
         let mut place = lane.enter(cost, options.priority, max_wait)?;
         let policy = &self.inner.retry;
         let may_retry_failure =
@@ -299,6 +300,7 @@ impl Shaper {
             attempts += 1;
             if attempts == 1 {
                 lane.deposit();
+                lane.waited(submitted.elapsed());
             }
             // A body that can't be cloned (a stream) allows one send only.
             let spare = request.try_clone();
@@ -408,6 +410,7 @@ impl Shaper {
                         }
                         .into());
                     }
+                    lane.retried();
                     let backoff = policy.backoff.full_jitter(failures - 1);
                     tracing::debug!(
                         lane = lane.key(),

@@ -36,6 +36,7 @@ use crate::adaptive::Adaptive;
 use crate::error::{ConfigError, Error};
 use crate::gate::{self, Gate, lock};
 use crate::meters::{Meters, Quota, Rate};
+use crate::observability::LaneMetrics;
 use crate::retry::{Backoff, RetryBudget};
 
 /// How one lane behaves.
@@ -243,6 +244,7 @@ struct Shared {
     /// dispatcher lets it go, so "zero" really means nobody is ahead; also
     /// what the queue bound counts.
     waiting: AtomicUsize,
+    metrics: LaneMetrics,
 }
 
 impl Shared {
@@ -315,6 +317,7 @@ impl Lane {
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         let shared = Arc::new(Shared {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            metrics: LaneMetrics::new(&key),
             key,
             gates,
             in_flight: policy.max_in_flight.map(|n| Arc::new(Semaphore::new(n))),
@@ -367,6 +370,7 @@ impl Lane {
         let shared = &self.shared;
         let too_costly = shared.gates.iter().filter_map(|g| g.too_costly(cost)).min();
         if let Some(capacity) = too_costly {
+            shared.metrics.refused();
             return Err(Error::CostTooHigh {
                 lane: shared.key.clone(),
                 cost,
@@ -380,6 +384,7 @@ impl Lane {
                 let now = Instant::now();
                 let predicted = self.predicted_wait(cost, now);
                 if predicted > max_wait {
+                    shared.metrics.refused();
                     return Err(Error::WouldExceedMaxWait {
                         lane: shared.key.clone(),
                         predicted,
@@ -401,8 +406,10 @@ impl Lane {
             return Ok(place(Slot::Ready(turn)));
         }
         let capacity = shared.policy.queue_capacity;
-        if shared.waiting.fetch_add(1, Ordering::SeqCst) >= capacity {
+        let queued = shared.waiting.fetch_add(1, Ordering::SeqCst);
+        if queued >= capacity {
             shared.waiting.fetch_sub(1, Ordering::SeqCst);
+            shared.metrics.refused();
             return Err(Error::QueueFull {
                 lane: shared.key.clone(),
                 capacity,
@@ -415,6 +422,7 @@ impl Lane {
             priority,
             turn: tx,
         })?;
+        shared.metrics.queued(queued + 1);
         Ok(place(Slot::Waiting(rx)))
     }
 
@@ -461,6 +469,7 @@ impl Lane {
             Some(now)
         })?;
         shared.released.fetch_add(1, Ordering::Relaxed);
+        shared.metrics.released(0);
         Some(Turn {
             _in_flight: permit,
             at: charged_at,
@@ -523,10 +532,13 @@ impl Lane {
         match rx.try_recv() {
             Ok(turn) => Ok(turn),
             Err(oneshot::error::TryRecvError::Closed) => Err(Error::Shutdown),
-            Err(oneshot::error::TryRecvError::Empty) => Err(Error::MaxWaitElapsed {
-                lane: self.shared.key.clone(),
-                max_wait,
-            }),
+            Err(oneshot::error::TryRecvError::Empty) => {
+                self.shared.metrics.refused();
+                Err(Error::MaxWaitElapsed {
+                    lane: self.shared.key.clone(),
+                    max_wait,
+                })
+            }
         }
     }
 
@@ -555,6 +567,7 @@ impl Lane {
     /// the vendor gate's growing fallback).
     pub(crate) fn throttled(&self, hint: Option<Duration>) -> Duration {
         self.shared.throttles.fetch_add(1, Ordering::Relaxed);
+        self.shared.metrics.throttled();
         self.shared.vendor().throttled(hint)
     }
 
@@ -566,7 +579,22 @@ impl Lane {
     /// The vendor announced its quota; see [`Gate::learn`]. True when this
     /// changed the pace.
     pub(crate) fn learn(&self, announced: Rate) -> bool {
-        self.shared.vendor().learn(announced)
+        let learned = self.shared.vendor().learn(announced);
+        if learned {
+            let per_second = f64::from(announced.count) / announced.per.as_secs_f64();
+            self.shared.metrics.learned(per_second);
+        }
+        learned
+    }
+
+    /// A failed request is tried again.
+    pub(crate) fn retried(&self) {
+        self.shared.metrics.retried();
+    }
+
+    /// A request waited `wait` from submission to its first release.
+    pub(crate) fn waited(&self, wait: Duration) {
+        self.shared.metrics.waited(wait);
     }
 
     /// A request's first attempt: it earns the vendor's retry budget some.
@@ -902,6 +930,8 @@ impl Dispatcher {
                         meter.commit(cost, now);
                     }
                     shared.released.fetch_add(1, Ordering::Relaxed);
+                    let queued = shared.waiting.load(Ordering::Relaxed).saturating_sub(1);
+                    shared.metrics.released(queued);
                     self.since_batch = match class {
                         Priority::Batch => 0,
                         Priority::Interactive if batch_waited => self.since_batch + 1,

@@ -57,13 +57,13 @@
 //! | [`signals`] | what a response says about its limits, in every common dialect |
 //! | [`adaptive`] | pacing for vendors that announce nothing (AIMD) |
 //! | [`retry`] | which outcomes are tried again, the backoff, the retry budget |
+//! | `observability` | `metrics` counters, gauges and a histogram per lane (feature `metrics`) |
 //! | `config` | a shaper declared in TOML or JSON (feature `config`) |
 //! | `middleware` | `reqwest_middleware::Middleware` (feature `middleware`) |
 //! | `testing` | a vendor with a quota, for wiremock tests (feature `testing`) |
 //!
 //! Not built yet: the Redis store that lets a fleet share one quota (lane
-//! state is in memory, per process), and `metrics` counters; a lane's state
-//! is visible through [`Shaper::lanes`] and `tracing` events.
+//! state is in memory, per process).
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
@@ -77,6 +77,7 @@ pub mod lane;
 pub mod meters;
 #[cfg(feature = "middleware")]
 pub mod middleware;
+mod observability;
 pub mod retry;
 pub mod route;
 pub mod signals;

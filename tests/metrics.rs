@@ -108,7 +108,10 @@ async fn a_lane_counts_releases_throttles_refusals_and_waits() {
     let outcomes = burst(&shaper, &vendor.uri(), 22).await;
 
     let refused = outcomes.iter().filter(|o| o.is_err()).count();
-    assert_eq!(refused, 1, "the first went at once; 20 queued; one past them");
+    assert_eq!(
+        refused, 1,
+        "the first went at once; 20 queued; one past them"
+    );
     assert_eq!(
         seen.counter("callshaper_released_total"),
         vendor.arrivals().len() as u64

@@ -29,7 +29,7 @@
 //! `origin`, `shared`, `tag`, or `{ header = "x-api-key" }`.
 //!
 //! Every error names the field at fault and the problem, e.g.
-//! `invalid vendors.llm.quotas[1].per: "1 minute" is not a duration`.
+//! `` invalid `vendors.llm.quotas[1].per`: "1 minute" is not a duration (try "1s", "500ms", "1m") ``.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -182,3 +182,41 @@ async fn interactive_requests_overtake_batch_work_without_starving_it() {
     .collect();
     assert_eq!(order, expected);
 }
+
+/// A 429 seen by one tenant's request pauses the vendor's shared quota:
+/// no tenant sends anything until the pause ends.
+#[tokio::test(start_paused = true)]
+async fn a_throttle_seen_by_one_tenant_pauses_every_tenant() {
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    vendor.throttle_for(
+        Duration::from_millis(50),
+        callshaper::testing::RetryAfter::Seconds(2),
+    );
+    let tenant = Level::new("tenant", LaneKey::Tag, [Quota::leaky_bucket(5, SECOND)]);
+    let shaper = shaper(10).level(tenant).build().unwrap();
+
+    let first = tokio::spawn(shaper.get(format!("{}/a/0", vendor.uri())).tag("a").send());
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let others: Vec<_> = (0..5)
+        .map(|i| {
+            tokio::spawn(
+                shaper
+                    .get(format!("{}/b/{i}", vendor.uri()))
+                    .tag("b")
+                    .send(),
+            )
+        })
+        .collect();
+    assert_eq!(first.await.unwrap().unwrap().status(), 200);
+    for outcome in join_all(others).await {
+        assert_eq!(outcome.unwrap().status(), 200);
+    }
+
+    let arrivals = vendor.arrivals();
+    assert_eq!(arrivals[0].status, 429);
+    let after = arrivals[1].at - arrivals[0].at;
+    assert!(
+        after >= 2 * SECOND,
+        "tenant b sent {after:?} after a's 429: {arrivals:#?}"
+    );
+}

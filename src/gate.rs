@@ -37,7 +37,9 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 pub(crate) struct Gate {
-    quotas: Vec<Quota>,
+    /// The slowest of its quotas that count requests: the ceiling a learned
+    /// quota or adaptive pacing is measured against.
+    request_rate: Option<Rate>,
     /// The largest request cost every meter can ever allow (fixed at
     /// creation, so admission needs no lock to check it).
     capacity: u64,
@@ -88,7 +90,7 @@ impl Gate {
         Self {
             capacity: meters.capacity(),
             meters: Mutex::new(meters),
-            quotas,
+            request_rate,
             headroom: policy.headroom,
             max_pause: policy.max_pause,
             paused_until: Mutex::new(None),
@@ -183,7 +185,7 @@ impl Gate {
     /// request rate becomes its pace (never a higher one: the user's
     /// declaration is the ceiling). True when this changed the pace.
     pub(crate) fn learn(&self, announced: Rate) -> bool {
-        let Some(declared) = request_rate(&self.quotas) else {
+        let Some(declared) = self.request_rate else {
             return false;
         };
         if slower_first(announced, declared).is_ge() {
@@ -207,7 +209,7 @@ impl Gate {
     fn repace(&self, pace: &Pace) {
         let learned = pace.learned.map(|rate| rate.interval(self.headroom));
         let adaptive = pace.aimd.as_ref().and_then(|aimd| {
-            let nominal = request_rate(&self.quotas)?.interval(self.headroom);
+            let nominal = self.request_rate?.interval(self.headroom);
             (aimd.share() < 1.0).then(|| nominal.div_f64(aimd.share()))
         });
         let interval = learned.max(adaptive);

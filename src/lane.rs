@@ -253,6 +253,14 @@ impl Shared {
         self.gates.last().map_or(&self.gates[0], |gate| gate)
     }
 
+    /// The latest pause in force at `now` among the lane's gates.
+    fn paused_until(&self, now: Instant) -> Option<Instant> {
+        self.gates
+            .iter()
+            .filter_map(|gate| gate.paused_until(now))
+            .max()
+    }
+
     /// Every gate's meters, locked in level order (the same order in every
     /// lane, so lanes sharing gates cannot deadlock).
     fn meters(&self) -> Vec<MutexGuard<'_, Meters>> {
@@ -448,7 +456,7 @@ impl Lane {
             .gates
             .iter()
             .any(|gate| is_shared(gate) && gate.has_queue());
-        if queued_elsewhere || self.paused_until().is_some() {
+        if queued_elsewhere {
             return None;
         }
         let permit = match &shared.in_flight {
@@ -460,7 +468,8 @@ impl Lane {
         // to the queue for nothing (and everyone after it, behind it).
         let charged_at = shared.with_meters(|meters| {
             let now = Instant::now();
-            if shared.waiting.load(Ordering::SeqCst) != 0 || earliest(meters, cost, now) > now {
+            let waiting = shared.waiting.load(Ordering::SeqCst) != 0;
+            if waiting || shared.paused_until(now).is_some() || earliest(meters, cost, now) > now {
                 return None;
             }
             for meter in meters {
@@ -608,12 +617,7 @@ impl Lane {
     }
 
     fn paused_until(&self) -> Option<Instant> {
-        let now = Instant::now();
-        self.shared
-            .gates
-            .iter()
-            .filter_map(|gate| gate.paused_until(now))
-            .max()
+        self.shared.paused_until(Instant::now())
     }
 
     /// Queue depth, the meters and the pause give the wait a new request
@@ -849,13 +853,7 @@ impl Dispatcher {
         }
 
         let now = Instant::now();
-        let paused_until = self
-            .shared
-            .gates
-            .iter()
-            .filter_map(|gate| gate.paused_until(now))
-            .max();
-        if let Some(until) = paused_until {
+        if let Some(until) = self.shared.paused_until(now) {
             self.leave_queues();
             return self.or_new_ticket(sleep_until(until)).await;
         }
@@ -990,22 +988,17 @@ impl Dispatcher {
     /// Nothing to release: wait for a request, or report idleness.
     async fn wait_for_work(&mut self) -> bool {
         let idle = self.shared.policy.idle_timeout;
-        tokio::select! {
-            biased;
-            ticket = self.tickets.recv() => match ticket {
-                Ok(ticket) => {
-                    self.file(ticket);
-                    true
-                }
-                Err(_) => false,
-            },
-            () = sleep(idle) => {
-                if let Some(on_idle) = &self.on_idle {
-                    on_idle();
-                }
-                true
-            }
+        let mut idled = false;
+        let open = self
+            .or_new_ticket(async {
+                sleep(idle).await;
+                idled = true
+            })
+            .await;
+        if idled && let Some(on_idle) = &self.on_idle {
+            on_idle();
         }
+        open
     }
 
     /// Wait for `until`, but come back early when a ticket arrives: a

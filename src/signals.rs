@@ -273,13 +273,7 @@ fn github(headers: &HeaderMap, now: SystemTime, signals: &mut Signals) {
         let limit = get("limit").and_then(integer);
         let remaining = get("remaining").and_then(integer);
         let reset = get("reset").and_then(|v| epoch_or_delta(v, now));
-        if limit.is_none() && remaining.is_none() && reset.is_none() {
-            continue;
-        }
-        let entry = signals.limit_mut(Dimension::Requests);
-        entry.limit = limit.or(entry.limit);
-        entry.remaining = remaining.or(entry.remaining);
-        entry.reset = reset.or(entry.reset);
+        fill(signals, Dimension::Requests, limit, remaining, reset);
     }
 }
 

@@ -227,32 +227,31 @@ impl Vendor {
     /// A vendor that accepts at most `limit` requests in any sliding window
     /// of `window` and answers 429 beyond.
     pub fn strict(limit: usize, window: Duration) -> Self {
-        Self::with(limit, window, Counting::Sliding(VecDeque::new()))
+        Self::with(limit, window, |_| Counting::Sliding(VecDeque::new()))
     }
 
     /// A vendor that counts like GitHub: at most `limit` in each fixed
     /// window from its start, and every answer carries
     /// `x-ratelimit-limit/-remaining/-reset`, the reset in epoch seconds.
     pub fn fixed_window(limit: usize, window: Duration) -> Self {
-        Self::with(limit, window, Counting::Fixed(0, 0))
+        Self::with(limit, window, |_| Counting::Fixed(0, 0))
     }
 
     /// A vendor running a token bucket: bursts up to `capacity`, refilled
     /// `count` per `per`.
     pub fn token_bucket(capacity: usize, count: u32, per: Duration) -> Self {
-        let clock = Handle::try_current().ok();
-        let start = now(clock.as_ref());
         let per_second = f64::from(count) / per.as_secs_f64().max(f64::EPSILON);
-        Self::with(
-            capacity,
-            per,
-            Counting::Bucket(capacity as f64, start, per_second),
-        )
+        Self::with(capacity, per, |start| {
+            Counting::Bucket(capacity as f64, start, per_second)
+        })
     }
 
-    fn with(limit: usize, window: Duration, counting: Counting) -> Self {
+    /// A vendor with one quota, counting as `counting` (given the vendor's
+    /// start) says.
+    fn with(limit: usize, window: Duration, counting: impl FnOnce(Instant) -> Counting) -> Self {
         let clock = Handle::try_current().ok();
         let start = now(clock.as_ref());
+        let counting = counting(start);
         let quota = Quota {
             limit: limit as u64,
             window: window.max(Duration::from_nanos(1)),

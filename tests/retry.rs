@@ -27,6 +27,16 @@ async fn vendor_failing_first(status: u16, times: u64, verb: &str) -> MockServer
     server
 }
 
+/// One POST to `/op`, the vendor's answer whatever it is.
+async fn pay(shaper: &callshaper::Shaper, server: &MockServer) -> reqwest::Response {
+    shaper
+        .post(format!("{}/op", server.uri()))
+        .body("pay 10")
+        .send()
+        .await
+        .unwrap()
+}
+
 async fn sent(server: &MockServer) -> usize {
     server.received_requests().await.map_or(0, |r| r.len())
 }
@@ -36,12 +46,7 @@ async fn a_post_is_not_retried_after_a_500() {
     let server = vendor_failing_first(500, 1, "POST").await;
     let shaper = shaper(10).build().unwrap();
 
-    let response = shaper
-        .post(format!("{}/op", server.uri()))
-        .body("pay 10")
-        .send()
-        .await
-        .unwrap();
+    let response = pay(&shaper, &server).await;
 
     assert_eq!(
         response.status(),
@@ -57,12 +62,7 @@ async fn a_post_is_retried_after_a_429() {
     let shaper = shaper(10).build().unwrap();
     let started = tokio::time::Instant::now();
 
-    let response = shaper
-        .post(format!("{}/op", server.uri()))
-        .body("pay 10")
-        .send()
-        .await
-        .unwrap();
+    let response = pay(&shaper, &server).await;
 
     assert_eq!(response.status(), 200);
     assert_eq!(sent(&server).await, 2);
@@ -77,12 +77,7 @@ async fn a_post_is_retried_after_a_500_when_the_user_opts_in() {
     let server = vendor_failing_first(500, 1, "POST").await;
     let shaper = shaper(10).retry_non_idempotent(true).build().unwrap();
 
-    let response = shaper
-        .post(format!("{}/op", server.uri()))
-        .body("x")
-        .send()
-        .await
-        .unwrap();
+    let response = pay(&shaper, &server).await;
 
     assert_eq!(response.status(), 200);
     assert_eq!(sent(&server).await, 2);

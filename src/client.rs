@@ -21,6 +21,7 @@ use crate::meters::Quota;
 use crate::retry::{self, Backoff, RetryBudget, RetryPolicy, Verdict};
 use crate::route::{LaneKey, Level, Route, Tag};
 use crate::signals::{Dialect, Signals};
+use crate::store::StoreFailure;
 
 /// A boxed, sendable future, as [`Transport::send`] returns.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
@@ -112,6 +113,11 @@ struct Inner {
     lanes: Arc<LaneMap>,
     gates: Arc<GateMap>,
     shut: AtomicBool,
+    /// Where the gates' quotas live when a fleet shares them.
+    #[cfg(feature = "redis")]
+    store: Option<crate::store::RedisStore>,
+    #[cfg(feature = "redis")]
+    store_failure: StoreFailure,
 }
 
 fn lock(lanes: &LaneMap) -> MutexGuard<'_, HashMap<String, Arc<Lane>>> {
@@ -193,11 +199,7 @@ impl Shaper {
     /// The levels `request` goes through: its route's, then the shaper's
     /// (unless the route stands alone).
     fn levels_for(&self, request: &Request) -> impl Iterator<Item = &Level> {
-        let route = self
-            .inner
-            .routes
-            .iter()
-            .find(|route| route.matches(request));
+        let route = self.route_for(request);
         let shared = if route.is_some_and(|route| route.alone) {
             &[][..]
         } else {
@@ -207,6 +209,13 @@ impl Shaper {
             .into_iter()
             .flat_map(|route| &route.levels)
             .chain(shared)
+    }
+
+    fn route_for(&self, request: &Request) -> Option<&Route> {
+        self.inner
+            .routes
+            .iter()
+            .find(|route| route.matches(request))
     }
 
     /// The lane of `request`, created on first use: named by its key in
@@ -232,11 +241,28 @@ impl Shaper {
         }
         // Every level's quotas are a shared gate, even when one lane is all
         // that uses it yet: the vendor's quota must be one gate for all.
-        let shared = levels
+        let shared: Vec<Arc<Gate>> = levels
             .iter()
             .zip(&keys)
             .map(|(level, key)| self.gate_for(level, key))
             .collect();
+        #[cfg(feature = "redis")]
+        let remote = self.inner.store.as_ref().map(|store| {
+            let failure = self
+                .route_for(request)
+                .and_then(|route| route.store_failure)
+                .unwrap_or(self.inner.store_failure);
+            let quotas: Vec<Vec<Quota>> = levels.iter().map(|l| l.quotas.clone()).collect();
+            crate::store::Remote::new(
+                store.clone(),
+                shared.clone(),
+                &keys,
+                &quotas,
+                self.inner.policy.headroom,
+                failure,
+                &name,
+            )
+        });
         let policy = LanePolicy {
             quotas: Vec::new(),
             ..self.inner.policy.clone()
@@ -248,6 +274,8 @@ impl Shaper {
             self.inner.retry.budget,
             shared,
             Some(on_idle),
+            #[cfg(feature = "redis")]
+            remote,
         ));
         lanes.insert(name, lane.clone());
         Ok(lane)
@@ -260,11 +288,16 @@ impl Shaper {
             return gate;
         }
         let registry = Some((Arc::downgrade(&self.inner.gates), key.to_owned()));
+        #[cfg(feature = "redis")]
+        let share = self.inner.store.as_ref().map_or(1, |s| s.fleet_size());
+        #[cfg(not(feature = "redis"))]
+        let share = 1;
         let gate = Arc::new(Gate::new(
             level.quotas.clone(),
             &self.inner.policy,
             self.inner.retry.budget,
             registry,
+            share,
         ));
         gates.insert(key.to_owned(), Arc::downgrade(&gate));
         gate
@@ -591,6 +624,9 @@ pub struct ShaperBuilder {
     transport: Option<Arc<dyn Transport>>,
     cost: Option<Arc<CostFn>>,
     dialects: Vec<Arc<dyn Dialect>>,
+    #[cfg(feature = "redis")]
+    store: Option<crate::store::RedisStore>,
+    store_failure: StoreFailure,
 }
 
 impl Default for ShaperBuilder {
@@ -606,11 +642,30 @@ impl Default for ShaperBuilder {
             transport: None,
             cost: None,
             dialects: Vec::new(),
+            #[cfg(feature = "redis")]
+            store: None,
+            store_failure: StoreFailure::default(),
         }
     }
 }
 
 impl ShaperBuilder {
+    /// Keep the quotas in Redis, shared by every instance connected to it,
+    /// instead of in this process: see [`store`](crate::store).
+    #[cfg(feature = "redis")]
+    pub fn store(mut self, store: crate::store::RedisStore) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// What lanes do when the shared store fails ([`StoreFailure::Closed`]
+    /// unless set); a route can choose its own
+    /// ([`Route::on_store_failure`]). Without a store, nothing.
+    pub fn on_store_failure(mut self, failure: StoreFailure) -> Self {
+        self.store_failure = failure;
+        self
+    }
+
     /// The vendor's quota: `count` requests per `per`, a leaky bucket, for
     /// every vendor lane. Replaces quotas set before.
     pub fn rate(mut self, count: u32, per: Duration) -> Self {
@@ -860,6 +915,10 @@ impl ShaperBuilder {
                 lanes: Arc::default(),
                 gates: Arc::default(),
                 shut: AtomicBool::new(false),
+                #[cfg(feature = "redis")]
+                store: self.store,
+                #[cfg(feature = "redis")]
+                store_failure: self.store_failure,
             }),
         })
     }

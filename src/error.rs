@@ -117,6 +117,18 @@ pub enum Error {
     #[error("invalid request: {0}")]
     InvalidRequest(#[source] reqwest::Error),
 
+    /// The lane's shared store (Redis) did not answer and the lane fails
+    /// closed ([`StoreFailure::Closed`](crate::StoreFailure)): the request
+    /// was not sent. Answered within the store's timeout, never a hang.
+    #[error("lane `{lane}`: the shared store is unavailable: {source}")]
+    StoreUnavailable {
+        /// The lane that refused the request.
+        lane: String,
+        /// Why the store did not answer.
+        #[source]
+        source: crate::store::StoreError,
+    },
+
     /// [`Shaper::shutdown`](crate::Shaper::shutdown) was called before this
     /// request was released.
     #[error("the shaper was shut down")]

@@ -73,12 +73,14 @@ struct Pace {
 
 impl Gate {
     /// A gate for `quotas`, with the behaviour of `policy` (headroom, pause
-    /// limits, adaptive pacing).
+    /// limits, adaptive pacing). With a shared store the quotas live there,
+    /// and the local meters are the fallback: one `share` of each quota.
     pub(crate) fn new(
         quotas: Vec<Quota>,
         policy: &LanePolicy,
         budget: RetryBudget,
         registry: Option<(Weak<GateMap>, String)>,
+        share: u32,
     ) -> Self {
         let now = Instant::now();
         let request_rate = request_rate(&quotas);
@@ -86,9 +88,11 @@ impl Gate {
             (Some(knobs), Some(ceiling)) => Some(Aimd::new(knobs, ceiling)),
             _ => None,
         };
-        let meters = Meters::new(&quotas, policy.headroom, now);
+        let capacity = Meters::new(&quotas, policy.headroom, now).capacity();
+        let local: Vec<Quota> = quotas.iter().map(|q| q.share(share)).collect();
+        let meters = Meters::new(&local, policy.headroom, now);
         Self {
-            capacity: meters.capacity(),
+            capacity,
             meters: Mutex::new(meters),
             request_rate,
             headroom: policy.headroom,
@@ -272,7 +276,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_lane_that_waited_longest_is_first_and_its_going_wakes_the_rest() {
         let policy = LanePolicy::with_quotas([Quota::leaky_bucket(10, Duration::from_secs(1))]);
-        let gate = Gate::new(policy.quotas.clone(), &policy, RetryBudget::default(), None);
+        let gate = Gate::new(
+            policy.quotas.clone(),
+            &policy,
+            RetryBudget::default(),
+            None,
+            1,
+        );
         let t0 = Instant::now();
         let (older, newer) = ((t0, 7), (t0 + Duration::from_millis(5), 3));
         assert!(!gate.has_queue());

@@ -186,14 +186,31 @@ pub struct LaneSnapshot {
     /// A quota lower than the configured one that the vendor announced, and
     /// the lane now keeps to.
     pub learned: Option<Rate>,
+    /// With a shared store: whether the lane is on it, on its local
+    /// fallback, or refusing. `None` in memory.
+    pub store: Option<crate::store::StoreMode>,
 }
 
 struct Ticket {
     seq: u64,
     cost: u64,
     priority: Priority,
-    turn: oneshot::Sender<Turn>,
+    turn: oneshot::Sender<Answer>,
 }
+
+/// What the dispatcher hands a waiting request: its turn, or (a
+/// fail-closed lane whose store is down) a refusal.
+type Answer = Result<Turn, Refusal>;
+
+/// The store is down and the lane fails closed. Carries nothing, so an
+/// answer is no larger than a turn: the reason is the lane's last error.
+#[cfg(feature = "redis")]
+#[derive(Debug)]
+struct Refusal;
+
+/// Without a shared store nothing is refused this way.
+#[cfg(not(feature = "redis"))]
+type Refusal = std::convert::Infallible;
 
 /// Called by the dispatcher when its lane has been idle for the policy's
 /// `idle_timeout`; the owner may then drop the lane.
@@ -245,6 +262,9 @@ struct Shared {
     /// what the queue bound counts.
     waiting: AtomicUsize,
     metrics: LaneMetrics,
+    /// The link to a shared store: the gates' quotas live there.
+    #[cfg(feature = "redis")]
+    remote: Option<crate::store::Remote>,
 }
 
 impl Shared {
@@ -307,6 +327,8 @@ impl Lane {
             RetryBudget::default(),
             Vec::new(),
             None,
+            #[cfg(feature = "redis")]
+            None,
         ))
     }
 
@@ -318,9 +340,10 @@ impl Lane {
         budget: RetryBudget,
         shared: Vec<Arc<Gate>>,
         on_idle: Option<OnIdle>,
+        #[cfg(feature = "redis")] remote: Option<crate::store::Remote>,
     ) -> Self {
         let (tickets, tickets_rx) = async_channel::unbounded();
-        let own = Arc::new(Gate::new(policy.quotas.clone(), &policy, budget, None));
+        let own = Arc::new(Gate::new(policy.quotas.clone(), &policy, budget, None, 1));
         let gates = std::iter::once(own).chain(shared).collect();
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         let shared = Arc::new(Shared {
@@ -334,6 +357,8 @@ impl Lane {
             throttles: AtomicU64::new(0),
             waiting: AtomicUsize::new(0),
             policy,
+            #[cfg(feature = "redis")]
+            remote,
         });
         let dispatcher = Dispatcher {
             shared: shared.clone(),
@@ -343,6 +368,8 @@ impl Lane {
             since_batch: 0,
             since: None,
             on_idle,
+            #[cfg(feature = "redis")]
+            booked: Booked::default(),
         };
         tokio::spawn(dispatcher.run());
         Self { tickets, shared }
@@ -452,6 +479,12 @@ impl Lane {
         if shared.waiting.load(Ordering::SeqCst) != 0 || self.tickets.is_closed() {
             return None;
         }
+        // With a shared store every release needs a reservation, which only
+        // the dispatcher makes.
+        #[cfg(feature = "redis")]
+        if shared.remote.is_some() {
+            return None;
+        }
         let queued_elsewhere = shared
             .gates
             .iter()
@@ -517,29 +550,58 @@ impl Lane {
             Slot::Taken => return Err(Error::Shutdown),
         };
         match place.deadline.as_deref().copied() {
-            None => rx.await.map_err(|_| Error::Shutdown),
+            None => self.answered(rx.await),
             // Boxed: a timer is large, and most requests have no deadline;
             // this keeps every queued request without one small.
             Some((deadline, max_wait)) => Box::pin(self.wait_until(rx, deadline, max_wait)).await,
         }
     }
 
+    /// The dispatcher's answer as the caller's outcome.
+    fn answered(&self, answer: Result<Answer, oneshot::error::RecvError>) -> Result<Turn, Error> {
+        match answer {
+            Ok(Ok(turn)) => Ok(turn),
+            Ok(Err(refusal)) => Err(self.refused(refusal)),
+            Err(_) => Err(Error::Shutdown),
+        }
+    }
+
+    #[cfg(feature = "redis")]
+    fn refused(&self, _: Refusal) -> Error {
+        self.shared.metrics.refused();
+        let source = self
+            .shared
+            .remote
+            .as_ref()
+            .map(crate::store::Remote::last_error)
+            .unwrap_or_else(|| crate::store::StoreError::Failed("no store".to_owned()));
+        Error::StoreUnavailable {
+            lane: self.shared.key.clone(),
+            source,
+        }
+    }
+
+    #[cfg(not(feature = "redis"))]
+    fn refused(&self, refusal: Refusal) -> Error {
+        match refusal {}
+    }
+
     async fn wait_until(
         &self,
-        mut rx: oneshot::Receiver<Turn>,
+        mut rx: oneshot::Receiver<Answer>,
         deadline: Instant,
         max_wait: Duration,
     ) -> Result<Turn, Error> {
         tokio::select! {
             biased;
-            turn = &mut rx => return turn.map_err(|_| Error::Shutdown),
+            turn = &mut rx => return self.answered(turn),
             () = sleep_until(deadline) => {}
         }
         // A release due at the deadline itself is woken in the same tick:
         // let the dispatcher run once before giving up.
         tokio::task::yield_now().await;
         match rx.try_recv() {
-            Ok(turn) => Ok(turn),
+            Ok(answer) => self.answered(Ok(answer)),
             Err(oneshot::error::TryRecvError::Closed) => Err(Error::Shutdown),
             Err(oneshot::error::TryRecvError::Empty) => {
                 self.shared.metrics.refused();
@@ -554,6 +616,13 @@ impl Lane {
     /// A request released at `turn` cost `actual`, not the `charged` it
     /// was estimated at: correct the meters that count cost.
     pub(crate) fn settle(&self, charged: u64, actual: u64, at: Instant) {
+        #[cfg(feature = "redis")]
+        if let Some(remote) = &self.shared.remote
+            && remote.mode() != crate::store::StoreMode::Fallback
+        {
+            remote.settle(charged, actual, at);
+            return;
+        }
         for gate in &self.shared.gates {
             lock(&gate.meters).settle(charged, actual, at);
         }
@@ -564,6 +633,10 @@ impl Lane {
     /// to `max_pause`. A pause only ever moves forward: a shorter one than
     /// the current leaves it as it is. Returns the instant the lane resumes.
     pub fn pause_for(&self, pause: Duration) -> Instant {
+        #[cfg(feature = "redis")]
+        if let Some(remote) = &self.shared.remote {
+            remote.pause(pause.min(self.shared.policy.max_pause));
+        }
         let gates = &self.shared.gates;
         gates
             .iter()
@@ -671,6 +744,10 @@ impl Lane {
                 .max()
                 .unwrap_or_default(),
             learned: self.shared.vendor().learned(),
+            #[cfg(feature = "redis")]
+            store: self.shared.remote.as_ref().map(crate::store::Remote::mode),
+            #[cfg(not(feature = "redis"))]
+            store: None,
         }
     }
 }
@@ -705,7 +782,7 @@ enum Slot {
     /// Taken on the fast path.
     Ready(Turn),
     /// Arrives from the dispatcher.
-    Waiting(oneshot::Receiver<Turn>),
+    Waiting(oneshot::Receiver<Answer>),
     /// Handed out already.
     Taken,
 }
@@ -754,6 +831,33 @@ impl Front {
         self.fresh.is_empty() && self.returned.is_empty()
     }
 
+    /// The costs of the first `n` tickets, in order.
+    #[cfg(feature = "redis")]
+    fn costs(&self, n: usize) -> Vec<u64> {
+        let mut fresh = self.fresh.iter().map(|(seq, w)| (*seq, w.cost)).peekable();
+        let mut returned = self.returned.iter().map(|(seq, w)| (*seq, w.cost)).peekable();
+        let mut costs = Vec::with_capacity(n);
+        while costs.len() < n {
+            let next = match (fresh.peek(), returned.peek()) {
+                (Some(a), Some(b)) if b.0 < a.0 => returned.next(),
+                (Some(_), _) => fresh.next(),
+                (None, _) => returned.next(),
+            };
+            let Some((_, cost)) = next else { break };
+            costs.push(cost);
+        }
+        costs
+    }
+
+    /// Take every ticket out, oldest first.
+    #[cfg(feature = "redis")]
+    fn drain(&mut self) -> Vec<Waiting> {
+        let mut all: Vec<(u64, Waiting)> = self.fresh.drain(..).collect();
+        all.extend(std::mem::take(&mut self.returned));
+        all.sort_by_key(|(seq, _)| *seq);
+        all.into_iter().map(|(_, w)| w).collect()
+    }
+
     fn clear(&mut self) {
         self.fresh.clear();
         self.returned.clear();
@@ -763,7 +867,7 @@ impl Front {
 /// A waiting ticket, as the dispatcher holds it.
 struct Waiting {
     cost: u64,
-    turn: oneshot::Sender<Turn>,
+    turn: oneshot::Sender<Answer>,
 }
 
 struct Dispatcher {
@@ -778,6 +882,30 @@ struct Dispatcher {
     /// in those gates' queues.
     since: Option<Instant>,
     on_idle: Option<OnIdle>,
+    /// Slots reserved in the shared store, not yet used.
+    #[cfg(feature = "redis")]
+    booked: Booked,
+}
+
+/// Reserved slots of a lane on a shared store, earliest first.
+#[cfg(feature = "redis")]
+#[derive(Default)]
+struct Booked {
+    slots: VecDeque<Booking>,
+    /// The gates' reservation counts after the last batch: a give-back is
+    /// only safe if nobody reserved since.
+    seqs: Vec<i64>,
+    /// The next slot is beyond the store's horizon: ask again then.
+    hold: Option<Instant>,
+}
+
+#[cfg(feature = "redis")]
+struct Booking {
+    /// When to release, on this instance's clock.
+    at: Instant,
+    cost: u64,
+    /// The slot in Redis time (us).
+    t: i64,
 }
 
 /// Why the head can't go yet.
@@ -792,6 +920,8 @@ impl Dispatcher {
     async fn run(mut self) {
         while self.step().await {}
         self.leave_queues();
+        #[cfg(feature = "redis")]
+        self.give_back();
         // Closed: whoever still waits learns it at once.
         self.interactive.clear();
         self.batch.clear();
@@ -840,6 +970,8 @@ impl Dispatcher {
         }
         let Some(class) = self.next_class() else {
             self.leave_queues();
+            #[cfg(feature = "redis")]
+            self.give_back();
             return self.wait_for_work().await;
         };
         let Some((seq, head)) = self.front(class).first() else {
@@ -855,6 +987,9 @@ impl Dispatcher {
         let now = Instant::now();
         if let Some(until) = self.shared.paused_until(now) {
             self.leave_queues();
+            // Slots reserved before the pause are of no use now.
+            #[cfg(feature = "redis")]
+            self.give_back();
             return self.or_new_ticket(sleep_until(until)).await;
         }
 
@@ -874,10 +1009,162 @@ impl Dispatcher {
             },
         };
 
+        #[cfg(feature = "redis")]
+        if self.shared.remote.is_some() {
+            return self.step_remote(class, seq, cost, now, permit).await;
+        }
+        self.release_local(class, seq, cost, now, permit).await
+    }
+
+    /// Release the head by this process's meters, or wait for them.
+    async fn release_local(
+        &mut self,
+        class: Priority,
+        seq: u64,
+        cost: u64,
+        now: Instant,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> bool {
         match self.release(class, seq, cost, now, permit) {
             Ok(()) => true,
             Err(Blocked::Until(at)) => self.or_new_ticket(sleep_until(at)).await,
             Err(Blocked::Turn(turn)) => self.or_new_ticket(turn).await,
+        }
+    }
+
+    /// Release the head on a shared store: at its reserved slot; without
+    /// one, reserve slots for it and those behind it first. When the store
+    /// fails, the lane's policy decides: the local fallback, or refusing
+    /// everyone waiting.
+    #[cfg(feature = "redis")]
+    async fn step_remote(
+        &mut self,
+        class: Priority,
+        seq: u64,
+        cost: u64,
+        now: Instant,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> bool {
+        use crate::store::StoreMode;
+        let shared = self.shared.clone();
+        let Some(remote) = shared.remote.as_ref() else {
+            return self.release_local(class, seq, cost, now, permit).await;
+        };
+        if !remote.probe_due(now) {
+            match remote.mode() {
+                StoreMode::Shared => {}
+                StoreMode::Fallback => {
+                    return self.release_local(class, seq, cost, now, permit).await;
+                }
+                StoreMode::Unavailable => {
+                    self.refuse_all();
+                    return true;
+                }
+            }
+        }
+        if let Some(slot) = self.booked.slots.front() {
+            if slot.at > now {
+                let at = slot.at;
+                return self.or_new_ticket(sleep_until(at)).await;
+            }
+            if let Some(slot) = self.booked.slots.pop_front() {
+                if !self.hand(class, seq, now, permit) {
+                    // Its caller left just now: the slot serves the next.
+                    self.booked.slots.push_front(slot);
+                } else if slot.cost != cost {
+                    // Reserved for another cost (a retried request came
+                    // back ahead): correct the meters that count cost.
+                    remote.settle_at(slot.cost, cost, slot.t);
+                }
+            }
+            return true;
+        }
+        if let Some(hold) = self.booked.hold {
+            if hold > now {
+                return self.or_new_ticket(sleep_until(hold)).await;
+            }
+            self.booked.hold = None;
+        }
+        let costs = self.front(class).costs(remote.batch());
+        match remote.reserve(&costs).await {
+            Ok(reservation) => {
+                remote.recovered(&shared.key);
+                let received = Instant::now();
+                if let Some(paused) = reservation.paused {
+                    shared.vendor().pause_for(paused);
+                }
+                for (wait, cost) in reservation.waits.iter().zip(costs) {
+                    self.booked.slots.push_back(Booking {
+                        at: received + *wait,
+                        cost,
+                        t: reservation.now + i64::try_from(wait.as_micros()).unwrap_or(i64::MAX),
+                    });
+                }
+                self.booked.seqs = reservation.seqs;
+                // Ask again once the next slot is within the horizon.
+                self.booked.hold = reservation
+                    .hold
+                    .map(|hold| received + hold.saturating_sub(remote.horizon()));
+                true
+            }
+            Err(error) => {
+                match remote.failed(error, &shared.key) {
+                    StoreMode::Unavailable => self.refuse_all(),
+                    _ => return self.release_local(class, seq, cost, now, permit).await,
+                }
+                true
+            }
+        }
+    }
+
+    /// Hand the head of `class` its turn; false if its caller left.
+    #[cfg(feature = "redis")]
+    fn hand(
+        &mut self,
+        class: Priority,
+        seq: u64,
+        now: Instant,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> bool {
+        let batch_waited = !self.batch.is_empty();
+        let Some(head) = self.front(class).remove(seq) else {
+            return false;
+        };
+        self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
+        let turn = Turn {
+            _in_flight: permit,
+            at: now,
+        };
+        if head.turn.send(Ok(turn)).is_err() {
+            return false;
+        }
+        self.count_release(class, batch_waited);
+        true
+    }
+
+    /// A fail-closed lane whose store is down: everyone waiting learns it
+    /// now, not after a timeout each.
+    #[cfg(feature = "redis")]
+    fn refuse_all(&mut self) {
+        self.give_back();
+        for front in [&mut self.interactive, &mut self.batch] {
+            for waiting in front.drain() {
+                self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
+                let _ = waiting.turn.send(Err(Refusal));
+            }
+        }
+    }
+
+    /// Give back the slots this lane reserved and will not use.
+    #[cfg(feature = "redis")]
+    fn give_back(&mut self) {
+        self.booked.hold = None;
+        if self.booked.slots.is_empty() {
+            return;
+        }
+        let slots = self.booked.slots.drain(..).rev().map(|b| (b.t, b.cost));
+        if let Some(remote) = &self.shared.remote {
+            remote.give_back(slots.collect(), std::mem::take(&mut self.booked.seqs));
         }
     }
 
@@ -923,24 +1210,30 @@ impl Dispatcher {
                     _in_flight: permit,
                     at: now,
                 };
-                if head.turn.send(turn).is_ok() {
+                if head.turn.send(Ok(turn)).is_ok() {
                     for meter in meters.iter_mut() {
                         meter.commit(cost, now);
                     }
-                    shared.released.fetch_add(1, Ordering::Relaxed);
-                    let queued = shared.waiting.load(Ordering::Relaxed).saturating_sub(1);
-                    shared.metrics.released(queued);
-                    self.since_batch = match class {
-                        Priority::Batch => 0,
-                        Priority::Interactive if batch_waited => self.since_batch + 1,
-                        Priority::Interactive => 0,
-                    };
-                    self.leave_queues();
+                    self.count_release(class, batch_waited);
                 }
                 shared.waiting.fetch_sub(1, Ordering::SeqCst);
             }
             Ok(())
         })
+    }
+
+    /// Count a turn handed out.
+    fn count_release(&mut self, class: Priority, batch_waited: bool) {
+        let shared = &self.shared;
+        shared.released.fetch_add(1, Ordering::Relaxed);
+        let queued = shared.waiting.load(Ordering::Relaxed).saturating_sub(1);
+        shared.metrics.released(queued);
+        self.since_batch = match class {
+            Priority::Batch => 0,
+            Priority::Interactive if batch_waited => self.since_batch + 1,
+            Priority::Interactive => 0,
+        };
+        self.leave_queues();
     }
 
     /// Take or keep this lane's place in the queue of each shared gate that

@@ -81,6 +81,7 @@ mod observability;
 pub mod retry;
 pub mod route;
 pub mod signals;
+pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 
@@ -94,3 +95,4 @@ pub use meters::{Algorithm, Meter, Quota, Rate, Unit};
 pub use retry::{Backoff, RetryBudget, RetryPolicy};
 pub use route::{Cost, LaneKey, Level, Route, Tag};
 pub use signals::{Dialect, Signals};
+pub use store::{StoreError, StoreFailure, StoreMode};

@@ -16,6 +16,7 @@
 //! | `callshaper_queue_depth` | gauge | requests waiting |
 //! | `callshaper_learned_rate` | gauge | a lower quota the vendor announced, per second |
 //! | `callshaper_wait_seconds` | histogram | time from submission to release |
+//! | `callshaper_store_mode` | gauge | with a shared store: 0 shared, 1 fallback (fail-open), 2 unavailable (fail-closed) |
 
 use std::time::Duration;
 
@@ -98,4 +99,35 @@ impl LaneMetrics {
     pub(crate) fn learned(&self, _per_second: f64) {}
 
     pub(crate) fn waited(&self, _wait: Duration) {}
+}
+
+/// The mode gauge of a lane on a shared store.
+#[cfg(all(feature = "metrics", feature = "redis"))]
+pub(crate) struct StoreMetrics {
+    mode: ::metrics::Gauge,
+}
+
+#[cfg(all(feature = "metrics", feature = "redis"))]
+impl StoreMetrics {
+    pub(crate) fn new(lane: &str) -> Self {
+        Self {
+            mode: ::metrics::gauge!("callshaper_store_mode", "lane" => lane.to_owned()),
+        }
+    }
+
+    pub(crate) fn mode(&self, mode: crate::store::StoreMode) {
+        self.mode.set(mode.gauge());
+    }
+}
+
+#[cfg(all(not(feature = "metrics"), feature = "redis"))]
+pub(crate) struct StoreMetrics;
+
+#[cfg(all(not(feature = "metrics"), feature = "redis"))]
+impl StoreMetrics {
+    pub(crate) fn new(_lane: &str) -> Self {
+        Self
+    }
+
+    pub(crate) fn mode(&self, _mode: crate::store::StoreMode) {}
 }

@@ -27,6 +27,7 @@ use reqwest::header::HeaderName;
 use reqwest::{Method, Request};
 
 use crate::meters::Quota;
+use crate::store::StoreFailure;
 
 /// A label a request carries for [`LaneKey::Tag`] levels: a tenant, a user.
 ///
@@ -141,6 +142,7 @@ pub struct Route {
     path: Option<Vec<String>>,
     pub(crate) levels: Vec<Level>,
     pub(crate) alone: bool,
+    pub(crate) store_failure: Option<StoreFailure>,
 }
 
 impl Route {
@@ -153,6 +155,7 @@ impl Route {
             path: None,
             levels: Vec::new(),
             alone: false,
+            store_failure: None,
         }
     }
 
@@ -161,6 +164,14 @@ impl Route {
     /// whose last level is its quota.
     pub fn alone(mut self) -> Self {
         self.alone = true;
+        self
+    }
+
+    /// What this route's lanes do when the shared store fails, instead of
+    /// the shaper's choice (e.g. fail-open for checkout, fail-closed for a
+    /// vendor that bans keys).
+    pub fn on_store_failure(mut self, failure: StoreFailure) -> Self {
+        self.store_failure = Some(failure);
         self
     }
 

@@ -244,6 +244,29 @@ impl Quota {
         Self::new(Algorithm::SlidingWindow(Rate::new(count, per)))
     }
 
+    /// One of `n` equal shares of this quota (counts and capacity divided,
+    /// rounded down, at least 1): what one instance of a fleet of `n` may
+    /// use on its own.
+    pub(crate) fn share(self, n: u32) -> Self {
+        if n <= 1 {
+            return self;
+        }
+        let part = |count: u32| (count / n).max(1);
+        let algorithm = match self.algorithm {
+            Algorithm::LeakyBucket(r) => Algorithm::LeakyBucket(Rate::new(part(r.count), r.per)),
+            Algorithm::TokenBucket { capacity, refill } => Algorithm::TokenBucket {
+                capacity: (capacity / u64::from(n)).max(1),
+                refill: Rate::new(part(refill.count), refill.per),
+            },
+            Algorithm::FixedWindow(r) => Algorithm::FixedWindow(Rate::new(part(r.count), r.per)),
+            Algorithm::SlidingLog(r) => Algorithm::SlidingLog(Rate::new(part(r.count), r.per)),
+            Algorithm::SlidingWindow(r) => {
+                Algorithm::SlidingWindow(Rate::new(part(r.count), r.per))
+            }
+        };
+        Self { algorithm, ..self }
+    }
+
     /// Count each request's cost (tokens) instead of requests.
     pub fn per_cost(mut self) -> Self {
         self.unit = Unit::Cost;

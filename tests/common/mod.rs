@@ -2,6 +2,8 @@
 //! wiremock HTTP, and shapers whose attempts hold tokio's paused clock.
 #![allow(dead_code)]
 
+pub mod redis;
+
 use std::time::Duration;
 
 use callshaper::testing::HoldClock;

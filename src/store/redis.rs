@@ -1,0 +1,693 @@
+//! The Redis store: connections, the scripts, and a lane's view of them.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures_util::StreamExt;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{FromRedisValue, Script};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::{StoreError, StoreFailure, StoreMode};
+use crate::gate::{Gate, lock};
+use crate::meters::{Algorithm, Quota, Unit};
+
+static RESERVE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(concat!(include_str!("meters.lua"), include_str!("reserve.lua"))));
+static PAUSE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(concat!(include_str!("meters.lua"), include_str!("pause.lua"))));
+static SETTLE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(concat!(include_str!("meters.lua"), include_str!("settle.lua"))));
+
+/// Whose clock the scripts read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Clock {
+    /// Redis's `TIME`, read inside each script: one clock for the fleet.
+    /// Needs Redis 5 or later (scripts replicated by effects), as every
+    /// supported Redis and Valkey is.
+    #[default]
+    Redis,
+    /// Each instance sends its own wall clock with every call, for
+    /// deployments that refuse `TIME` in scripts. What it costs: clock skew
+    /// between instances becomes quota error. Two instances 5 ms apart can
+    /// place two requests 5 ms closer than the quota allows, which the
+    /// lane's headroom (5 ms by default) absorbs; keep instances on NTP and
+    /// raise the headroom above their worst skew.
+    Instances,
+}
+
+/// How to reach Redis and how to use it; [`connect`](Self::connect) or
+/// [`cluster`](Self::cluster) finishes.
+#[derive(Debug, Clone)]
+pub struct RedisOptions {
+    prefix: String,
+    timeout: Duration,
+    batch: usize,
+    horizon: Duration,
+    probe_every: Duration,
+    fleet_size: u32,
+    clock: Clock,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        Self {
+            prefix: "callshaper:".to_owned(),
+            timeout: Duration::from_millis(250),
+            batch: 16,
+            horizon: Duration::from_secs(1),
+            probe_every: Duration::from_secs(1),
+            fleet_size: 1,
+            clock: Clock::Redis,
+        }
+    }
+}
+
+impl RedisOptions {
+    /// Prefix of every key and of the pause channel (`callshaper:`).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The longest any Redis call may take before the lane treats Redis as
+    /// down (250 ms).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Most slots one round trip reserves for a lane's waiting requests
+    /// (16); 1 turns batching off.
+    pub fn batch(mut self, slots: usize) -> Self {
+        self.batch = slots.max(1);
+        self
+    }
+
+    /// No slot is reserved further ahead than this (1 s).
+    pub fn horizon(mut self, horizon: Duration) -> Self {
+        self.horizon = horizon;
+        self
+    }
+
+    /// While Redis is down, how often a lane tries it again (1 s).
+    pub fn probe_every(mut self, every: Duration) -> Self {
+        self.probe_every = every.max(Duration::from_millis(1));
+        self
+    }
+
+    /// How many instances share the quotas: a fail-open lane falls back to
+    /// its quotas divided by this (1).
+    pub fn fleet_size(mut self, instances: u32) -> Self {
+        self.fleet_size = instances.max(1);
+        self
+    }
+
+    /// Whose clock the scripts read ([`Clock::Redis`]).
+    pub fn clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Connect to one Redis (or Valkey) node, e.g. `redis://127.0.0.1:6379`.
+    /// Fails when it cannot be reached now: a wrong URL shows at startup.
+    pub async fn connect(self, url: &str) -> Result<RedisStore, StoreError> {
+        let client = redis::Client::open(url).map_err(failed)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout))
+            .set_number_of_retries(1);
+        let connecting = ConnectionManager::new_with_config(client.clone(), config);
+        let conn = within(self.timeout, connecting).await?;
+        RedisStore::start(self, Conn::Single(conn), client).await
+    }
+
+    /// Connect to a Redis Cluster through any of its nodes.
+    pub async fn cluster<S: AsRef<str>>(
+        self,
+        urls: impl IntoIterator<Item = S>,
+    ) -> Result<RedisStore, StoreError> {
+        let urls: Vec<String> = urls.into_iter().map(|u| u.as_ref().to_owned()).collect();
+        let first = urls
+            .first()
+            .ok_or_else(|| StoreError::Failed("no cluster node given".to_owned()))?;
+        // Pause messages: in a cluster, PUBLISH reaches subscribers on every
+        // node, so one node's channel is enough.
+        let node = redis::Client::open(first.as_str()).map_err(failed)?;
+        let cluster = ClusterClient::builder(urls)
+            .connection_timeout(self.timeout)
+            .response_timeout(self.timeout)
+            .retries(1)
+            .build()
+            .map_err(failed)?;
+        let conn = within(self.timeout, cluster.get_async_connection()).await?;
+        RedisStore::start(self, Conn::Cluster(conn), node).await
+    }
+}
+
+/// Lane state in Redis or Redis Cluster, shared by every instance that
+/// connects to it. Cheap to clone; give it to
+/// [`ShaperBuilder::store`](crate::ShaperBuilder::store).
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use callshaper::{Shaper, StoreFailure, store::RedisStore};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let redis = RedisStore::options()
+///     .fleet_size(3)
+///     .connect("redis://127.0.0.1:6379")
+///     .await?;
+/// let shaper = Shaper::builder()
+///     .rate(10, Duration::from_secs(1))
+///     .store(redis)
+///     .on_store_failure(StoreFailure::Open)
+///     .build()?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: Conn,
+    options: RedisOptions,
+    channel: String,
+    /// Local gates by key, for pauses published by other instances.
+    gates: Arc<Mutex<HashMap<String, Weak<Gate>>>>,
+    round_trips: AtomicU64,
+    /// Dropped with the store: stops the pause listener.
+    _listening: oneshot::Sender<()>,
+}
+
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("options", &self.inner.options)
+            .finish_non_exhaustive()
+    }
+}
+
+fn failed(error: redis::RedisError) -> StoreError {
+    StoreError::Failed(error.to_string())
+}
+
+async fn within<T>(
+    timeout: Duration,
+    call: impl Future<Output = redis::RedisResult<T>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(timeout, call).await {
+        Ok(answer) => answer.map_err(failed),
+        Err(_) => Err(StoreError::Timeout(timeout)),
+    }
+}
+
+impl RedisStore {
+    /// Options with their defaults.
+    pub fn options() -> RedisOptions {
+        RedisOptions::default()
+    }
+
+    /// Connect to one node with the default options.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::options().connect(url).await
+    }
+
+    /// Connect to a cluster with the default options.
+    pub async fn cluster<S: AsRef<str>>(
+        urls: impl IntoIterator<Item = S>,
+    ) -> Result<Self, StoreError> {
+        Self::options().cluster(urls).await
+    }
+
+    async fn start(
+        options: RedisOptions,
+        conn: Conn,
+        pubsub: redis::Client,
+    ) -> Result<Self, StoreError> {
+        let channel = format!("{}pauses", options.prefix);
+        let gates = Arc::default();
+        let (stop, stopped) = oneshot::channel();
+        let (ready, subscribed) = oneshot::channel();
+        tokio::spawn(listen(
+            pubsub,
+            channel.clone(),
+            Arc::clone(&gates),
+            stopped,
+            ready,
+        ));
+        let timeout = options.timeout;
+        match tokio::time::timeout(timeout, subscribed).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(error))) => return Err(error),
+            Ok(Err(_)) => return Err(StoreError::Failed("pause listener ended".to_owned())),
+            Err(_) => return Err(StoreError::Timeout(timeout)),
+        }
+        Ok(Self {
+            inner: Arc::new(Inner {
+                conn,
+                options,
+                channel,
+                gates,
+                round_trips: AtomicU64::new(0),
+                _listening: stop,
+            }),
+        })
+    }
+
+    /// Round trips to Redis so far (every script call, from every lane).
+    pub fn round_trips(&self) -> u64 {
+        self.inner.round_trips.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn fleet_size(&self) -> u32 {
+        self.inner.options.fleet_size
+    }
+
+    fn key(&self, vendor: &str, gate: &str) -> String {
+        // The vendor's name is the hash tag: `{` and `}` inside it would end
+        // or open another one.
+        let tag: String = vendor
+            .chars()
+            .map(|c| match c {
+                '{' => '(',
+                '}' => ')',
+                c => c,
+            })
+            .collect();
+        let tag = if tag.is_empty() { "_".to_owned() } else { tag };
+        format!("{}{{{tag}}}:{gate}", self.inner.options.prefix)
+    }
+
+    fn now_arg(&self) -> i64 {
+        match self.inner.options.clock {
+            Clock::Redis => 0,
+            Clock::Instances => SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(1, |d| micros(d).max(1)),
+        }
+    }
+
+    async fn invoke<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[String],
+        args: &[i64],
+        channel: Option<&str>,
+    ) -> Result<T, StoreError> {
+        let mut invocation = script.prepare_invoke();
+        for key in keys {
+            invocation.key(key);
+        }
+        for arg in args {
+            invocation.arg(arg);
+        }
+        if let Some(channel) = channel {
+            invocation.arg(channel);
+        }
+        self.inner.round_trips.fetch_add(1, Ordering::Relaxed);
+        let timeout = self.inner.options.timeout;
+        match self.inner.conn.clone() {
+            Conn::Single(mut conn) => within(timeout, invocation.invoke_async(&mut conn)).await,
+            Conn::Cluster(mut conn) => within(timeout, invocation.invoke_async(&mut conn)).await,
+        }
+    }
+}
+
+/// Subscribe to the pause channel and apply every pause to the local gate
+/// of that key; reconnect when the connection drops, until the store goes.
+async fn listen(
+    client: redis::Client,
+    channel: String,
+    gates: Arc<Mutex<HashMap<String, Weak<Gate>>>>,
+    mut stop: oneshot::Receiver<()>,
+    ready: oneshot::Sender<Result<(), StoreError>>,
+) {
+    let mut ready = Some(ready);
+    loop {
+        let subscribed = async {
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(&channel).await?;
+            redis::RedisResult::Ok(pubsub)
+        };
+        let pubsub = tokio::select! {
+            _ = &mut stop => return,
+            subscribed = subscribed => subscribed,
+        };
+        match pubsub {
+            Ok(mut pubsub) => {
+                if let Some(ready) = ready.take() {
+                    let _ = ready.send(Ok(()));
+                }
+                let mut messages = pubsub.on_message();
+                loop {
+                    tokio::select! {
+                        _ = &mut stop => return,
+                        message = messages.next() => match message {
+                            Some(message) => apply_pause(&gates, message.get_payload_bytes()),
+                            None => break,
+                        },
+                    }
+                }
+            }
+            Err(error) => {
+                if let Some(ready) = ready.take() {
+                    let _ = ready.send(Err(failed(error)));
+                    return;
+                }
+            }
+        }
+        // Lost: pauses published meanwhile still reach this instance with
+        // its next reservation, which starts after them.
+        tokio::select! {
+            _ = &mut stop => return,
+            () = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+    }
+}
+
+/// A pause message: `key\nmicroseconds left`.
+fn apply_pause(gates: &Mutex<HashMap<String, Weak<Gate>>>, payload: &[u8]) {
+    let Ok(text) = std::str::from_utf8(payload) else {
+        return;
+    };
+    let Some((key, left)) = text.rsplit_once('\n') else {
+        return;
+    };
+    let Ok(left) = left.parse::<u64>() else {
+        return;
+    };
+    let gate = lock(gates).get(key).and_then(Weak::upgrade);
+    if let Some(gate) = gate {
+        gate.pause_for(Duration::from_micros(left));
+    }
+}
+
+fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+fn duration(us: i64) -> Duration {
+    Duration::from_micros(u64::try_from(us).unwrap_or(0))
+}
+
+/// Slots reserved in one round trip.
+#[derive(Debug)]
+pub(crate) struct Reservation {
+    /// Redis time of the reply, us.
+    pub(crate) now: i64,
+    /// From the reply, how long until each slot.
+    pub(crate) waits: Vec<Duration>,
+    /// The next slot is this far ahead, past the horizon: ask again then.
+    pub(crate) hold: Option<Duration>,
+    /// A pause in force for this long.
+    pub(crate) paused: Option<Duration>,
+    /// Each gate's reservation count after these: the give-back guard.
+    pub(crate) seqs: Vec<i64>,
+}
+
+/// A lane's link to the store: its gates' keys and specs, and which mode
+/// it is in.
+pub(crate) struct Remote {
+    store: RedisStore,
+    keys: Vec<String>,
+    gates: Vec<Arc<Gate>>,
+    /// Per gate: its meters as script arguments.
+    specs: Vec<Vec<i64>>,
+    headroom: i64,
+    /// How long a gate's state matters once idle: its longest window.
+    keep: i64,
+    failure: StoreFailure,
+    state: Mutex<State>,
+    metrics: crate::observability::StoreMetrics,
+}
+
+struct State {
+    mode: StoreMode,
+    /// When to try the store again, while it is down.
+    probe_at: Instant,
+    last_error: Option<StoreError>,
+    /// A local instant and the Redis time then: maps turns to Redis time.
+    anchor: Option<(Instant, i64)>,
+}
+
+fn spec(quota: &Quota, headroom: Duration) -> [i64; 5] {
+    let (algorithm, capacity) = match quota.algorithm {
+        Algorithm::LeakyBucket(rate) => (1, u64::from(rate.count)),
+        Algorithm::TokenBucket { capacity, .. } => (2, capacity),
+        Algorithm::FixedWindow(rate) => (3, u64::from(rate.count)),
+        Algorithm::SlidingLog(rate) => (4, u64::from(rate.count)),
+        Algorithm::SlidingWindow(rate) => (5, u64::from(rate.count)),
+    };
+    let rate = quota.rate();
+    let unit = match quota.unit {
+        Unit::Requests => 0,
+        Unit::Cost => 1,
+    };
+    [
+        algorithm,
+        unit,
+        i64::from(rate.count),
+        micros(rate.per + headroom),
+        i64::try_from(capacity).unwrap_or(i64::MAX),
+    ]
+}
+
+impl Remote {
+    /// The link of a lane whose shared gates are `gates` (named `names`,
+    /// the vendor's last) with these `quotas` each.
+    pub(crate) fn new(
+        store: RedisStore,
+        gates: Vec<Arc<Gate>>,
+        names: &[String],
+        quotas: &[Vec<Quota>],
+        headroom: Duration,
+        failure: StoreFailure,
+        lane: &str,
+    ) -> Self {
+        let vendor = names.last().map_or("", String::as_str);
+        let keys: Vec<String> = names.iter().map(|name| store.key(vendor, name)).collect();
+        {
+            let mut registry = lock(&store.inner.gates);
+            for (key, gate) in keys.iter().zip(&gates) {
+                registry.insert(key.clone(), Arc::downgrade(gate));
+            }
+        }
+        let windows = quotas.iter().flatten().map(|q| q.rate().per + headroom);
+        let keep = windows.max().unwrap_or_default() + Duration::from_secs(1);
+        let specs = quotas
+            .iter()
+            .map(|quotas| quotas.iter().flat_map(|q| spec(q, headroom)).collect())
+            .collect();
+        let metrics = crate::observability::StoreMetrics::new(lane);
+        metrics.mode(StoreMode::Shared);
+        Self {
+            store,
+            keys,
+            gates,
+            specs,
+            headroom: micros(headroom),
+            keep: micros(keep),
+            failure,
+            state: Mutex::new(State {
+                mode: StoreMode::Shared,
+                probe_at: Instant::now(),
+                last_error: None,
+                anchor: None,
+            }),
+            metrics,
+        }
+    }
+
+    /// The gate specs as script arguments, with each gate's pace now.
+    fn spec_args(&self, args: &mut Vec<i64>) {
+        for (gate, spec) in self.gates.iter().zip(&self.specs) {
+            let pace = lock(&gate.meters).pace().map_or(0, micros);
+            args.push(pace);
+            args.push(i64::try_from(spec.len() / 5).unwrap_or(0));
+            args.extend_from_slice(spec);
+        }
+    }
+
+    /// Reserve a slot for each of `costs`, in order.
+    pub(crate) async fn reserve(&self, costs: &[u64]) -> Result<Reservation, StoreError> {
+        let options = &self.store.inner.options;
+        let mut args = vec![
+            self.store.now_arg(),
+            self.headroom,
+            micros(options.horizon),
+            self.keep,
+            i64::try_from(costs.len()).unwrap_or(0),
+        ];
+        args.extend(costs.iter().map(|&c| i64::try_from(c).unwrap_or(i64::MAX)));
+        self.spec_args(&mut args);
+        let sent = Instant::now();
+        let reply: Vec<i64> = self.store.invoke(&RESERVE, &self.keys, &args, None).await?;
+        let malformed = || StoreError::Failed(format!("unexpected reserve reply {reply:?}"));
+        let gates = self.keys.len();
+        let (head, waits) = reply.split_at_checked(3 + gates).ok_or_else(malformed)?;
+        let &[now, hold, paused] = &head[..3] else {
+            return Err(malformed());
+        };
+        let seqs = head[3..].to_vec();
+        // The reply was computed somewhere between sending and now: anchor
+        // Redis time to the send, so turns map to Redis time no later than
+        // they were (settling looks for the nearest entry anyway).
+        lock(&self.state).anchor = Some((sent, now));
+        Ok(Reservation {
+            now,
+            waits: waits.iter().map(|&w| duration(w)).collect(),
+            hold: (hold > 0).then(|| duration(hold - now)),
+            paused: (paused > now).then(|| duration(paused - now)),
+            seqs,
+        })
+    }
+
+    /// Give back slots nobody used, latest first: `(Redis time, cost)`.
+    pub(crate) fn give_back(&self, slots: Vec<(i64, u64)>, seqs: Vec<i64>) {
+        self.correct(1, slots.into_iter().map(|(t, c)| (t, c, 0)).collect(), seqs);
+    }
+
+    /// A slot reserved at Redis time `t` for `charged` went to a request
+    /// of cost `actual`.
+    pub(crate) fn settle_at(&self, charged: u64, actual: u64, t: i64) {
+        let seqs = vec![0; self.keys.len()];
+        self.correct(0, vec![(t, charged, actual)], seqs);
+    }
+
+    pub(crate) fn horizon(&self) -> Duration {
+        self.store.inner.options.horizon
+    }
+
+    /// A request released at `at` cost `actual`, not the `charged`.
+    pub(crate) fn settle(&self, charged: u64, actual: u64, at: Instant) {
+        if let Some(t) = self.redis_time(at) {
+            self.settle_at(charged, actual, t);
+        }
+    }
+
+    fn redis_time(&self, at: Instant) -> Option<i64> {
+        let (local, redis) = lock(&self.state).anchor?;
+        let offset = if at >= local {
+            micros(at - local)
+        } else {
+            -micros(local - at)
+        };
+        Some(redis + offset)
+    }
+
+    fn correct(&self, mode: i64, slots: Vec<(i64, u64, u64)>, seqs: Vec<i64>) {
+        if slots.is_empty() {
+            return;
+        }
+        let mut args = vec![self.store.now_arg(), self.headroom, mode];
+        args.extend(seqs);
+        args.push(i64::try_from(slots.len()).unwrap_or(0));
+        for (t, charged, actual) in slots {
+            args.extend([t, clamp(charged), clamp(actual)]);
+        }
+        self.spec_args(&mut args);
+        let store = self.store.clone();
+        let keys = self.keys.clone();
+        tokio::spawn(async move {
+            let done: Result<i64, _> = store.invoke(&SETTLE, &keys, &args, None).await;
+            if let Err(error) = done {
+                tracing::debug!(%error, "callshaper: a correction did not reach Redis");
+            }
+        });
+    }
+
+    /// Pause every gate of the lane fleet-wide for `pause` from now.
+    pub(crate) fn pause(&self, pause: Duration) {
+        let args = [self.store.now_arg(), micros(pause), self.keep];
+        let store = self.store.clone();
+        let keys = self.keys.clone();
+        tokio::spawn(async move {
+            let channel = store.inner.channel.clone();
+            let done: Result<i64, _> = store.invoke(&PAUSE, &keys, &args, Some(&channel)).await;
+            if let Err(error) = done {
+                tracing::warn!(%error, "callshaper: a pause did not reach Redis; other instances learn it from their own throttles");
+            }
+        });
+    }
+
+    pub(crate) fn batch(&self) -> usize {
+        self.store.inner.options.batch
+    }
+
+    pub(crate) fn mode(&self) -> StoreMode {
+        lock(&self.state).mode
+    }
+
+    pub(crate) fn last_error(&self) -> StoreError {
+        lock(&self.state)
+            .last_error
+            .clone()
+            .unwrap_or_else(|| StoreError::Failed("unavailable".to_owned()))
+    }
+
+    /// True when the store is down and it is time to try it again.
+    pub(crate) fn probe_due(&self, now: Instant) -> bool {
+        let state = lock(&self.state);
+        state.mode != StoreMode::Shared && now >= state.probe_at
+    }
+
+    /// A call failed: fall back or close, per the lane's policy; try again
+    /// after `probe_every`. Returns the new mode.
+    pub(crate) fn failed(&self, error: StoreError, lane: &str) -> StoreMode {
+        let mode = match self.failure {
+            StoreFailure::Open => StoreMode::Fallback,
+            StoreFailure::Closed => StoreMode::Unavailable,
+        };
+        let mut state = lock(&self.state);
+        if state.mode != mode {
+            tracing::warn!(lane, %error, ?mode, "callshaper: Redis failed; the lane leaves the shared quota");
+            self.metrics.mode(mode);
+        }
+        state.mode = mode;
+        state.probe_at = Instant::now() + self.store.inner.options.probe_every;
+        state.last_error = Some(error);
+        mode
+    }
+
+    /// A call succeeded: back on the shared quota.
+    pub(crate) fn recovered(&self, lane: &str) {
+        let mut state = lock(&self.state);
+        if state.mode != StoreMode::Shared {
+            tracing::info!(lane, "callshaper: Redis is back; the lane is on the shared quota again");
+            self.metrics.mode(StoreMode::Shared);
+        }
+        state.mode = StoreMode::Shared;
+        state.last_error = None;
+    }
+}
+
+fn clamp(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl Drop for Remote {
+    fn drop(&mut self) {
+        let mut registry = lock(&self.store.inner.gates);
+        for (key, gate) in self.keys.iter().zip(&self.gates) {
+            // Ours is the last lane holding this gate: forget it.
+            if Arc::strong_count(gate) <= 1 {
+                registry.remove(key);
+            }
+        }
+        crate::client::shrink(&mut registry);
+    }
+}

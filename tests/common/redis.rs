@@ -1,0 +1,158 @@
+//! Real `redis-server` processes for the fleet tests, each on a free
+//! loopback port, stopped when dropped. Missing `redis-server` is a loud
+//! failure: `scripts/test` installs it.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct RedisServer {
+    child: Option<Child>,
+    pub port: u16,
+    dir: PathBuf,
+    cluster: bool,
+}
+
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
+    listener.local_addr().expect("its address").port()
+}
+
+/// Send one inline command and read the first reply chunk.
+fn command(port: u16, line: &str) -> Option<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    stream.write_all(format!("{line}\r\n").as_bytes()).ok()?;
+    let mut buf = [0u8; 4096];
+    let n = stream.read(&mut buf).ok()?;
+    Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+impl RedisServer {
+    pub fn start() -> Self {
+        Self::launch(free_port(), false)
+    }
+
+    fn launch(port: u16, cluster: bool) -> Self {
+        let dir = std::env::temp_dir().join(format!("callshaper-redis-{port}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a scratch directory for redis-server");
+        let mut server = Self {
+            child: None,
+            port,
+            dir,
+            cluster,
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let port = self.port.to_string();
+        let mut args = vec![
+            "--port",
+            &port,
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ];
+        let dir = self.dir.to_string_lossy().into_owned();
+        args.extend(["--dir", &dir]);
+        if self.cluster {
+            args.extend(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"]);
+        }
+        let child = Command::new("redis-server")
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|error| {
+                panic!(
+                    "cannot start redis-server ({error}). The fleet tests need a real Redis: \
+                     run scripts/test, which installs it, or `apt-get install redis-server`."
+                )
+            });
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while command(self.port, "PING").is_none_or(|reply| !reply.starts_with("+PONG")) {
+            assert!(Instant::now() < deadline, "redis-server on {} did not answer PING", self.port);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Kill it as a crash would (SIGKILL): no goodbye to clients.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Start it again on the same port, empty.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// Run a command with redis-cli against this server.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let output = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli (scripts/test installs redis-tools)");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A real Redis Cluster: three masters, no replicas, slots spread by
+/// `redis-cli --cluster create`.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start() -> Self {
+        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::launch(free_port(), true)).collect();
+        let addresses: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let output = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("redis-cli (scripts/test installs redis-tools)");
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for node in &nodes {
+            while !node.cli(&["cluster", "info"]).contains("cluster_state:ok") {
+                assert!(Instant::now() < deadline, "the cluster did not become ok");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Self { nodes }
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+}

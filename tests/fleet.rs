@@ -1,0 +1,298 @@
+//! A fleet of shapers sharing one vendor quota through a real Redis (and a
+//! real Redis Cluster), against a strict vendor on real wiremock HTTP.
+//!
+//! Redis keeps time with its own clock, so these tests run on the real
+//! clock: each shaper is one instance, with its own Redis connections.
+//! Every server is started by the test on a free loopback port.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use callshaper::store::RedisStore;
+use callshaper::testing::{RetryAfter, Vendor};
+use callshaper::{Error, LanePolicy, Quota, Shaper, StoreFailure, StoreMode};
+use common::SECOND;
+use common::redis::{RedisCluster, RedisServer};
+
+/// Jitter between instances and the vendor (timers, two cores, HTTP) is
+/// what the headroom absorbs; 20 ms keeps a loaded CI machine inside the
+/// quota and still uses 98 % of it.
+const HEADROOM: Duration = Duration::from_millis(20);
+
+async fn instance(store: RedisStore) -> Shaper {
+    Shaper::builder()
+        .rate(10, SECOND)
+        .headroom(HEADROOM)
+        .store(store)
+        .build()
+        .unwrap()
+}
+
+/// `total` requests spread over `shapers`, all submitted at once; checks
+/// every one succeeded, and returns the vendor.
+async fn run_fleet(shapers: &[Shaper], vendor: &Vendor, total: usize) {
+    let tasks: Vec<_> = (0..total)
+        .map(|i| {
+            let request = shapers[i % shapers.len()].get(format!("{}/r/{i}", vendor.uri()));
+            tokio::spawn(request.send())
+        })
+        .collect();
+    for outcome in common::join_all(tasks).await {
+        assert_eq!(outcome.expect("every request ends in a response").status(), 200);
+    }
+}
+
+/// The quota is held fleet-wide, and used.
+fn assert_quota_held_and_used(vendor: &Vendor, total: usize) {
+    assert_eq!(vendor.throttled(), 0, "no 429 from the vendor");
+    let busiest = vendor.max_in_any_window(SECOND);
+    assert!(busiest <= 10, "{busiest} requests in one second");
+    let arrivals = vendor.arrivals();
+    assert_eq!(arrivals.len(), total, "each request sent once");
+    let span = arrivals[total - 1].at - arrivals[0].at;
+    // `total` requests at 10/s need (total - 1) intervals of 100 ms.
+    let utilization = (total - 1) as f64 / (span.as_secs_f64() * 10.0);
+    println!("{total} requests in {span:?}: {:.1} % of the quota", utilization * 100.0);
+    assert!(utilization >= 0.95, "fleet utilization {utilization:.3}");
+}
+
+async fn fleet_of(size: usize) {
+    let redis = RedisServer::start();
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let mut shapers = Vec::new();
+    let mut stores = Vec::new();
+    for _ in 0..size {
+        let store = RedisStore::connect(&redis.url()).await.unwrap();
+        stores.push(store.clone());
+        shapers.push(instance(store).await);
+    }
+    run_fleet(&shapers, &vendor, 200).await;
+    assert_quota_held_and_used(&vendor, 200);
+    let trips: u64 = stores.iter().map(RedisStore::round_trips).sum();
+    println!("{size} instances: {trips} Redis round trips for 200 requests");
+
+    // Idle state expires: every key carries a TTL no longer than its
+    // window (1 s + headroom) and a second.
+    let keys = redis.cli(&["--scan", "--pattern", "callshaper:*"]);
+    let keys: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();
+    assert!(!keys.is_empty(), "the gate lives in Redis");
+    for key in keys {
+        let ttl: i64 = redis.cli(&["pttl", key]).trim().parse().unwrap();
+        assert!(ttl > 0 && ttl <= 2_100, "{key} expires in {ttl} ms");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_share_ten_per_second() {
+    fleet_of(3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_instances_share_ten_per_second() {
+    fleet_of(8).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_cluster_shares_the_quota_too() {
+    let cluster = RedisCluster::start();
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let mut shapers = Vec::new();
+    for _ in 0..3 {
+        let store = RedisStore::cluster(cluster.urls()).await.unwrap();
+        shapers.push(instance(store).await);
+    }
+    run_fleet(&shapers, &vendor, 200).await;
+    assert_quota_held_and_used(&vendor, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttle_seen_by_one_instance_pauses_the_fleet() {
+    let redis = RedisServer::start();
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let mut shapers = Vec::new();
+    for _ in 0..3 {
+        shapers.push(instance(RedisStore::connect(&redis.url()).await.unwrap()).await);
+    }
+    let throttle = {
+        let vendor = vendor.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(1_500)).await;
+            // Long enough to catch one request of the fleet's 10/s stream;
+            // the pause must keep a second one from arriving.
+            vendor.throttle_for(Duration::from_millis(150), RetryAfter::Seconds(2));
+        })
+    };
+    run_fleet(&shapers, &vendor, 50).await;
+    throttle.await.unwrap();
+
+    assert_eq!(vendor.throttled(), 1, "one instance saw the 429, nobody else");
+    let arrivals = vendor.arrivals();
+    let throttled = arrivals.iter().find(|a| a.status == 429).unwrap().at;
+    let during: Vec<_> = arrivals
+        .iter()
+        .filter(|a| a.at > throttled && a.at < throttled + Duration::from_secs(2))
+        .collect();
+    assert!(during.is_empty(), "sent during the fleet-wide pause: {during:?}");
+    assert!(vendor.max_in_any_window(SECOND) <= 10);
+}
+
+/// The five algorithms on both stores, same quota, same load: the vendor
+/// sees the same schedule (within timer jitter) and no 429s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_meter_behaves_the_same_in_memory_and_on_redis() {
+    let redis = RedisServer::start();
+    type Table = [(&'static str, Quota, fn() -> Vendor); 5];
+    let table: Table = [
+        ("leaky bucket", Quota::leaky_bucket(10, SECOND), || Vendor::strict(10, SECOND)),
+        ("token bucket", Quota::token_bucket(5, 10, SECOND), || {
+            Vendor::token_bucket(5, 10, SECOND)
+        }),
+        // It can send 2 × 10 across a window boundary (see algorithms.rs):
+        // the same on both stores.
+        ("fixed window", Quota::fixed_window(10, SECOND), || Vendor::strict(20, SECOND)),
+        ("sliding log", Quota::sliding_log(10, SECOND), || Vendor::strict(10, SECOND)),
+        ("sliding window", Quota::sliding_window(10, SECOND), || Vendor::strict(10, SECOND)),
+    ];
+    let mut runs = Vec::new();
+    for (name, quota, vendor) in table {
+        for on_redis in [false, true] {
+            let url = redis.url();
+            runs.push(tokio::spawn(async move {
+                let vendor = vendor().start().await;
+                let mut builder = Shaper::builder()
+                    .policy(LanePolicy::with_quotas([quota]))
+                    .headroom(HEADROOM);
+                if on_redis {
+                    builder = builder.store(RedisStore::connect(&url).await.unwrap());
+                }
+                let shaper = builder.build().unwrap();
+                let started = Instant::now();
+                let tasks: Vec<_> = (0..25)
+                    .map(|i| tokio::spawn(shaper.get(format!("{}/r/{i}", vendor.uri())).send()))
+                    .collect();
+                for outcome in common::join_all(tasks).await {
+                    assert_eq!(outcome.unwrap().status(), 200, "{name}");
+                }
+                assert_eq!(vendor.throttled(), 0, "{name} on redis: {on_redis}");
+                let first = vendor.arrivals()[0].at;
+                let offsets: Vec<Duration> =
+                    vendor.arrivals().iter().map(|a| a.at - first).collect();
+                (name, on_redis, offsets, started.elapsed())
+            }));
+        }
+    }
+    let mut results = Vec::new();
+    for run in runs {
+        results.push(run.await.unwrap());
+    }
+    for pair in results.chunks(2) {
+        let [(name, _, memory, _), (_, _, redis, _)] = pair else {
+            unreachable!("runs come in pairs");
+        };
+        assert_eq!(memory.len(), redis.len());
+        for (i, (m, r)) in memory.iter().zip(redis).enumerate() {
+            let gap = if m > r { *m - *r } else { *r - *m };
+            assert!(
+                gap <= Duration::from_millis(60),
+                "{name}: request {i} at {m:?} in memory, {r:?} on Redis"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_redis_dies_lanes_follow_their_policy_and_come_back() {
+    let mut redis = RedisServer::start();
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let options = || {
+        RedisStore::options()
+            .fleet_size(2)
+            .timeout(Duration::from_millis(100))
+            .probe_every(Duration::from_millis(200))
+    };
+    let open_store = options().connect(&redis.url()).await.unwrap();
+    let closed_store = options().connect(&redis.url()).await.unwrap();
+    let open = Shaper::builder()
+        .rate(10, SECOND)
+        .headroom(HEADROOM)
+        .store(open_store.clone())
+        .on_store_failure(StoreFailure::Open)
+        .build()
+        .unwrap();
+    let closed = Shaper::builder()
+        .rate(10, SECOND)
+        .headroom(HEADROOM)
+        .store(closed_store.clone())
+        .on_store_failure(StoreFailure::Closed)
+        .build()
+        .unwrap();
+    let send = |shaper: &Shaper, tag: &str, n: usize| -> Vec<_> {
+        (0..n)
+            .map(|i| {
+                let request = shaper.get(format!("{}/{tag}/{i}", vendor.uri()));
+                tokio::spawn(async move {
+                    let started = Instant::now();
+                    let outcome = tokio::time::timeout(Duration::from_secs(30), request.send())
+                        .await
+                        .expect("no request hangs");
+                    (outcome, started.elapsed())
+                })
+            })
+            .collect()
+    };
+    let lane = |shaper: &Shaper| shaper.lanes().first().and_then(|lane| lane.store);
+
+    // Up: both instances share the quota through Redis.
+    let mut up = send(&open, "up-open", 5);
+    up.extend(send(&closed, "up-closed", 5));
+    for (outcome, _) in common::join_all(up).await {
+        assert_eq!(outcome.unwrap().status(), 200);
+    }
+    assert_eq!(lane(&open), Some(StoreMode::Shared));
+
+    // Down: the fail-open instance serves at its share (5/s), the
+    // fail-closed one refuses at once, with the typed error.
+    redis.kill();
+    let down_started = vendor.arrivals().len();
+    let open_down = send(&open, "down-open", 10);
+    let closed_down = send(&closed, "down-closed", 10);
+    for (outcome, _) in common::join_all(open_down).await {
+        assert_eq!(outcome.unwrap().status(), 200, "fail-open keeps serving");
+    }
+    for (outcome, took) in common::join_all(closed_down).await {
+        match outcome {
+            Err(Error::StoreUnavailable { .. }) => {}
+            other => panic!("fail-closed: expected StoreUnavailable, got {other:?}"),
+        }
+        assert!(took <= Duration::from_millis(500), "refused after {took:?}");
+    }
+    assert_eq!(lane(&open), Some(StoreMode::Fallback));
+    assert_eq!(lane(&closed), Some(StoreMode::Unavailable));
+    let during: Vec<_> = vendor.arrivals()[down_started..].to_vec();
+    assert!(during.iter().all(|a| a.path.starts_with("/down-open/")));
+    let at_share = callshaper::testing::max_in_any_window(during.iter().map(|a| a.at), SECOND);
+    assert!(at_share <= 5, "{at_share} in one second from the fallback at 5/s");
+
+    // Back: the lanes find Redis again by themselves.
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (outcome, _) = common::join_all(send(&closed, "probe", 1)).await.remove(0);
+        if outcome.is_ok() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the fail-closed lane never came back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let trips_before = open_store.round_trips();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let back = send(&open, "back-open", 5);
+    for (outcome, _) in common::join_all(back).await {
+        assert_eq!(outcome.unwrap().status(), 200);
+    }
+    assert_eq!(lane(&open), Some(StoreMode::Shared));
+    assert_eq!(lane(&closed), Some(StoreMode::Shared));
+    assert!(open_store.round_trips() > trips_before, "served through Redis again");
+    assert_eq!(vendor.throttled(), 0);
+}

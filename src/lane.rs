@@ -835,7 +835,11 @@ impl Front {
     #[cfg(feature = "redis")]
     fn costs(&self, n: usize) -> Vec<u64> {
         let mut fresh = self.fresh.iter().map(|(seq, w)| (*seq, w.cost)).peekable();
-        let mut returned = self.returned.iter().map(|(seq, w)| (*seq, w.cost)).peekable();
+        let mut returned = self
+            .returned
+            .iter()
+            .map(|(seq, w)| (*seq, w.cost))
+            .peekable();
         let mut costs = Vec::with_capacity(n);
         while costs.len() < n {
             let next = match (fresh.peek(), returned.peek()) {
@@ -1026,7 +1030,7 @@ impl Dispatcher {
         permit: Option<OwnedSemaphorePermit>,
     ) -> bool {
         match self.release(class, seq, cost, now, permit) {
-            Ok(()) => true,
+            Ok(_) => true,
             Err(Blocked::Until(at)) => self.or_new_ticket(sleep_until(at)).await,
             Err(Blocked::Turn(turn)) => self.or_new_ticket(turn).await,
         }
@@ -1066,6 +1070,20 @@ impl Dispatcher {
             if slot.at > now {
                 let at = slot.at;
                 return self.or_new_ticket(sleep_until(at)).await;
+            }
+            if remote.on_probation(now) {
+                // Back from an outage: other instances may still serve
+                // from their fallback share, so keep to ours as well until
+                // every one of them has found the store again.
+                return match self.release(class, seq, cost, now, permit) {
+                    Ok(true) => {
+                        self.booked.slots.pop_front();
+                        true
+                    }
+                    Ok(false) => true,
+                    Err(Blocked::Until(at)) => self.or_new_ticket(sleep_until(at)).await,
+                    Err(Blocked::Turn(turn)) => self.or_new_ticket(turn).await,
+                };
             }
             if let Some(slot) = self.booked.slots.pop_front() {
                 if !self.hand(class, seq, now, permit) {
@@ -1180,7 +1198,8 @@ impl Dispatcher {
     /// Hand the head its turn if every meter allows it now and no lane
     /// that waited longer is first in a shared gate's queue, or say what to
     /// wait for. Check and charge happen under the meters' locks, as on the
-    /// fast path.
+    /// fast path. `Ok(true)` when the head got its turn, `Ok(false)` when
+    /// its caller had left.
     ///
     /// Fair sharing: a lane ready but for one gate joins that gate's queue
     /// and keeps its place there until it goes, so when a slot frees, the
@@ -1194,7 +1213,7 @@ impl Dispatcher {
         cost: u64,
         now: Instant,
         permit: Option<OwnedSemaphorePermit>,
-    ) -> Result<(), Blocked> {
+    ) -> Result<bool, Blocked> {
         let shared = self.shared.clone();
         shared.with_meters(|meters| {
             let at = earliest(meters, cost, now);
@@ -1205,6 +1224,7 @@ impl Dispatcher {
                 return Err(Blocked::Until(at));
             }
             let batch_waited = !self.batch.is_empty();
+            let mut handed = false;
             if let Some(head) = self.front(class).remove(seq) {
                 let turn = Turn {
                     _in_flight: permit,
@@ -1215,10 +1235,11 @@ impl Dispatcher {
                         meter.commit(cost, now);
                     }
                     self.count_release(class, batch_waited);
+                    handed = true;
                 }
                 shared.waiting.fetch_sub(1, Ordering::SeqCst);
             }
-            Ok(())
+            Ok(handed)
         })
     }
 

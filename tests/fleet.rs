@@ -39,7 +39,10 @@ async fn run_fleet(shapers: &[Shaper], vendor: &Vendor, total: usize) {
         })
         .collect();
     for outcome in common::join_all(tasks).await {
-        assert_eq!(outcome.expect("every request ends in a response").status(), 200);
+        assert_eq!(
+            outcome.expect("every request ends in a response").status(),
+            200
+        );
     }
 }
 
@@ -53,7 +56,10 @@ fn assert_quota_held_and_used(vendor: &Vendor, total: usize) {
     let span = arrivals[total - 1].at - arrivals[0].at;
     // `total` requests at 10/s need (total - 1) intervals of 100 ms.
     let utilization = (total - 1) as f64 / (span.as_secs_f64() * 10.0);
-    println!("{total} requests in {span:?}: {:.1} % of the quota", utilization * 100.0);
+    println!(
+        "{total} requests in {span:?}: {:.1} % of the quota",
+        utilization * 100.0
+    );
     assert!(utilization >= 0.95, "fleet utilization {utilization:.3}");
 }
 
@@ -126,14 +132,21 @@ async fn a_throttle_seen_by_one_instance_pauses_the_fleet() {
     run_fleet(&shapers, &vendor, 50).await;
     throttle.await.unwrap();
 
-    assert_eq!(vendor.throttled(), 1, "one instance saw the 429, nobody else");
+    assert_eq!(
+        vendor.throttled(),
+        1,
+        "one instance saw the 429, nobody else"
+    );
     let arrivals = vendor.arrivals();
     let throttled = arrivals.iter().find(|a| a.status == 429).unwrap().at;
     let during: Vec<_> = arrivals
         .iter()
         .filter(|a| a.at > throttled && a.at < throttled + Duration::from_secs(2))
         .collect();
-    assert!(during.is_empty(), "sent during the fleet-wide pause: {during:?}");
+    assert!(
+        during.is_empty(),
+        "sent during the fleet-wide pause: {during:?}"
+    );
     assert!(vendor.max_in_any_window(SECOND) <= 10);
 }
 
@@ -144,15 +157,23 @@ async fn every_meter_behaves_the_same_in_memory_and_on_redis() {
     let redis = RedisServer::start();
     type Table = [(&'static str, Quota, fn() -> Vendor); 5];
     let table: Table = [
-        ("leaky bucket", Quota::leaky_bucket(10, SECOND), || Vendor::strict(10, SECOND)),
+        ("leaky bucket", Quota::leaky_bucket(10, SECOND), || {
+            Vendor::strict(10, SECOND)
+        }),
         ("token bucket", Quota::token_bucket(5, 10, SECOND), || {
             Vendor::token_bucket(5, 10, SECOND)
         }),
         // It can send 2 × 10 across a window boundary (see algorithms.rs):
         // the same on both stores.
-        ("fixed window", Quota::fixed_window(10, SECOND), || Vendor::strict(20, SECOND)),
-        ("sliding log", Quota::sliding_log(10, SECOND), || Vendor::strict(10, SECOND)),
-        ("sliding window", Quota::sliding_window(10, SECOND), || Vendor::strict(10, SECOND)),
+        ("fixed window", Quota::fixed_window(10, SECOND), || {
+            Vendor::strict(20, SECOND)
+        }),
+        ("sliding log", Quota::sliding_log(10, SECOND), || {
+            Vendor::strict(10, SECOND)
+        }),
+        ("sliding window", Quota::sliding_window(10, SECOND), || {
+            Vendor::strict(10, SECOND)
+        }),
     ];
     let mut runs = Vec::new();
     for (name, quota, vendor) in table {
@@ -160,9 +181,12 @@ async fn every_meter_behaves_the_same_in_memory_and_on_redis() {
             let url = redis.url();
             runs.push(tokio::spawn(async move {
                 let vendor = vendor().start().await;
+                // A burst opens new connections and lands late; what comes
+                // after it is on time: a bit more headroom than the fleet
+                // tests for this jitter, on both stores alike.
                 let mut builder = Shaper::builder()
                     .policy(LanePolicy::with_quotas([quota]))
-                    .headroom(HEADROOM);
+                    .headroom(Duration::from_millis(50));
                 if on_redis {
                     builder = builder.store(RedisStore::connect(&url).await.unwrap());
                 }
@@ -174,7 +198,12 @@ async fn every_meter_behaves_the_same_in_memory_and_on_redis() {
                 for outcome in common::join_all(tasks).await {
                     assert_eq!(outcome.unwrap().status(), 200, "{name}");
                 }
-                assert_eq!(vendor.throttled(), 0, "{name} on redis: {on_redis}");
+                assert_eq!(
+                    vendor.throttled(),
+                    0,
+                    "{name} on redis: {on_redis}: {:?}",
+                    vendor.arrivals()
+                );
                 let first = vendor.arrivals()[0].at;
                 let offsets: Vec<Duration> =
                     vendor.arrivals().iter().map(|a| a.at - first).collect();
@@ -272,7 +301,10 @@ async fn when_redis_dies_lanes_follow_their_policy_and_come_back() {
     let during: Vec<_> = vendor.arrivals()[down_started..].to_vec();
     assert!(during.iter().all(|a| a.path.starts_with("/down-open/")));
     let at_share = callshaper::testing::max_in_any_window(during.iter().map(|a| a.at), SECOND);
-    assert!(at_share <= 5, "{at_share} in one second from the fallback at 5/s");
+    assert!(
+        at_share <= 5,
+        "{at_share} in one second from the fallback at 5/s"
+    );
 
     // Back: the lanes find Redis again by themselves.
     redis.restart();
@@ -282,7 +314,10 @@ async fn when_redis_dies_lanes_follow_their_policy_and_come_back() {
         if outcome.is_ok() {
             break;
         }
-        assert!(Instant::now() < deadline, "the fail-closed lane never came back");
+        assert!(
+            Instant::now() < deadline,
+            "the fail-closed lane never came back"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let trips_before = open_store.round_trips();
@@ -293,6 +328,9 @@ async fn when_redis_dies_lanes_follow_their_policy_and_come_back() {
     }
     assert_eq!(lane(&open), Some(StoreMode::Shared));
     assert_eq!(lane(&closed), Some(StoreMode::Shared));
-    assert!(open_store.round_trips() > trips_before, "served through Redis again");
-    assert_eq!(vendor.throttled(), 0);
+    assert!(
+        open_store.round_trips() > trips_before,
+        "served through Redis again"
+    );
+    assert_eq!(vendor.throttled(), 0, "{:#?}", vendor.arrivals());
 }

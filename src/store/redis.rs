@@ -17,12 +17,24 @@ use super::{StoreError, StoreFailure, StoreMode};
 use crate::gate::{Gate, lock};
 use crate::meters::{Algorithm, Quota, Unit};
 
-static RESERVE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(concat!(include_str!("meters.lua"), include_str!("reserve.lua"))));
-static PAUSE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(concat!(include_str!("meters.lua"), include_str!("pause.lua"))));
-static SETTLE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(concat!(include_str!("meters.lua"), include_str!("settle.lua"))));
+static RESERVE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("meters.lua"),
+        include_str!("reserve.lua")
+    ))
+});
+static PAUSE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("meters.lua"),
+        include_str!("pause.lua")
+    ))
+});
+static SETTLE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("meters.lua"),
+        include_str!("settle.lua")
+    ))
+});
 
 /// Whose clock the scripts read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -440,6 +452,8 @@ struct State {
     /// When to try the store again, while it is down.
     probe_at: Instant,
     last_error: Option<StoreError>,
+    /// Back from an outage: until then, keep to the local share too.
+    probation: Option<Instant>,
     /// A local instant and the Redis time then: maps turns to Redis time.
     anchor: Option<(Instant, i64)>,
 }
@@ -506,6 +520,7 @@ impl Remote {
                 mode: StoreMode::Shared,
                 probe_at: Instant::now(),
                 last_error: None,
+                probation: None,
                 anchor: None,
             }),
             metrics,
@@ -639,6 +654,19 @@ impl Remote {
             .unwrap_or_else(|| StoreError::Failed("unavailable".to_owned()))
     }
 
+    /// True while a lane back from an outage also keeps to its local share.
+    pub(crate) fn on_probation(&self, now: Instant) -> bool {
+        let mut state = lock(&self.state);
+        match state.probation {
+            Some(until) if until > now => true,
+            Some(_) => {
+                state.probation = None;
+                false
+            }
+            None => false,
+        }
+    }
+
     /// True when the store is down and it is time to try it again.
     pub(crate) fn probe_due(&self, now: Instant) -> bool {
         let state = lock(&self.state);
@@ -656,6 +684,17 @@ impl Remote {
         if state.mode != mode {
             tracing::warn!(lane, %error, ?mode, "callshaper: Redis failed; the lane leaves the shared quota");
             self.metrics.mode(mode);
+            if mode == StoreMode::Fallback && state.mode == StoreMode::Shared {
+                // What the fleet sent just now is in the vendor's window but
+                // not in the local meters: count one release now, so the
+                // fallback's first request keeps its distance from the
+                // fleet's last (a windowed meter still allows the rest of
+                // its share at once; see the README).
+                let now = Instant::now();
+                for gate in &self.gates {
+                    lock(&gate.meters).commit(1, now);
+                }
+            }
         }
         state.mode = mode;
         state.probe_at = Instant::now() + self.store.inner.options.probe_every;
@@ -667,8 +706,16 @@ impl Remote {
     pub(crate) fn recovered(&self, lane: &str) {
         let mut state = lock(&self.state);
         if state.mode != StoreMode::Shared {
-            tracing::info!(lane, "callshaper: Redis is back; the lane is on the shared quota again");
+            tracing::info!(
+                lane,
+                "callshaper: Redis is back; the lane is on the shared quota again"
+            );
             self.metrics.mode(StoreMode::Shared);
+            // Every other instance finds Redis within a probe interval; a
+            // window later, what they sent on their own has left the
+            // vendor's window too. Until then the share still applies.
+            let every = self.store.inner.options.probe_every;
+            state.probation = Some(Instant::now() + every + duration(self.keep));
         }
         state.mode = StoreMode::Shared;
         state.last_error = None;

@@ -36,7 +36,8 @@ impl RedisServer {
     }
 
     fn launch(port: u16, cluster: bool) -> Self {
-        let dir = std::env::temp_dir().join(format!("callshaper-redis-{port}-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("callshaper-redis-{port}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("a scratch directory for redis-server");
         let mut server = Self {
             child: None,
@@ -79,7 +80,11 @@ impl RedisServer {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while command(self.port, "PING").is_none_or(|reply| !reply.starts_with("+PONG")) {
-            assert!(Instant::now() < deadline, "redis-server on {} did not answer PING", self.port);
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on {} did not answer PING",
+                self.port
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -128,8 +133,13 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start() -> Self {
-        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::launch(free_port(), true)).collect();
-        let addresses: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| RedisServer::launch(free_port(), true))
+            .collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
         let output = Command::new("redis-cli")
             .arg("--cluster")
             .arg("create")

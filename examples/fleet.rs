@@ -13,13 +13,11 @@
 //! of its own on a free loopback port (Debian: `apt-get install
 //! redis-server`).
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use callshaper::Shaper;
 use callshaper::store::RedisStore;
-use callshaper::testing::{Arrival, Vendor};
+use callshaper::testing::{Arrival, RedisServer, Vendor};
 
 const QUOTA: u32 = 10;
 const INSTANCES: usize = 3;
@@ -27,60 +25,45 @@ const CALLS: usize = 60;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let (url, _server) = redis()?;
+    // `REDIS_URL`, or a redis-server of our own, stopped at the end.
+    let server = std::env::var("REDIS_URL").is_err().then(RedisServer::start);
+    let url = server.as_ref().map_or_else(
+        || std::env::var("REDIS_URL").unwrap_or_default(),
+        RedisServer::url,
+    );
     println!(
         "{INSTANCES} instances, {CALLS} calls, one vendor allowing {QUOTA} per second (Redis at {url})\n"
     );
 
-    let shared = run(Some(&url)).await?;
-    let alone = run(None).await?;
+    let shared = run(Some(&url), QUOTA as usize).await?;
+    let alone = run(None, QUOTA as usize).await?;
+    // What the replicas offer, seen by a vendor that refuses nothing.
+    let offered = run(None, usize::MAX).await?;
 
     println!(
-        "{:<28}{:>22}{:>22}",
-        "", "through Redis", "in memory (each alone)"
+        "{:<26}{:>16}{:>16}{:>22}",
+        "", "through Redis", "in memory", "in memory, no 429s"
     );
-    let rows = [
-        (
-            "attempts the vendor saw",
-            shared.attempts.to_string(),
-            alone.attempts.to_string(),
-        ),
-        (
-            "429s",
-            shared.throttled.to_string(),
-            alone.throttled.to_string(),
-        ),
-        (
-            "busiest second",
-            shared.busiest.to_string(),
-            alone.busiest.to_string(),
-        ),
-        (
-            "calls that failed",
-            shared.failed.to_string(),
-            alone.failed.to_string(),
-        ),
-        (
-            "time for all calls",
-            format!("{:.2} s", shared.elapsed.as_secs_f64()),
-            format!("{:.2} s", alone.elapsed.as_secs_f64()),
-        ),
-    ];
-    for (name, a, b) in rows {
-        println!("{name:<28}{a:>22}{b:>22}");
-    }
+    let runs = [&shared, &alone, &offered];
+    let row = |name: &str, cell: &dyn Fn(&Outcome) -> String| {
+        let [a, b, c] = runs.map(cell);
+        println!("{name:<26}{a:>16}{b:>16}{c:>22}");
+    };
+    row("attempts the vendor saw", &|o| o.attempts.to_string());
+    row("429s", &|o| o.throttled.to_string());
+    row("busiest second", &|o| o.busiest.to_string());
+    row("calls that failed", &|o| o.failed.to_string());
+    row("time for all calls", &|o| {
+        format!("{:.2} s", o.elapsed.as_secs_f64())
+    });
     println!("\nattempts per second (# = accepted, x = 429):");
-    let seconds = shared.chart.len().max(alone.chart.len());
+    let seconds = runs.iter().map(|o| o.chart.len()).max().unwrap_or(0);
     for s in 0..seconds {
-        let bar = |chart: &[(usize, usize)]| {
-            let (ok, throttled) = chart.get(s).copied().unwrap_or_default();
+        let [a, b, c] = runs.map(|o| {
+            let (ok, throttled) = o.chart.get(s).copied().unwrap_or_default();
             format!("{}{}", "#".repeat(ok), "x".repeat(throttled))
-        };
-        println!(
-            "  {s:>2} s  {:<34}{}",
-            bar(&shared.chart),
-            bar(&alone.chart)
-        );
+        });
+        println!("  {s:>2} s  {a:<14}{b:<16}{c}");
     }
     Ok(())
 }
@@ -95,11 +78,10 @@ struct Outcome {
     chart: Vec<(usize, usize)>,
 }
 
-/// The calls from three instances, through `redis` or each alone.
-async fn run(redis: Option<&str>) -> Result<Outcome, Box<dyn std::error::Error>> {
-    let vendor = Vendor::strict(QUOTA as usize, Duration::from_secs(1))
-        .start()
-        .await;
+/// The calls from three instances, through `redis` or each alone, at a
+/// vendor allowing `limit` per second.
+async fn run(redis: Option<&str>, limit: usize) -> Result<Outcome, Box<dyn std::error::Error>> {
+    let vendor = Vendor::strict(limit, Duration::from_secs(1)).start().await;
     let mut instances = Vec::new();
     for _ in 0..INSTANCES {
         let mut builder = Shaper::builder().rate(QUOTA, Duration::from_secs(1));
@@ -148,42 +130,4 @@ fn chart(arrivals: &[Arrival]) -> Vec<(usize, usize)> {
         }
     }
     seconds
-}
-
-/// `REDIS_URL`, or a redis-server of our own (stopped when dropped).
-fn redis() -> Result<(String, Option<Server>), Box<dyn std::error::Error>> {
-    if let Ok(url) = std::env::var("REDIS_URL") {
-        return Ok((url, None));
-    }
-    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-        ])
-        .stdout(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("cannot start redis-server ({e}); install it or set REDIS_URL"))?;
-    let server = Server(child);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if Instant::now() > deadline {
-            return Err("redis-server did not start".into());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok((format!("redis://127.0.0.1:{port}"), Some(server)))
-}
-
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }

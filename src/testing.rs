@@ -23,6 +23,12 @@
 //! [`HoldClock`] in such tests: it keeps the clock still while an attempt is
 //! on the wire, so the vendor and the shaper agree on when things happened.
 
+#[cfg(feature = "redis")]
+mod redis;
+
+#[cfg(feature = "redis")]
+pub use self::redis::{RedisCluster, RedisServer};
+
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};

@@ -10,10 +10,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use callshaper::store::RedisStore;
-use callshaper::testing::{RetryAfter, Vendor};
+use callshaper::testing::{RedisCluster, RedisServer, RetryAfter, Vendor};
 use callshaper::{Error, LanePolicy, Quota, Shaper, StoreFailure, StoreMode};
 use common::SECOND;
-use common::redis::{RedisCluster, RedisServer};
 
 /// Jitter between instances and the vendor (timers, two cores, HTTP) is
 /// what the headroom absorbs; 20 ms keeps a loaded CI machine inside the

@@ -2,8 +2,6 @@
 //! wiremock HTTP, and shapers whose attempts hold tokio's paused clock.
 #![allow(dead_code)]
 
-pub mod redis;
-
 use std::time::Duration;
 
 use callshaper::testing::HoldClock;

@@ -1,6 +1,5 @@
-//! Real `redis-server` processes for the fleet tests, each on a free
-//! loopback port, stopped when dropped. Missing `redis-server` is a loud
-//! failure: `scripts/test` installs it.
+//! Real `redis-server` processes for tests, examples and benchmarks of a
+//! fleet: each on a free loopback port, empty, stopped when dropped.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -8,8 +7,18 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// A `redis-server` of its own on a free loopback port, no persistence,
+/// killed when dropped.
+///
+/// # Panics
+///
+/// [`start`](Self::start) panics, with what to install, when
+/// `redis-server` is missing or does not answer: a fleet test must never
+/// pass without Redis.
+#[derive(Debug)]
 pub struct RedisServer {
     child: Option<Child>,
+    /// The port it listens on, on 127.0.0.1.
     pub port: u16,
     dir: PathBuf,
     cluster: bool,
@@ -31,6 +40,7 @@ fn command(port: u16, line: &str) -> Option<String> {
 }
 
 impl RedisServer {
+    /// Start one and wait until it answers `PING`.
     pub fn start() -> Self {
         Self::launch(free_port(), false)
     }
@@ -73,8 +83,8 @@ impl RedisServer {
             .spawn()
             .unwrap_or_else(|error| {
                 panic!(
-                    "cannot start redis-server ({error}). The fleet tests need a real Redis: \
-                     run scripts/test, which installs it, or `apt-get install redis-server`."
+                    "cannot start redis-server ({error}): a fleet needs a real Redis. \
+                     Run scripts/test, which installs it, or `apt-get install redis-server`."
                 )
             });
         self.child = Some(child);
@@ -89,6 +99,7 @@ impl RedisServer {
         }
     }
 
+    /// `redis://127.0.0.1:{port}`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
@@ -107,13 +118,17 @@ impl RedisServer {
         self.spawn();
     }
 
-    /// Run a command with redis-cli against this server.
+    /// Run a command with `redis-cli` against this server; its output.
+    ///
+    /// # Panics
+    ///
+    /// When `redis-cli` is missing.
     pub fn cli(&self, args: &[&str]) -> String {
         let output = Command::new("redis-cli")
             .args(["-p", &self.port.to_string()])
             .args(args)
             .output()
-            .expect("redis-cli (scripts/test installs redis-tools)");
+            .expect("redis-cli (Debian: apt-get install redis-tools)");
         String::from_utf8_lossy(&output.stdout).into_owned()
     }
 }
@@ -127,11 +142,20 @@ impl Drop for RedisServer {
 
 /// A real Redis Cluster: three masters, no replicas, slots spread by
 /// `redis-cli --cluster create`.
+#[derive(Debug)]
 pub struct RedisCluster {
+    /// Its three nodes.
     pub nodes: Vec<RedisServer>,
 }
 
 impl RedisCluster {
+    /// Start three cluster-enabled servers, join them with `redis-cli
+    /// --cluster create`, and wait until every node says `cluster_state:ok`.
+    ///
+    /// # Panics
+    ///
+    /// When `redis-server` or `redis-cli` is missing, or the cluster does
+    /// not form.
     pub fn start() -> Self {
         let nodes: Vec<RedisServer> = (0..3)
             .map(|_| RedisServer::launch(free_port(), true))
@@ -146,7 +170,7 @@ impl RedisCluster {
             .args(&addresses)
             .args(["--cluster-replicas", "0", "--cluster-yes"])
             .output()
-            .expect("redis-cli (scripts/test installs redis-tools)");
+            .expect("redis-cli (Debian: apt-get install redis-tools)");
         assert!(
             output.status.success(),
             "redis-cli --cluster create failed: {}",
@@ -162,6 +186,7 @@ impl RedisCluster {
         Self { nodes }
     }
 
+    /// Every node's URL.
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
     }

@@ -333,3 +333,107 @@ async fn when_redis_dies_lanes_follow_their_policy_and_come_back() {
     );
     assert_eq!(vendor.throttled(), 0, "{:#?}", vendor.arrivals());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slots_of_callers_who_gave_up_go_back_to_the_fleet() {
+    let redis = RedisServer::start();
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let a = instance(RedisStore::connect(&redis.url()).await.unwrap()).await;
+    let b = instance(RedisStore::connect(&redis.url()).await.unwrap()).await;
+
+    // A books a second of slots for ten callers, then nine of them leave.
+    let callers: Vec<_> = (0..10)
+        .map(|i| tokio::spawn(a.get(format!("{}/a/{i}", vendor.uri())).send()))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    for caller in &callers[1..] {
+        caller.abort();
+    }
+    // A's lane notices at its next slot (100 ms) and gives the rest back.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+
+    let started = Instant::now();
+    let response = b.get(format!("{}/b/0", vendor.uri())).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let waited = started.elapsed();
+    assert!(
+        waited < Duration::from_millis(100),
+        "B waited {waited:?} behind slots nobody uses"
+    );
+    assert_eq!(vendor.throttled(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn costs_are_reserved_and_settled_in_redis() {
+    let redis = RedisServer::start();
+    let vendor = Vendor::strict(100, SECOND)
+        .also_cost(1_000, SECOND, "x-tokens")
+        .start()
+        .await;
+    let shaper = Shaper::builder()
+        .rate(100, SECOND)
+        .quota(Quota::sliding_log(1_000, SECOND).per_cost())
+        .headroom(HEADROOM)
+        .store(RedisStore::connect(&redis.url()).await.unwrap())
+        .build()
+        .unwrap();
+    for settle in [true, false] {
+        let started = Instant::now();
+        // Estimated at 1,000 tokens; the response says 200 were used.
+        let first = shaper
+            .get(vendor.uri())
+            .header("x-tokens", "200")
+            .cost(1_000)
+            .send()
+            .await
+            .unwrap();
+        if settle {
+            first
+                .extensions()
+                .get::<callshaper::Settle>()
+                .unwrap()
+                .report(200);
+            // The correction is one script call on its way to Redis.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let second = shaper
+            .get(vendor.uri())
+            .header("x-tokens", "800")
+            .cost(800)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(second.status(), 200);
+        let waited = started.elapsed();
+        if settle {
+            assert!(
+                waited < Duration::from_millis(300),
+                "800 freed at once: {waited:?}"
+            );
+        } else {
+            assert!(
+                waited >= SECOND,
+                "without settling, the estimate holds: {waited:?}"
+            );
+        }
+        tokio::time::sleep(2 * SECOND).await;
+    }
+    assert_eq!(vendor.throttled(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instance_clocks_work_where_scripts_may_not_read_time() {
+    let redis = RedisServer::start();
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let mut shapers = Vec::new();
+    for _ in 0..2 {
+        let store = RedisStore::options()
+            .clock(callshaper::store::Clock::Instances)
+            .connect(&redis.url())
+            .await
+            .unwrap();
+        shapers.push(instance(store).await);
+    }
+    run_fleet(&shapers, &vendor, 40).await;
+    assert_quota_held_and_used(&vendor, 40);
+}

@@ -77,6 +77,28 @@ pub struct Defaults {
     pub idle_timeout: Option<Dur>,
     /// Retry limits.
     pub retry: Option<RetryConfig>,
+    /// With a shared store: `"open"` or `"closed"` (the default); see
+    /// [`StoreFailure`](crate::StoreFailure).
+    pub on_store_failure: Option<FailureConfig>,
+}
+
+/// What lanes do when the shared store fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureConfig {
+    /// Serve from a local share of the quota.
+    Open,
+    /// Refuse with a typed error.
+    Closed,
+}
+
+impl From<FailureConfig> for crate::StoreFailure {
+    fn from(failure: FailureConfig) -> Self {
+        match failure {
+            FailureConfig::Open => Self::Open,
+            FailureConfig::Closed => Self::Closed,
+        }
+    }
 }
 
 /// Retry limits; see [`RetryPolicy`].
@@ -109,6 +131,8 @@ pub struct VendorConfig {
     /// Endpoints with quotas of their own, under the vendor's.
     #[serde(default)]
     pub routes: Vec<RouteConfig>,
+    /// This vendor's choice when the shared store fails.
+    pub on_store_failure: Option<FailureConfig>,
 }
 
 /// A family of quotas, one set per key.
@@ -135,6 +159,8 @@ pub struct RouteConfig {
     pub path: Option<String>,
     /// The route's quotas.
     pub quotas: Vec<QuotaConfig>,
+    /// This endpoint's choice when the shared store fails.
+    pub on_store_failure: Option<FailureConfig>,
 }
 
 /// Where a key comes from.
@@ -284,6 +310,9 @@ impl ShaperConfig {
         if let Some(Dur(idle)) = d.idle_timeout {
             builder = builder.idle_timeout(idle);
         }
+        if let Some(failure) = d.on_store_failure {
+            builder = builder.on_store_failure(failure.into());
+        }
         if let Some(retry) = &d.retry {
             let defaults = RetryPolicy::default();
             builder = builder.retry(RetryPolicy {
@@ -362,9 +391,15 @@ impl VendorConfig {
             for quota in quotas_of(&route.quotas).map_err(within)? {
                 shaped = shaped.quota(quota);
             }
+            if let Some(failure) = route.on_store_failure.or(self.on_store_failure) {
+                shaped = shaped.on_store_failure(failure.into());
+            }
             routes.push(levels.iter().cloned().fold(shaped, Route::level));
         }
-        let rest = Route::new(name).host(&self.host).alone();
+        let mut rest = Route::new(name).host(&self.host).alone();
+        if let Some(failure) = self.on_store_failure {
+            rest = rest.on_store_failure(failure.into());
+        }
         routes.push(levels.into_iter().fold(rest, Route::level));
         Ok(routes)
     }

@@ -151,6 +151,14 @@ fn a_malformed_config_names_the_field_and_the_problem() {
             "vendors.llm.quotas[0].algorithm",
             "leaky",
         ),
+        (
+            with(
+                r#"on_store_failure = "open""#,
+                r#"on_store_failure = "sometimes""#,
+            ),
+            "vendors.payments.on_store_failure",
+            "unknown variant `sometimes`",
+        ),
         (with("[vendors.sms]", "[vendors.sms"), "(file)", "line"),
     ];
     for (outcome, field, problem) in cases {

@@ -60,10 +60,19 @@
 //! | `observability` | `metrics` counters, gauges and a histogram per lane (feature `metrics`) |
 //! | `config` | a shaper declared in TOML or JSON (feature `config`) |
 //! | `middleware` | `reqwest_middleware::Middleware` (feature `middleware`) |
-//! | `testing` | a vendor with a quota, for wiremock tests (feature `testing`) |
+//! | [`store`] | where quotas live: this process, or Redis / Redis Cluster for a fleet (feature `redis`) |
+//! | `testing` | a vendor with a quota, for wiremock tests; a `redis-server` of its own (feature `testing`) |
 //!
-//! Not built yet: the Redis store that lets a fleet share one quota (lane
-//! state is in memory, per process).
+//! # A fleet
+//!
+//! Lanes keep their quotas in memory by default: per process. With
+//! [`ShaperBuilder::store`] and a [`store::RedisStore`] (feature `redis`), a
+//! fleet shares them: a lane *reserves* slots from one Redis state (Lua,
+//! Redis's clock) and sleeps until each locally, a throttle pauses every
+//! instance, and a [`StoreFailure`] policy says what a lane does when Redis
+//! is down. The queue, FIFO order, retries and signals stay local; the
+//! guarantees above then hold for the fleet, up to the jitter between the
+//! instances and the vendor, which the headroom absorbs.
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 

@@ -109,6 +109,10 @@ async fn a_redis_cluster_shares_the_quota_too() {
     }
     run_fleet(&shapers, &vendor, 200).await;
     assert_quota_held_and_used(&vendor, 200);
+
+    // The pause reaches every instance through the cluster too.
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    assert_one_throttle_pauses_all(&shapers, &vendor).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -119,6 +123,13 @@ async fn a_throttle_seen_by_one_instance_pauses_the_fleet() {
     for _ in 0..3 {
         shapers.push(instance(RedisStore::connect(&redis.url()).await.unwrap()).await);
     }
+    assert_one_throttle_pauses_all(&shapers, &vendor).await;
+}
+
+/// 50 requests over the fleet; 1.5 s in, the vendor answers 429
+/// `Retry-After: 2` for 150 ms: one instance sees it, and nobody sends
+/// anything for the next 2 s.
+async fn assert_one_throttle_pauses_all(shapers: &[Shaper], vendor: &Vendor) {
     let throttle = {
         let vendor = vendor.clone();
         tokio::spawn(async move {
@@ -128,7 +139,7 @@ async fn a_throttle_seen_by_one_instance_pauses_the_fleet() {
             vendor.throttle_for(Duration::from_millis(150), RetryAfter::Seconds(2));
         })
     };
-    run_fleet(&shapers, &vendor, 50).await;
+    run_fleet(shapers, vendor, 50).await;
     throttle.await.unwrap();
 
     assert_eq!(
@@ -264,39 +275,61 @@ async fn when_redis_dies_lanes_follow_their_policy_and_come_back() {
                     let outcome = tokio::time::timeout(Duration::from_secs(30), request.send())
                         .await
                         .expect("no request hangs");
-                    (outcome, started.elapsed())
+                    (outcome, started.elapsed(), Instant::now())
                 })
             })
             .collect()
     };
     let lane = |shaper: &Shaper| shaper.lanes().first().and_then(|lane| lane.store);
 
-    // Up: both instances share the quota through Redis.
-    let mut up = send(&open, "up-open", 5);
-    up.extend(send(&closed, "up-closed", 5));
-    for (outcome, _) in common::join_all(up).await {
-        assert_eq!(outcome.unwrap().status(), 200);
-    }
+    // Mid-run: both instances have queues (20 each, 4 s of the shared
+    // quota) when Redis dies after one second.
+    let open_run = send(&open, "open", 20);
+    let closed_run = send(&closed, "closed", 20);
+    tokio::time::sleep(SECOND).await;
     assert_eq!(lane(&open), Some(StoreMode::Shared));
-
-    // Down: the fail-open instance serves at its share (5/s), the
-    // fail-closed one refuses at once, with the typed error.
     redis.kill();
+    let killed = Instant::now();
+    for (outcome, ..) in common::join_all(open_run).await {
+        assert_eq!(outcome.unwrap().status(), 200, "fail-open keeps serving");
+    }
+    let mut refused = 0;
+    for (outcome, _, ended) in common::join_all(closed_run).await {
+        match outcome {
+            Ok(response) => assert_eq!(response.status(), 200),
+            Err(Error::StoreUnavailable { .. }) => {
+                refused += 1;
+                // Slots booked before the crash are still honoured (at most
+                // a horizon, 1 s); then one call fails within the timeout
+                // and everyone waiting hears it at once.
+                let after = ended.saturating_duration_since(killed);
+                assert!(
+                    after <= Duration::from_millis(1_600),
+                    "refused {after:?} after the crash"
+                );
+            }
+            Err(other) => panic!("fail-closed: expected StoreUnavailable, got {other}"),
+        }
+    }
+    assert!(refused > 0, "the fail-closed queue outlived Redis");
+    assert_eq!(lane(&open), Some(StoreMode::Fallback));
+    assert_eq!(lane(&closed), Some(StoreMode::Unavailable));
+
+    // Still down: the fail-open instance serves at its share (5/s), the
+    // fail-closed one refuses new requests at once, with the typed error.
     let down_started = vendor.arrivals().len();
     let open_down = send(&open, "down-open", 10);
     let closed_down = send(&closed, "down-closed", 10);
-    for (outcome, _) in common::join_all(open_down).await {
+    for (outcome, ..) in common::join_all(open_down).await {
         assert_eq!(outcome.unwrap().status(), 200, "fail-open keeps serving");
     }
-    for (outcome, took) in common::join_all(closed_down).await {
+    for (outcome, took, _) in common::join_all(closed_down).await {
         match outcome {
             Err(Error::StoreUnavailable { .. }) => {}
             other => panic!("fail-closed: expected StoreUnavailable, got {other:?}"),
         }
         assert!(took <= Duration::from_millis(500), "refused after {took:?}");
     }
-    assert_eq!(lane(&open), Some(StoreMode::Fallback));
-    assert_eq!(lane(&closed), Some(StoreMode::Unavailable));
     let during: Vec<_> = vendor.arrivals()[down_started..].to_vec();
     assert!(during.iter().all(|a| a.path.starts_with("/down-open/")));
     let at_share = callshaper::testing::max_in_any_window(during.iter().map(|a| a.at), SECOND);
@@ -309,7 +342,7 @@ async fn when_redis_dies_lanes_follow_their_policy_and_come_back() {
     redis.restart();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let (outcome, _) = common::join_all(send(&closed, "probe", 1)).await.remove(0);
+        let (outcome, ..) = common::join_all(send(&closed, "probe", 1)).await.remove(0);
         if outcome.is_ok() {
             break;
         }
@@ -322,7 +355,7 @@ async fn when_redis_dies_lanes_follow_their_policy_and_come_back() {
     let trips_before = open_store.round_trips();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let back = send(&open, "back-open", 5);
-    for (outcome, _) in common::join_all(back).await {
+    for (outcome, ..) in common::join_all(back).await {
         assert_eq!(outcome.unwrap().status(), 200);
     }
     assert_eq!(lane(&open), Some(StoreMode::Shared));
@@ -332,6 +365,7 @@ async fn when_redis_dies_lanes_follow_their_policy_and_come_back() {
         "served through Redis again"
     );
     assert_eq!(vendor.throttled(), 0, "{:#?}", vendor.arrivals());
+    assert!(vendor.max_in_any_window(SECOND) <= 10);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,9 +14,9 @@
 //! of every instance's requests, and nobody polls.
 //!
 //! - **Batches.** With several requests waiting, one round trip reserves a
-//!   slot for each (up to [`RedisStore::batch`]).
+//!   slot for each (up to [`RedisOptions::batch`]).
 //! - **Horizon.** No slot is reserved further ahead than
-//!   [`RedisStore::horizon`] (1 s by default). A lane whose next slot is
+//!   [`RedisOptions::horizon`] (1 s by default). A lane whose next slot is
 //!   later is told when, without being charged, and asks again then: a
 //!   tenant held back by its own cap must not book the vendor's slots
 //!   (which would hold every other tenant behind it), and a pause can
@@ -27,12 +27,12 @@
 //! - **Pauses.** A throttle seen by one instance moves the gates'
 //!   `paused_until` forward in Redis and publishes it; every instance pauses
 //!   its lanes at once, and every later reservation starts after the pause.
-//! - **Failures.** Every call has a timeout ([`RedisStore::timeout`]). When
+//! - **Failures.** Every call has a timeout ([`RedisOptions::timeout`]). When
 //!   Redis fails, a lane follows its [`StoreFailure`]: fail-open serves
 //!   from a local fallback at the quota divided by the expected number of
 //!   instances; fail-closed ends waiting requests at once with
 //!   [`Error::StoreUnavailable`](crate::Error::StoreUnavailable). Either way
-//!   the lane tries Redis again every [`RedisStore::probe_every`] and
+//!   the lane tries Redis again every [`RedisOptions::probe_every`] and
 //!   returns to it by itself. [`LaneSnapshot::store`](crate::LaneSnapshot)
 //!   and the `callshaper_store_mode` gauge say which mode a lane is in.
 //! - **Expiry.** Every write sets a TTL: a gate's key lives as long as its
@@ -64,7 +64,9 @@ pub use self::redis::{Clock, RedisOptions, RedisStore};
 pub enum StoreFailure {
     /// Keep serving from a local lane at the quota divided by the fleet's
     /// size ([`RedisOptions::fleet_size`]): one instance's share when the
-    /// whole fleet falls back at once.
+    /// whole fleet falls back at once. It starts one horizon
+    /// ([`RedisOptions::horizon`]) after the failure, when every slot other
+    /// instances booked before it has gone.
     Open,
     /// End waiting and new requests at once with
     /// [`Error::StoreUnavailable`](crate::Error::StoreUnavailable): the

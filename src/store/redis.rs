@@ -685,14 +685,15 @@ impl Remote {
             tracing::warn!(lane, %error, ?mode, "callshaper: Redis failed; the lane leaves the shared quota");
             self.metrics.mode(mode);
             if mode == StoreMode::Fallback && state.mode == StoreMode::Shared {
-                // What the fleet sent just now is in the vendor's window but
-                // not in the local meters: count one release now, so the
-                // fallback's first request keeps its distance from the
-                // fleet's last (a windowed meter still allows the rest of
-                // its share at once; see the README).
-                let now = Instant::now();
+                // Other instances may still hold slots booked before the
+                // failure, up to a horizon ahead, and will use them. Count
+                // one release at the end of that horizon: the fallback's
+                // first request comes a share's interval after every slot
+                // booked in Redis (a windowed meter then still allows the
+                // rest of its share at once; see the README).
+                let after = Instant::now() + self.store.inner.options.horizon;
                 for gate in &self.gates {
-                    lock(&gate.meters).commit(1, now);
+                    lock(&gate.meters).commit(1, after);
                 }
             }
         }

@@ -202,15 +202,27 @@ struct Ticket {
 /// fail-closed lane whose store is down) a refusal.
 type Answer = Result<Turn, Refusal>;
 
-/// The store is down and the lane fails closed. Carries nothing, so an
-/// answer is no larger than a turn: the reason is the lane's last error.
+/// The store is down and the lane fails closed: the error, boxed, so an
+/// answer is no larger than a turn (and a waiting caller need not keep its
+/// lane at hand to build it).
 #[cfg(feature = "redis")]
-#[derive(Debug)]
-struct Refusal;
+type Refusal = Box<Error>;
 
 /// Without a shared store nothing is refused this way.
 #[cfg(not(feature = "redis"))]
 type Refusal = std::convert::Infallible;
+
+/// The dispatcher's answer as the caller's outcome.
+fn answered(answer: Result<Answer, oneshot::error::RecvError>) -> Result<Turn, Error> {
+    match answer {
+        Ok(Ok(turn)) => Ok(turn),
+        #[cfg(feature = "redis")]
+        Ok(Err(refusal)) => Err(*refusal),
+        #[cfg(not(feature = "redis"))]
+        Ok(Err(refusal)) => match refusal {},
+        Err(_) => Err(Error::Shutdown),
+    }
+}
 
 /// Called by the dispatcher when its lane has been idle for the policy's
 /// `idle_timeout`; the owner may then drop the lane.
@@ -550,40 +562,11 @@ impl Lane {
             Slot::Taken => return Err(Error::Shutdown),
         };
         match place.deadline.as_deref().copied() {
-            None => self.answered(rx.await),
+            None => answered(rx.await),
             // Boxed: a timer is large, and most requests have no deadline;
             // this keeps every queued request without one small.
             Some((deadline, max_wait)) => Box::pin(self.wait_until(rx, deadline, max_wait)).await,
         }
-    }
-
-    /// The dispatcher's answer as the caller's outcome.
-    fn answered(&self, answer: Result<Answer, oneshot::error::RecvError>) -> Result<Turn, Error> {
-        match answer {
-            Ok(Ok(turn)) => Ok(turn),
-            Ok(Err(refusal)) => Err(self.refused(refusal)),
-            Err(_) => Err(Error::Shutdown),
-        }
-    }
-
-    #[cfg(feature = "redis")]
-    fn refused(&self, _: Refusal) -> Error {
-        self.shared.metrics.refused();
-        let source = self
-            .shared
-            .remote
-            .as_ref()
-            .map(crate::store::Remote::last_error)
-            .unwrap_or_else(|| crate::store::StoreError::Failed("no store".to_owned()));
-        Error::StoreUnavailable {
-            lane: self.shared.key.clone(),
-            source,
-        }
-    }
-
-    #[cfg(not(feature = "redis"))]
-    fn refused(&self, refusal: Refusal) -> Error {
-        match refusal {}
     }
 
     async fn wait_until(
@@ -594,14 +577,14 @@ impl Lane {
     ) -> Result<Turn, Error> {
         tokio::select! {
             biased;
-            turn = &mut rx => return self.answered(turn),
+            turn = &mut rx => return answered(turn),
             () = sleep_until(deadline) => {}
         }
         // A release due at the deadline itself is woken in the same tick:
         // let the dispatcher run once before giving up.
         tokio::task::yield_now().await;
         match rx.try_recv() {
-            Ok(answer) => self.answered(Ok(answer)),
+            Ok(answer) => answered(Ok(answer)),
             Err(oneshot::error::TryRecvError::Closed) => Err(Error::Shutdown),
             Err(oneshot::error::TryRecvError::Empty) => {
                 self.shared.metrics.refused();
@@ -1165,10 +1148,19 @@ impl Dispatcher {
     #[cfg(feature = "redis")]
     fn refuse_all(&mut self) {
         self.give_back();
+        let shared = &self.shared;
+        let Some(remote) = &shared.remote else {
+            return;
+        };
         for front in [&mut self.interactive, &mut self.batch] {
             for waiting in front.drain() {
-                self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
-                let _ = waiting.turn.send(Err(Refusal));
+                shared.waiting.fetch_sub(1, Ordering::SeqCst);
+                shared.metrics.refused();
+                let error = Error::StoreUnavailable {
+                    lane: shared.key.clone(),
+                    source: remote.last_error(),
+                };
+                let _ = waiting.turn.send(Err(Box::new(error)));
             }
         }
     }

@@ -471,3 +471,64 @@ async fn instance_clocks_work_where_scripts_may_not_read_time() {
     run_fleet(&shapers, &vendor, 40).await;
     assert_quota_held_and_used(&vendor, 40);
 }
+
+/// Tenants under one vendor, on two instances: A (capped at 2/s) floods 20
+/// requests, B sends 6. A's lane books vendor slots no further than the
+/// horizon, so B is done as soon as its own cap allows (about 2.5 s), not
+/// after A's flood (10 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capped_tenant_does_not_book_the_vendors_quota_away() {
+    let redis = RedisServer::start();
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let tenant = callshaper::Level::new(
+        "tenant",
+        callshaper::LaneKey::Tag,
+        [Quota::leaky_bucket(2, SECOND)],
+    );
+    let mut shapers = Vec::new();
+    for _ in 0..2 {
+        let store = RedisStore::connect(&redis.url()).await.unwrap();
+        let shaper = Shaper::builder()
+            .rate(10, SECOND)
+            .level(tenant.clone())
+            .headroom(HEADROOM)
+            .store(store)
+            .build()
+            .unwrap();
+        shapers.push(shaper);
+    }
+    let started = Instant::now();
+    let send = |shaper: &Shaper, tenant: &'static str, i: usize| {
+        let call = shaper
+            .get(format!("{}/{tenant}/{i}", vendor.uri()))
+            .tag(tenant)
+            .send();
+        tokio::spawn(async move { (call.await, started.elapsed()) })
+    };
+    let flood: Vec<_> = (0..20).map(|i| send(&shapers[0], "a", i)).collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let other: Vec<_> = (0..6).map(|i| send(&shapers[1], "b", i)).collect();
+
+    let mut b_last = Duration::ZERO;
+    for (outcome, at) in common::join_all(other).await {
+        assert_eq!(outcome.unwrap().status(), 200);
+        b_last = b_last.max(at);
+    }
+    assert!(
+        b_last <= Duration::from_millis(3_200),
+        "tenant b finished at {b_last:?}"
+    );
+    for (outcome, _) in common::join_all(flood).await {
+        assert_eq!(outcome.unwrap().status(), 200);
+    }
+    assert_eq!(vendor.throttled(), 0);
+    let a_busiest = callshaper::testing::max_in_any_window(
+        vendor
+            .arrivals()
+            .iter()
+            .filter(|a| a.path.starts_with("/a/"))
+            .map(|a| a.at),
+        SECOND,
+    );
+    assert!(a_busiest <= 2, "tenant a kept to its cap: {a_busiest}");
+}

@@ -52,3 +52,54 @@ pub fn accepted_order(vendor: &callshaper::testing::Vendor) -> Vec<usize> {
         .collect();
     order(&accepted)
 }
+
+/// Two rounds of two requests against a vendor allowing 1,000 tokens a
+/// second, through `shaper`'s tokens quota: the first request is estimated
+/// at 1,000 and uses 200, the second uses 800. In the first round the
+/// first is settled (and `lands` is how long that takes to reach the
+/// store): the second must go within `quick`. In the second round it is
+/// not: the estimate holds a whole window.
+pub async fn settle_then_not(
+    shaper: &Shaper,
+    vendor: &callshaper::testing::Vendor,
+    lands: Duration,
+    quick: Duration,
+) {
+    for settle in [true, false] {
+        let started = tokio::time::Instant::now();
+        let first = shaper
+            .get(vendor.uri())
+            .header("x-tokens", "200")
+            .cost(1_000)
+            .send()
+            .await
+            .unwrap();
+        if settle {
+            first
+                .extensions()
+                .get::<callshaper::Settle>()
+                .unwrap()
+                .report(200);
+            tokio::time::sleep(lands).await;
+        }
+        let second = shaper
+            .get(vendor.uri())
+            .header("x-tokens", "800")
+            .cost(800)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(second.status(), 200);
+        let waited = started.elapsed();
+        if settle {
+            assert!(waited < quick, "800 freed at once: {waited:?}");
+        } else {
+            assert!(
+                waited >= SECOND,
+                "without settling, the estimate holds: {waited:?}"
+            );
+        }
+        tokio::time::sleep(2 * SECOND).await;
+    }
+    assert_eq!(vendor.throttled(), 0);
+}

@@ -126,3 +126,32 @@ async fn a_lane_counts_releases_throttles_refusals_and_waits() {
     let longest = waits.iter().copied().fold(0.0, f64::max);
     assert!(longest > 4.0 && longest < 5.5, "{longest}");
 }
+
+/// On a shared store, the lane's mode gauge follows Redis: 0 shared, 1 on
+/// the fail-open fallback once Redis is gone. Real clock: Redis keeps time.
+#[tokio::test]
+async fn a_lane_on_a_shared_store_reports_its_mode() {
+    use callshaper::store::RedisStore;
+    use callshaper::testing::RedisServer;
+
+    let seen = Seen::default();
+    let _recording = metrics::set_default_local_recorder(&seen);
+    let mut redis = RedisServer::start();
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let store = RedisStore::options()
+        .timeout(Duration::from_millis(100))
+        .connect(&redis.url())
+        .await
+        .unwrap();
+    let shaper = callshaper::Shaper::builder()
+        .rate(10, SECOND)
+        .store(store)
+        .on_store_failure(callshaper::StoreFailure::Open)
+        .build()
+        .unwrap();
+    assert_eq!(shaper.get(vendor.uri()).send().await.unwrap().status(), 200);
+    assert_eq!(seen.gauge("callshaper_store_mode"), Some(0.0));
+    redis.kill();
+    assert_eq!(shaper.get(vendor.uri()).send().await.unwrap().status(), 200);
+    assert_eq!(seen.gauge("callshaper_store_mode"), Some(1.0), "fallback");
+}

@@ -350,11 +350,12 @@ async fn listen(
 ) {
     let mut ready = Some(ready);
     loop {
-        let subscribed = async {
+        // A host that does not answer must not hold the listener forever.
+        let subscribed = within(Duration::from_secs(5), async {
             let mut pubsub = client.get_async_pubsub().await?;
             pubsub.subscribe(&channel).await?;
             redis::RedisResult::Ok(pubsub)
-        };
+        });
         let pubsub = tokio::select! {
             _ = &mut stop => return,
             subscribed = subscribed => subscribed,
@@ -377,7 +378,7 @@ async fn listen(
             }
             Err(error) => {
                 if let Some(ready) = ready.take() {
-                    let _ = ready.send(Err(failed(error)));
+                    let _ = ready.send(Err(error));
                     return;
                 }
             }

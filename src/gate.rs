@@ -204,6 +204,12 @@ impl Gate {
         true
     }
 
+    /// The spacing of the declared request rate, if any.
+    #[cfg(feature = "redis")]
+    pub(crate) fn request_interval(&self) -> Option<Duration> {
+        self.request_rate.map(|rate| rate.interval(self.headroom))
+    }
+
     pub(crate) fn learned(&self) -> Option<Rate> {
         lock(&self.pace).learned
     }

@@ -684,6 +684,22 @@ impl Lane {
         // During a pause nothing goes: the queue drains from its end.
         let from = self.paused_until().unwrap_or(now);
         let ahead = u64::try_from(self.queued()).unwrap_or(u64::MAX);
+        // On a shared store the local meters are the fallback's share; the
+        // fleet's state is in Redis. Predict from this lane's queue at the
+        // declared pace (other instances' queues are unknown here).
+        #[cfg(feature = "redis")]
+        if let Some(remote) = &self.shared.remote
+            && remote.mode() == crate::store::StoreMode::Shared
+        {
+            let interval = self
+                .shared
+                .gates
+                .iter()
+                .filter_map(|g| g.request_interval())
+                .max();
+            let spacing = crate::meters::spacing(interval.unwrap_or_default(), ahead);
+            return (from + spacing) - now;
+        }
         let meters = self.shared.meters();
         let eta = meters
             .iter()

@@ -492,3 +492,41 @@ async fn a_capped_tenant_does_not_book_the_vendors_quota_away() {
     );
     assert!(a_busiest <= 2, "tenant a kept to its cap: {a_busiest}");
 }
+
+/// Admission on a shared store predicts from the declared pace, not from
+/// the fallback's share: 8 queued at 10/s fit a 1 s `max_wait` even with a
+/// fleet of 3 (whose share would be 3/s, or 2.6 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_on_a_shared_store_predicts_the_fleets_pace() {
+    let redis = RedisServer::start();
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let store = RedisStore::options()
+        .fleet_size(3)
+        .connect(&redis.url())
+        .await
+        .unwrap();
+    let shaper = Shaper::builder()
+        .rate(10, SECOND)
+        .headroom(HEADROOM)
+        .max_wait(SECOND)
+        .store(store)
+        .build()
+        .unwrap();
+    let calls: Vec<_> = (0..8)
+        .map(|i| tokio::spawn(shaper.get(format!("{}/r/{i}", vendor.uri())).send()))
+        .collect();
+    for outcome in common::join_all(calls).await {
+        assert_eq!(outcome.unwrap().status(), 200);
+    }
+    // The 12th in line would wait past 1 s: refused at once.
+    let calls: Vec<_> = (0..12)
+        .map(|i| tokio::spawn(shaper.get(format!("{}/s/{i}", vendor.uri())).send()))
+        .collect();
+    let refused = common::join_all(calls)
+        .await
+        .into_iter()
+        .filter(|o| matches!(o, Err(Error::WouldExceedMaxWait { .. })))
+        .count();
+    assert!(refused >= 1, "a wait past max_wait is refused");
+    assert_eq!(vendor.throttled(), 0);
+}

@@ -125,10 +125,13 @@ async fn a_redis_cluster_shares_the_quota_too() {
 async fn a_throttle_seen_by_one_instance_pauses_the_fleet() {
     let redis = RedisServer::start();
     let vendor = Vendor::strict(10, SECOND).start().await;
-    let mut shapers = Vec::new();
-    for _ in 0..3 {
-        shapers.push(instance(RedisStore::connect(&redis.url()).await.unwrap()).await);
-    }
+    // Two shapers of one process share a connection; the third is alone.
+    let shared = RedisStore::connect(&redis.url()).await.unwrap();
+    let shapers = [
+        instance(shared.clone()).await,
+        instance(shared).await,
+        instance(RedisStore::connect(&redis.url()).await.unwrap()).await,
+    ];
     assert_one_throttle_pauses_all(&shapers, &vendor).await;
 }
 

@@ -193,7 +193,7 @@ struct Inner {
     options: RedisOptions,
     channel: String,
     /// Local gates by key, for pauses published by other instances.
-    gates: Arc<Mutex<HashMap<String, Weak<Gate>>>>,
+    gates: Arc<Registry>,
     round_trips: AtomicU64,
     /// Dropped with the store: stops the pause listener.
     _listening: oneshot::Sender<()>,
@@ -344,7 +344,7 @@ impl RedisStore {
 async fn listen(
     client: redis::Client,
     channel: String,
-    gates: Arc<Mutex<HashMap<String, Weak<Gate>>>>,
+    gates: Arc<Registry>,
     mut stop: oneshot::Receiver<()>,
     ready: oneshot::Sender<Result<(), StoreError>>,
 ) {
@@ -393,7 +393,7 @@ async fn listen(
 }
 
 /// A pause message: `key\nmicroseconds left`.
-fn apply_pause(gates: &Mutex<HashMap<String, Weak<Gate>>>, payload: &[u8]) {
+fn apply_pause(gates: &Registry, payload: &[u8]) {
     let Ok(text) = std::str::from_utf8(payload) else {
         return;
     };
@@ -403,8 +403,11 @@ fn apply_pause(gates: &Mutex<HashMap<String, Weak<Gate>>>, payload: &[u8]) {
     let Ok(left) = left.parse::<u64>() else {
         return;
     };
-    let gate = lock(gates).get(key).and_then(Weak::upgrade);
-    if let Some(gate) = gate {
+    let local: Vec<Arc<Gate>> = lock(gates)
+        .get(key)
+        .map(|gates| gates.iter().filter_map(Weak::upgrade).collect())
+        .unwrap_or_default();
+    for gate in local {
         gate.pause_for(Duration::from_micros(left));
     }
 }
@@ -416,6 +419,10 @@ fn micros(d: Duration) -> i64 {
 fn duration(us: i64) -> Duration {
     Duration::from_micros(u64::try_from(us).unwrap_or(0))
 }
+
+/// Local gates by key: several shapers of one process may share a store,
+/// each with its own gate for a key.
+type Registry = Mutex<HashMap<String, Vec<Weak<Gate>>>>;
 
 /// Slots reserved in one round trip.
 #[derive(Debug)]
@@ -498,7 +505,10 @@ impl Remote {
         {
             let mut registry = lock(&store.inner.gates);
             for (key, gate) in keys.iter().zip(&gates) {
-                registry.insert(key.clone(), Arc::downgrade(gate));
+                let same = registry.entry(key.clone()).or_default();
+                if !same.iter().any(|known| known.as_ptr() == Arc::as_ptr(gate)) {
+                    same.push(Arc::downgrade(gate));
+                }
             }
         }
         let windows = quotas.iter().flatten().map(|q| q.rate().per + headroom);
@@ -732,9 +742,16 @@ impl Drop for Remote {
     fn drop(&mut self) {
         let mut registry = lock(&self.store.inner.gates);
         for (key, gate) in self.keys.iter().zip(&self.gates) {
-            // Ours is the last lane holding this gate: forget it.
-            if Arc::strong_count(gate) <= 1 {
-                registry.remove(key);
+            // Forget this gate if ours is the last lane holding it, and
+            // gates no lane holds any more.
+            let last = Arc::strong_count(gate) <= 1;
+            if let Some(same) = registry.get_mut(key) {
+                same.retain(|known| {
+                    known.strong_count() > 0 && !(last && known.as_ptr() == Arc::as_ptr(gate))
+                });
+                if same.is_empty() {
+                    registry.remove(key);
+                }
             }
         }
         crate::client::shrink(&mut registry);

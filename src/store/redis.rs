@@ -167,20 +167,25 @@ impl RedisOptions {
 /// connects to it. Cheap to clone; give it to
 /// [`ShaperBuilder::store`](crate::ShaperBuilder::store).
 ///
-/// ```no_run
+/// ```
 /// use std::time::Duration;
 /// use callshaper::{Shaper, StoreFailure, store::RedisStore};
+/// # use callshaper::testing::{RedisServer, Vendor};
 ///
-/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// let redis = RedisStore::options()
-///     .fleet_size(3)
-///     .connect("redis://127.0.0.1:6379")
-///     .await?;
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = RedisServer::start();
+/// # let url = server.url();
+/// # let vendor = Vendor::strict(10, Duration::from_secs(1)).start().await;
+/// // `url`: "redis://127.0.0.1:6379", say.
+/// let redis = RedisStore::options().fleet_size(3).connect(&url).await?;
 /// let shaper = Shaper::builder()
 ///     .rate(10, Duration::from_secs(1))
 ///     .store(redis)
 ///     .on_store_failure(StoreFailure::Open)
 ///     .build()?;
+/// let response = shaper.get(vendor.uri()).send().await?;
+/// assert_eq!(response.status(), 200);
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]

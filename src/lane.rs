@@ -911,6 +911,14 @@ struct Booking {
     t: i64,
 }
 
+/// The ticket at the head of the queue, about to be released.
+#[derive(Clone, Copy)]
+struct Head {
+    class: Priority,
+    seq: u64,
+    cost: u64,
+}
+
 /// Why the head can't go yet.
 enum Blocked {
     /// A meter allows it then.
@@ -1012,23 +1020,22 @@ impl Dispatcher {
             },
         };
 
+        let head = Head { class, seq, cost };
         #[cfg(feature = "redis")]
         if self.shared.remote.is_some() {
-            return self.step_remote(class, seq, cost, now, permit).await;
+            return self.step_remote(head, now, permit).await;
         }
-        self.release_local(class, seq, cost, now, permit).await
+        self.release_local(head, now, permit).await
     }
 
     /// Release the head by this process's meters, or wait for them.
     async fn release_local(
         &mut self,
-        class: Priority,
-        seq: u64,
-        cost: u64,
+        head: Head,
         now: Instant,
         permit: Option<OwnedSemaphorePermit>,
     ) -> bool {
-        match self.release(class, seq, cost, now, permit) {
+        match self.release(head, now, permit) {
             Ok(_) => true,
             Err(Blocked::Until(at)) => self.or_new_ticket(sleep_until(at)).await,
             Err(Blocked::Turn(turn)) => self.or_new_ticket(turn).await,
@@ -1042,22 +1049,21 @@ impl Dispatcher {
     #[cfg(feature = "redis")]
     async fn step_remote(
         &mut self,
-        class: Priority,
-        seq: u64,
-        cost: u64,
+        head: Head,
         now: Instant,
         permit: Option<OwnedSemaphorePermit>,
     ) -> bool {
         use crate::store::StoreMode;
+        let cost = head.cost;
         let shared = self.shared.clone();
         let Some(remote) = shared.remote.as_ref() else {
-            return self.release_local(class, seq, cost, now, permit).await;
+            return self.release_local(head, now, permit).await;
         };
         if !remote.probe_due(now) {
             match remote.mode() {
                 StoreMode::Shared => {}
                 StoreMode::Fallback => {
-                    return self.release_local(class, seq, cost, now, permit).await;
+                    return self.release_local(head, now, permit).await;
                 }
                 StoreMode::Unavailable => {
                     self.refuse_all();
@@ -1074,7 +1080,7 @@ impl Dispatcher {
                 // Back from an outage: other instances may still serve
                 // from their fallback share, so keep to ours as well until
                 // every one of them has found the store again.
-                return match self.release(class, seq, cost, now, permit) {
+                return match self.release(head, now, permit) {
                     Ok(true) => {
                         self.booked.slots.pop_front();
                         true
@@ -1085,7 +1091,7 @@ impl Dispatcher {
                 };
             }
             if let Some(slot) = self.booked.slots.pop_front() {
-                if !self.hand(class, seq, now, permit) {
+                if !self.hand(head, now, permit) {
                     // Its caller left just now: the slot serves the next.
                     self.booked.slots.push_front(slot);
                 } else if slot.cost != cost {
@@ -1102,7 +1108,7 @@ impl Dispatcher {
             }
             self.booked.hold = None;
         }
-        let costs = self.front(class).costs(remote.batch());
+        let costs = self.front(head.class).costs(remote.batch());
         match remote.reserve(&costs).await {
             Ok(reservation) => {
                 remote.recovered(&shared.key);
@@ -1127,7 +1133,7 @@ impl Dispatcher {
             Err(error) => {
                 match remote.failed(error, &shared.key) {
                     StoreMode::Unavailable => self.refuse_all(),
-                    _ => return self.release_local(class, seq, cost, now, permit).await,
+                    _ => return self.release_local(head, now, permit).await,
                 }
                 true
             }
@@ -1138,8 +1144,7 @@ impl Dispatcher {
     #[cfg(feature = "redis")]
     fn hand(
         &mut self,
-        class: Priority,
-        seq: u64,
+        Head { class, seq, .. }: Head,
         now: Instant,
         permit: Option<OwnedSemaphorePermit>,
     ) -> bool {
@@ -1216,12 +1221,11 @@ impl Dispatcher {
     /// the queue, so it never blocks a gate it could not use anyway.
     fn release(
         &mut self,
-        class: Priority,
-        seq: u64,
-        cost: u64,
+        head: Head,
         now: Instant,
         permit: Option<OwnedSemaphorePermit>,
     ) -> Result<bool, Blocked> {
+        let Head { class, seq, cost } = head;
         let shared = self.shared.clone();
         shared.with_meters(|meters| {
             let at = earliest(meters, cost, now);

@@ -88,9 +88,12 @@ impl Gate {
             (Some(knobs), Some(ceiling)) => Some(Aimd::new(knobs, ceiling)),
             _ => None,
         };
-        let capacity = Meters::new(&quotas, policy.headroom, now).capacity();
-        let local: Vec<Quota> = quotas.iter().map(|q| q.share(share)).collect();
-        let meters = Meters::new(&local, policy.headroom, now);
+        let mut meters = Meters::new(&quotas, policy.headroom, now);
+        let capacity = meters.capacity();
+        if share > 1 {
+            let local: Vec<Quota> = quotas.iter().map(|q| q.share(share)).collect();
+            meters = Meters::new(&local, policy.headroom, now);
+        }
         Self {
             capacity,
             meters: Mutex::new(meters),

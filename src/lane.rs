@@ -1037,8 +1037,15 @@ impl Dispatcher {
     ) -> bool {
         match self.release(head, now, permit) {
             Ok(_) => true,
-            Err(Blocked::Until(at)) => self.or_new_ticket(sleep_until(at)).await,
-            Err(Blocked::Turn(turn)) => self.or_new_ticket(turn).await,
+            Err(blocked) => self.wait_for(blocked).await,
+        }
+    }
+
+    /// Wait for what holds the head back, or for a new ticket.
+    async fn wait_for(&mut self, blocked: Blocked) -> bool {
+        match blocked {
+            Blocked::Until(at) => self.or_new_ticket(sleep_until(at)).await,
+            Blocked::Turn(turn) => self.or_new_ticket(turn).await,
         }
     }
 
@@ -1053,22 +1060,18 @@ impl Dispatcher {
         now: Instant,
         permit: Option<OwnedSemaphorePermit>,
     ) -> bool {
-        use crate::store::StoreMode;
+        use crate::store::{Source, StoreMode};
         let cost = head.cost;
         let shared = self.shared.clone();
         let Some(remote) = shared.remote.as_ref() else {
             return self.release_local(head, now, permit).await;
         };
-        if !remote.probe_due(now) {
-            match remote.mode() {
-                StoreMode::Shared => {}
-                StoreMode::Fallback => {
-                    return self.release_local(head, now, permit).await;
-                }
-                StoreMode::Unavailable => {
-                    self.refuse_all();
-                    return true;
-                }
+        match remote.source(now) {
+            Source::Store => {}
+            Source::Fallback => return self.release_local(head, now, permit).await,
+            Source::Refuse => {
+                self.refuse_all();
+                return true;
             }
         }
         if let Some(slot) = self.booked.slots.front() {
@@ -1081,13 +1084,13 @@ impl Dispatcher {
                 // from their fallback share, so keep to ours as well until
                 // every one of them has found the store again.
                 return match self.release(head, now, permit) {
-                    Ok(true) => {
-                        self.booked.slots.pop_front();
+                    Ok(handed) => {
+                        if handed {
+                            self.booked.slots.pop_front();
+                        }
                         true
                     }
-                    Ok(false) => true,
-                    Err(Blocked::Until(at)) => self.or_new_ticket(sleep_until(at)).await,
-                    Err(Blocked::Turn(turn)) => self.or_new_ticket(turn).await,
+                    Err(blocked) => self.wait_for(blocked).await,
                 };
             }
             if let Some(slot) = self.booked.slots.pop_front() {
@@ -1138,30 +1141,6 @@ impl Dispatcher {
                 true
             }
         }
-    }
-
-    /// Hand the head of `class` its turn; false if its caller left.
-    #[cfg(feature = "redis")]
-    fn hand(
-        &mut self,
-        Head { class, seq, .. }: Head,
-        now: Instant,
-        permit: Option<OwnedSemaphorePermit>,
-    ) -> bool {
-        let batch_waited = !self.batch.is_empty();
-        let Some(head) = self.front(class).remove(seq) else {
-            return false;
-        };
-        self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
-        let turn = Turn {
-            _in_flight: permit,
-            at: now,
-        };
-        if head.turn.send(Ok(turn)).is_err() {
-            return false;
-        }
-        self.count_release(class, batch_waited);
-        true
     }
 
     /// A fail-closed lane whose store is down: everyone waiting learns it
@@ -1225,7 +1204,7 @@ impl Dispatcher {
         now: Instant,
         permit: Option<OwnedSemaphorePermit>,
     ) -> Result<bool, Blocked> {
-        let Head { class, seq, cost } = head;
+        let cost = head.cost;
         let shared = self.shared.clone();
         shared.with_meters(|meters| {
             let at = earliest(meters, cost, now);
@@ -1235,38 +1214,47 @@ impl Dispatcher {
             if at > now {
                 return Err(Blocked::Until(at));
             }
-            let batch_waited = !self.batch.is_empty();
-            let mut handed = false;
-            if let Some(head) = self.front(class).remove(seq) {
-                let turn = Turn {
-                    _in_flight: permit,
-                    at: now,
-                };
-                if head.turn.send(Ok(turn)).is_ok() {
-                    for meter in meters.iter_mut() {
-                        meter.commit(cost, now);
-                    }
-                    self.count_release(class, batch_waited);
-                    handed = true;
+            let handed = self.hand(head, now, permit);
+            if handed {
+                for meter in meters.iter_mut() {
+                    meter.commit(cost, now);
                 }
-                shared.waiting.fetch_sub(1, Ordering::SeqCst);
             }
             Ok(handed)
         })
     }
 
-    /// Count a turn handed out.
-    fn count_release(&mut self, class: Priority, batch_waited: bool) {
-        let shared = &self.shared;
-        shared.released.fetch_add(1, Ordering::Relaxed);
-        let queued = shared.waiting.load(Ordering::Relaxed).saturating_sub(1);
-        shared.metrics.released(queued);
-        self.since_batch = match class {
-            Priority::Batch => 0,
-            Priority::Interactive if batch_waited => self.since_batch + 1,
-            Priority::Interactive => 0,
+    /// Hand the head its turn and count it; false if its caller left (its
+    /// ticket is gone either way).
+    fn hand(
+        &mut self,
+        Head { class, seq, .. }: Head,
+        now: Instant,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> bool {
+        let batch_waited = !self.batch.is_empty();
+        let Some(head) = self.front(class).remove(seq) else {
+            return false;
         };
-        self.leave_queues();
+        let turn = Turn {
+            _in_flight: permit,
+            at: now,
+        };
+        let handed = head.turn.send(Ok(turn)).is_ok();
+        let shared = &self.shared;
+        if handed {
+            shared.released.fetch_add(1, Ordering::Relaxed);
+            let queued = shared.waiting.load(Ordering::Relaxed).saturating_sub(1);
+            shared.metrics.released(queued);
+            self.since_batch = match class {
+                Priority::Batch => 0,
+                Priority::Interactive if batch_waited => self.since_batch + 1,
+                Priority::Interactive => 0,
+            };
+            self.leave_queues();
+        }
+        self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
+        handed
     }
 
     /// Take or keep this lane's place in the queue of each shared gate that

@@ -19,7 +19,7 @@ use common::SECOND;
 /// quota and still uses 98 % of it.
 const HEADROOM: Duration = Duration::from_millis(20);
 
-async fn instance(store: RedisStore) -> Shaper {
+fn instance(store: RedisStore) -> Shaper {
     instance_failing(store, StoreFailure::default())
 }
 
@@ -76,7 +76,7 @@ async fn fleet_of(size: usize) {
     for _ in 0..size {
         let store = RedisStore::connect(&redis.url()).await.unwrap();
         stores.push(store.clone());
-        shapers.push(instance(store).await);
+        shapers.push(instance(store));
     }
     run_fleet(&shapers, &vendor, 200).await;
     assert_quota_held_and_used(&vendor, 200);
@@ -111,7 +111,7 @@ async fn a_redis_cluster_shares_the_quota_too() {
     let mut shapers = Vec::new();
     for _ in 0..3 {
         let store = RedisStore::cluster(cluster.urls()).await.unwrap();
-        shapers.push(instance(store).await);
+        shapers.push(instance(store));
     }
     run_fleet(&shapers, &vendor, 200).await;
     assert_quota_held_and_used(&vendor, 200);
@@ -128,9 +128,9 @@ async fn a_throttle_seen_by_one_instance_pauses_the_fleet() {
     // Two shapers of one process share a connection; the third is alone.
     let shared = RedisStore::connect(&redis.url()).await.unwrap();
     let shapers = [
-        instance(shared.clone()).await,
-        instance(shared).await,
-        instance(RedisStore::connect(&redis.url()).await.unwrap()).await,
+        instance(shared.clone()),
+        instance(shared),
+        instance(RedisStore::connect(&redis.url()).await.unwrap()),
     ];
     assert_one_throttle_pauses_all(&shapers, &vendor).await;
 }
@@ -369,8 +369,8 @@ async fn when_redis_dies_lanes_follow_their_policy_and_come_back() {
 async fn slots_of_callers_who_gave_up_go_back_to_the_fleet() {
     let redis = RedisServer::start();
     let vendor = Vendor::strict(10, SECOND).start().await;
-    let a = instance(RedisStore::connect(&redis.url()).await.unwrap()).await;
-    let b = instance(RedisStore::connect(&redis.url()).await.unwrap()).await;
+    let a = instance(RedisStore::connect(&redis.url()).await.unwrap());
+    let b = instance(RedisStore::connect(&redis.url()).await.unwrap());
 
     // A books a second of slots for ten callers, then nine of them leave.
     let callers: Vec<_> = (0..10)
@@ -429,7 +429,7 @@ async fn instance_clocks_work_where_scripts_may_not_read_time() {
             .connect(&redis.url())
             .await
             .unwrap();
-        shapers.push(instance(store).await);
+        shapers.push(instance(store));
     }
     run_fleet(&shapers, &vendor, 40).await;
     assert_quota_held_and_used(&vendor, 40);

@@ -49,9 +49,9 @@ mod redis;
 use std::time::Duration;
 
 #[cfg(feature = "redis")]
-pub(crate) use self::redis::Remote;
-#[cfg(feature = "redis")]
 pub use self::redis::{Clock, RedisOptions, RedisStore};
+#[cfg(feature = "redis")]
+pub(crate) use self::redis::{Remote, Source};
 
 /// What a lane does when its shared store (Redis) cannot answer.
 ///

@@ -429,6 +429,16 @@ fn duration(us: i64) -> Duration {
 /// each with its own gate for a key.
 type Registry = Mutex<HashMap<String, Vec<Weak<Gate>>>>;
 
+/// Where a lane's next release comes from.
+pub(crate) enum Source {
+    /// Reserve in the store.
+    Store,
+    /// The local fallback (fail-open, store down).
+    Fallback,
+    /// Nowhere: refuse (fail-closed, store down).
+    Refuse,
+}
+
 /// Slots reserved in one round trip.
 #[derive(Debug)]
 pub(crate) struct Reservation {
@@ -683,10 +693,16 @@ impl Remote {
         }
     }
 
-    /// True when the store is down and it is time to try it again.
-    pub(crate) fn probe_due(&self, now: Instant) -> bool {
+    /// Where the next release comes from: the store while it works (or
+    /// when it is time to try it again), else the lane's policy.
+    pub(crate) fn source(&self, now: Instant) -> Source {
         let state = lock(&self.state);
-        state.mode != StoreMode::Shared && now >= state.probe_at
+        match state.mode {
+            StoreMode::Shared => Source::Store,
+            _ if now >= state.probe_at => Source::Store,
+            StoreMode::Fallback => Source::Fallback,
+            StoreMode::Unavailable => Source::Refuse,
+        }
     }
 
     /// A call failed: fall back or close, per the lane's policy; try again
@@ -760,5 +776,53 @@ impl Drop for Remote {
             }
         }
         crate::client::shrink(&mut registry);
+    }
+}
+
+#[cfg(all(test, feature = "testing"))]
+mod tests {
+    use super::*;
+    use crate::testing::RedisServer;
+
+    /// The scripts read the clock they are given, and Redis's `TIME`
+    /// otherwise: what `Clock::Instances` relies on.
+    #[tokio::test]
+    async fn scripts_read_the_instance_clock_when_given_one() {
+        let server = RedisServer::start();
+        let store = RedisStore::connect(&server.url()).await.unwrap();
+        // One leaky-bucket meter of 10 per second, no pace; one slot of cost 1.
+        let spec = [0, 1, 1, 0, 10, 1_000_000, 10];
+        let reserve = |now: i64| {
+            let mut args = vec![now, 0, 1_000_000, 2_000_000, 1, 1];
+            args.extend(spec);
+            args
+        };
+        let keys = ["callshaper:{t}:clock".to_owned()];
+        let given = 1_234_567_890_000_000;
+        let reply: Vec<i64> = store
+            .invoke(&RESERVE, &keys, &reserve(given), None)
+            .await
+            .unwrap();
+        assert_eq!(reply[0], given, "the instance's clock");
+
+        let wall = micros(SystemTime::now().duration_since(UNIX_EPOCH).unwrap());
+        let reply: Vec<i64> = store
+            .invoke(&RESERVE, &keys, &reserve(0), None)
+            .await
+            .unwrap();
+        assert!(
+            (reply[0] - wall).abs() < 5_000_000,
+            "Redis TIME: {} vs {wall}",
+            reply[0]
+        );
+
+        // And each store sends what its option says.
+        assert_eq!(store.now_arg(), 0);
+        let instances = RedisStore::options()
+            .clock(Clock::Instances)
+            .connect(&server.url())
+            .await
+            .unwrap();
+        assert!((instances.now_arg() - wall).abs() < 5_000_000);
     }
 }

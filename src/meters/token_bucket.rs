@@ -13,16 +13,23 @@ use super::{Meter, Rate, settle_tat, spacing};
 /// # The arithmetic
 ///
 /// GCRA again, with a tolerance: with `T = refill.interval(headroom)` per
-/// token and `B = capacity`, the state `tat` is when the bucket would be
-/// full again.
+/// token, `B = capacity` and `J = headroom / 2`, the state `tat` is when the
+/// bucket would be full again.
 ///
-/// - `earliest(cost, now) = max(now, tat − (B − cost)·T)`;
+/// - `earliest(cost, now) = max(now, tat − ((B − cost)·T − J))`;
 /// - `commit(cost, now)`: `tat = max(tat, now) + cost·T`.
 ///
 /// # The guarantee
 ///
-/// A vendor running the same bucket (same capacity, same refill) never
-/// refuses us; the headroom stretches the refill period to absorb jitter.
+/// For releases `r_i ≤ r_j` of `n` units in all, the rule gives
+/// `n ≤ B + (r_j − r_i − J) / T`. A vendor running the same bucket sees each
+/// request up to `J` late, so the span it measures can shrink by `J`: it
+/// allows `n ≤ B + (r_j − r_i − J) / T_vendor`, which holds because
+/// `T ≥ T_vendor`. So it never refuses us, even when a burst opening fresh
+/// connections lands late and the refill after it goes on time (the case
+/// that `tolerance = (B − cost)·T` alone lost). The price: a full bucket lets
+/// `B − 1` go at once and the last of the burst `J` later. The stretch of
+/// `T` absorbs drift over longer spans.
 /// A vendor counting a strict sliding window of `per` can see up to
 /// `capacity + count` units in one window (a full burst, then a window's
 /// refill): match the vendor's algorithm, not just its numbers.
@@ -30,6 +37,8 @@ use super::{Meter, Rate, settle_tat, spacing};
 pub struct TokenBucket {
     capacity: u64,
     interval: Duration,
+    /// `J`: how late a release may land at the vendor.
+    jitter: Duration,
     tat: Option<Instant>,
 }
 
@@ -39,12 +48,19 @@ impl TokenBucket {
         Self {
             capacity,
             interval: refill.interval(headroom),
+            jitter: headroom / 2,
             tat: None,
         }
     }
 
     fn tokens(&self, n: u64) -> Duration {
         spacing(self.interval, n)
+    }
+
+    /// How far ahead of `tat` a request of `cost` may go.
+    fn tolerance(&self, cost: u64) -> Duration {
+        self.tokens(self.capacity.saturating_sub(cost))
+            .saturating_sub(self.jitter)
     }
 }
 
@@ -55,8 +71,8 @@ impl Meter for TokenBucket {
 
     fn earliest(&self, cost: u64, now: Instant) -> Instant {
         let Some(tat) = self.tat else { return now };
-        let tolerance = self.tokens(self.capacity.saturating_sub(cost));
-        tat.checked_sub(tolerance).map_or(now, |at| at.max(now))
+        tat.checked_sub(self.tolerance(cost))
+            .map_or(now, |at| at.max(now))
     }
 
     fn commit(&mut self, cost: u64, now: Instant) {
@@ -79,8 +95,8 @@ impl Meter for TokenBucket {
     fn eta(&self, ahead: u64, cost: u64, now: Instant) -> Instant {
         // After `ahead` tokens go, the bucket is full again at `tat`.
         let tat = self.tat.map_or(now, |tat| tat.max(now)) + self.tokens(ahead);
-        let tolerance = self.tokens(self.capacity.saturating_sub(cost));
-        tat.checked_sub(tolerance).map_or(now, |at| at.max(now))
+        tat.checked_sub(self.tolerance(cost))
+            .map_or(now, |at| at.max(now))
     }
 }
 
@@ -99,5 +115,27 @@ mod tests {
         assert_eq!(bucket.earliest(1, t0), t0 + Duration::from_millis(100));
         assert_eq!(bucket.earliest(3, t0), t0 + Duration::from_millis(300));
         assert!(bucket.is_idle(t0 + Duration::from_millis(500)));
+    }
+
+    /// The case a flaky fleet test found: the burst lands late (fresh
+    /// connections), the refill after it goes on time.
+    #[tokio::test(start_paused = true)]
+    async fn a_late_burst_cannot_crowd_the_refill() {
+        let ms = Duration::from_millis;
+        let headroom = ms(50);
+        let mut bucket = TokenBucket::new(5, Rate::new(10, Duration::from_secs(1)), headroom);
+        let t0 = Instant::now();
+        let mut releases = Vec::new();
+        let mut now = t0;
+        for _ in 0..6 {
+            now = bucket.earliest(1, now);
+            bucket.commit(1, now);
+            releases.push(now - t0);
+        }
+        assert_eq!(&releases[..4], &[Duration::ZERO; 4], "four at once");
+        assert_eq!(releases[4], ms(25), "the fifth half the headroom later");
+        // The vendor's bucket (100 ms a token) refills from the first
+        // arrival: up to 25 ms late, the sixth must still come 100 ms after.
+        assert!(releases[5] >= ms(25) + ms(100), "{releases:?}");
     }
 }

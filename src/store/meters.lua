@@ -129,8 +129,10 @@ local function earliest(gate, meter, c, t, headroom)
   elseif meter.alg == 2 then
     local tat = s[1]
     if not tat then return t end
-    local tolerance = meter.interval * math.max(0, meter.capacity - c)
-    return math.max(t, tat - tolerance)
+    -- Less half the headroom: a late burst cannot crowd the refill
+    -- (see token_bucket.rs).
+    local tolerance = meter.interval * math.max(0, meter.capacity - c) - math.floor(headroom / 2)
+    return math.max(t, tat - math.max(0, tolerance))
   elseif meter.alg == 3 then
     local i = window_index(gate, meter, t)
     if c > meter.count then return t end

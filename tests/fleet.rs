@@ -9,7 +9,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use callshaper::store::RedisStore;
+use callshaper::store::{RedisStore, StoreError};
 use callshaper::testing::{RedisCluster, RedisServer, RetryAfter, Vendor};
 use callshaper::{Error, LanePolicy, Quota, Shaper, StoreFailure, StoreMode};
 use common::SECOND;
@@ -325,7 +325,8 @@ async fn when_redis_dies_lanes_follow_their_policy_and_come_back() {
             Err(Error::StoreUnavailable { .. }) => {}
             other => panic!("fail-closed: expected StoreUnavailable, got {other:?}"),
         }
-        assert!(took <= Duration::from_millis(500), "refused after {took:?}");
+        // The lane already knows: no call, no timeout to wait for.
+        assert!(took <= Duration::from_millis(100), "refused after {took:?}");
     }
     let during: Vec<_> = vendor.arrivals()[down_started..].to_vec();
     assert!(during.iter().all(|a| a.path.starts_with("/down-open/")));
@@ -363,6 +364,90 @@ async fn when_redis_dies_lanes_follow_their_policy_and_come_back() {
     );
     assert_eq!(vendor.throttled(), 0, "{:#?}", vendor.arrivals());
     assert!(vendor.max_in_any_window(SECOND) <= 10);
+}
+
+/// A hung Redis (stopped, connections open, no answer) is the case only a
+/// timeout ends: fail-closed callers hear `Timeout` once the timeout has
+/// passed, fail-open ones are served, and both go back once it answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_redis_ends_calls_at_the_timeout() {
+    let redis = RedisServer::start();
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let timeout = Duration::from_millis(100);
+    let options = || {
+        RedisStore::options()
+            .fleet_size(2)
+            .timeout(timeout)
+            .probe_every(Duration::from_millis(200))
+    };
+    let open = instance_failing(
+        options().connect(&redis.url()).await.unwrap(),
+        StoreFailure::Open,
+    );
+    let closed = instance_failing(
+        options().connect(&redis.url()).await.unwrap(),
+        StoreFailure::Closed,
+    );
+    for shaper in [&open, &closed] {
+        let response = shaper.get(format!("{}/warm", vendor.uri())).send().await;
+        assert_eq!(response.unwrap().status(), 200);
+    }
+    let lane = |shaper: &Shaper| shaper.lanes().first().and_then(|lane| lane.store);
+
+    redis.freeze();
+    let started = Instant::now();
+    let closed_calls: Vec<_> = (0..5)
+        .map(|i| {
+            let call = closed.get(format!("{}/closed/{i}", vendor.uri())).send();
+            tokio::spawn(async move { (call.await, started.elapsed()) })
+        })
+        .collect();
+    let open_calls: Vec<_> = (0..5)
+        .map(|i| tokio::spawn(open.get(format!("{}/open/{i}", vendor.uri())).send()))
+        .collect();
+    let closed_outcomes =
+        tokio::time::timeout(Duration::from_secs(10), common::join_all(closed_calls))
+            .await
+            .expect("no call hangs on a hung Redis");
+    for (outcome, took) in closed_outcomes {
+        match outcome {
+            Err(Error::StoreUnavailable {
+                source: StoreError::Timeout(waited),
+                ..
+            }) => assert_eq!(waited, timeout),
+            other => panic!("fail-closed on a hung Redis: {other:?}"),
+        }
+        // One call waited out the timeout; everyone queued behind it heard
+        // at once. Scheduling on two loaded cores gets the rest.
+        assert!(
+            took >= timeout && took <= timeout + Duration::from_millis(150),
+            "refused after {took:?}"
+        );
+    }
+    for outcome in common::join_all(open_calls).await {
+        assert_eq!(outcome.unwrap().status(), 200, "fail-open keeps serving");
+    }
+    assert_eq!(lane(&closed), Some(StoreMode::Unavailable));
+    assert_eq!(lane(&open), Some(StoreMode::Fallback));
+
+    redis.thaw();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !closed
+        .get(format!("{}/probe", vendor.uri()))
+        .send()
+        .await
+        .is_ok()
+    {
+        assert!(Instant::now() < deadline, "never back from the hang");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The open lane tries Redis again at its next probe (every 200 ms).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let response = open.get(format!("{}/back", vendor.uri())).send().await;
+    assert_eq!(response.unwrap().status(), 200);
+    assert_eq!(lane(&closed), Some(StoreMode::Shared));
+    assert_eq!(lane(&open), Some(StoreMode::Shared));
+    assert_eq!(vendor.throttled(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -35,6 +35,9 @@
 //!   the lane tries Redis again every [`RedisOptions::probe_every`] and
 //!   returns to it by itself. [`LaneSnapshot::store`](crate::LaneSnapshot)
 //!   and the `callshaper_store_mode` gauge say which mode a lane is in.
+//!   A call that timed out on a hung Redis may still run when Redis wakes
+//!   up: the slots it booked then go unused, which wastes quota but never
+//!   exceeds it.
 //! - **Expiry.** Every write sets a TTL: a gate's key lives as long as its
 //!   reservations and windows matter, then Redis forgets it.
 //!

@@ -226,7 +226,10 @@ async fn within<T>(
     timeout: Duration,
     call: impl Future<Output = redis::RedisResult<T>>,
 ) -> Result<T, StoreError> {
+    // The connection's own response timeout (the same length) often fires
+    // first: a timeout either way.
     match tokio::time::timeout(timeout, call).await {
+        Ok(Err(error)) if error.is_timeout() => Err(StoreError::Timeout(timeout)),
         Ok(answer) => answer.map_err(failed),
         Err(_) => Err(StoreError::Timeout(timeout)),
     }

@@ -112,6 +112,36 @@ impl RedisServer {
         }
     }
 
+    /// Stop it without closing anything (SIGSTOP), as a hung host or a
+    /// network partition looks to clients: connections stay open and no
+    /// answer comes, so only a timeout ends a call.
+    ///
+    /// # Panics
+    ///
+    /// When the signal cannot be sent (no `kill` command).
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Let a [`freeze`](Self::freeze)d server run again (SIGCONT); it
+    /// answers what was sent to it meanwhile.
+    ///
+    /// # Panics
+    ///
+    /// As [`freeze`](Self::freeze).
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let Some(child) = &self.child else { return };
+        let status = Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .expect("the kill command, to signal redis-server");
+        assert!(status.success(), "kill {signal} redis-server failed");
+    }
+
     /// Start it again on the same port, empty.
     pub fn restart(&mut self) {
         self.kill();

@@ -108,9 +108,16 @@ async fn eight_instances_share_ten_per_second() {
 async fn a_redis_cluster_shares_the_quota_too() {
     let cluster = RedisCluster::start();
     let vendor = Vendor::strict(10, SECOND).start().await;
+    // The seed list outlives a node: its first entry is down, and every
+    // instance connects, and hears pauses, through the others.
+    let gone = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("redis://{}", listener.local_addr().unwrap())
+    };
+    let seeds: Vec<String> = std::iter::once(gone).chain(cluster.urls()).collect();
     let mut shapers = Vec::new();
     for _ in 0..3 {
-        let store = RedisStore::cluster(cluster.urls()).await.unwrap();
+        let store = RedisStore::cluster(&seeds).await.unwrap();
         shapers.push(instance(store));
     }
     run_fleet(&shapers, &vendor, 200).await;
@@ -119,6 +126,95 @@ async fn a_redis_cluster_shares_the_quota_too() {
     // The pause reaches every instance through the cluster too.
     let vendor = Vendor::strict(10, SECOND).start().await;
     assert_one_throttle_pauses_all(&shapers, &vendor).await;
+}
+
+/// The cluster node that holds the vendor's keys dies mid-run (no
+/// replica takes over): the lanes follow their policy as with one Redis,
+/// and return once the node is back in the cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_a_cluster_node_dies_lanes_follow_their_policy_and_come_back() {
+    let mut cluster = RedisCluster::start();
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let options = || {
+        RedisStore::options()
+            .fleet_size(2)
+            .timeout(Duration::from_millis(100))
+            .probe_every(Duration::from_millis(200))
+    };
+    let open = instance_failing(
+        options().cluster(cluster.urls()).await.unwrap(),
+        StoreFailure::Open,
+    );
+    let closed = instance_failing(
+        options().cluster(cluster.urls()).await.unwrap(),
+        StoreFailure::Closed,
+    );
+    for shaper in [&open, &closed] {
+        let response = shaper.get(format!("{}/warm", vendor.uri())).send().await;
+        assert_eq!(response.unwrap().status(), 200);
+    }
+    let lane = |shaper: &Shaper| shaper.lanes().first().and_then(|lane| lane.store);
+    // SCAN on a cluster node lists only the keys it holds.
+    let owner = cluster
+        .nodes
+        .iter()
+        .position(|node| {
+            node.cli(&["--scan", "--pattern", "callshaper:*"])
+                .contains("callshaper:")
+        })
+        .expect("one node holds the vendor's keys");
+
+    let open_run: Vec<_> = (0..10)
+        .map(|i| tokio::spawn(open.get(format!("{}/open/{i}", vendor.uri())).send()))
+        .collect();
+    let closed_run: Vec<_> = (0..10)
+        .map(|i| tokio::spawn(closed.get(format!("{}/closed/{i}", vendor.uri())).send()))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cluster.nodes[owner].kill();
+    let outcomes = tokio::time::timeout(Duration::from_secs(30), async {
+        (
+            common::join_all(open_run).await,
+            common::join_all(closed_run).await,
+        )
+    })
+    .await
+    .expect("no request hangs when a node dies");
+    for outcome in outcomes.0 {
+        assert_eq!(outcome.unwrap().status(), 200, "fail-open keeps serving");
+    }
+    let mut refused = 0;
+    for outcome in outcomes.1 {
+        match outcome {
+            Ok(response) => assert_eq!(response.status(), 200),
+            Err(Error::StoreUnavailable { .. }) => refused += 1,
+            Err(other) => panic!("fail-closed: expected StoreUnavailable, got {other}"),
+        }
+    }
+    assert!(refused > 0, "the fail-closed queue outlived its node");
+    assert_eq!(lane(&open), Some(StoreMode::Fallback));
+    assert_eq!(lane(&closed), Some(StoreMode::Unavailable));
+
+    cluster.nodes[owner].restart();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while closed
+        .get(format!("{}/probe", vendor.uri()))
+        .send()
+        .await
+        .is_err()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "never back from the node's death"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let response = open.get(format!("{}/back", vendor.uri())).send().await;
+    assert_eq!(response.unwrap().status(), 200);
+    assert_eq!(lane(&closed), Some(StoreMode::Shared));
+    assert_eq!(lane(&open), Some(StoreMode::Shared));
+    assert_eq!(vendor.throttled(), 0, "{:#?}", vendor.arrivals());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -137,7 +137,7 @@ impl RedisOptions {
             .set_number_of_retries(1);
         let connecting = ConnectionManager::new_with_config(client.clone(), config);
         let conn = within(self.timeout, connecting).await?;
-        RedisStore::start(self, Conn::Single(conn), client).await
+        RedisStore::start(self, Conn::Single(conn), vec![client]).await
     }
 
     /// Connect to a Redis Cluster through any of its nodes.
@@ -146,12 +146,16 @@ impl RedisOptions {
         urls: impl IntoIterator<Item = S>,
     ) -> Result<RedisStore, StoreError> {
         let urls: Vec<String> = urls.into_iter().map(|u| u.as_ref().to_owned()).collect();
-        let first = urls
-            .first()
-            .ok_or_else(|| StoreError::Failed("no cluster node given".to_owned()))?;
+        if urls.is_empty() {
+            return Err(StoreError::Failed("no cluster node given".to_owned()));
+        }
         // Pause messages: in a cluster, PUBLISH reaches subscribers on every
-        // node, so one node's channel is enough.
-        let node = redis::Client::open(first.as_str()).map_err(failed)?;
+        // node, so any one node's channel is enough; the listener moves to
+        // the next node when its node fails.
+        let nodes = urls
+            .iter()
+            .map(|url| redis::Client::open(url.as_str()).map_err(failed))
+            .collect::<Result<Vec<_>, _>>()?;
         let cluster = ClusterClient::builder(urls)
             .connection_timeout(self.timeout)
             .response_timeout(self.timeout)
@@ -159,7 +163,7 @@ impl RedisOptions {
             .build()
             .map_err(failed)?;
         let conn = within(self.timeout, cluster.get_async_connection()).await?;
-        RedisStore::start(self, Conn::Cluster(conn), node).await
+        RedisStore::start(self, Conn::Cluster(conn), nodes).await
     }
 }
 
@@ -256,7 +260,7 @@ impl RedisStore {
     async fn start(
         options: RedisOptions,
         conn: Conn,
-        pubsub: redis::Client,
+        pubsub: Vec<redis::Client>,
     ) -> Result<Self, StoreError> {
         let channel = format!("{}pauses", options.prefix);
         let gates = Arc::default();
@@ -349,15 +353,18 @@ impl RedisStore {
 
 /// Subscribe to the pause channel and apply every pause to the local gate
 /// of that key; reconnect when the connection drops, until the store goes.
+/// Subscribe to the pause channel on one of `nodes` (the next one whenever
+/// the current one fails) and pause the local gates each message names.
 async fn listen(
-    client: redis::Client,
+    nodes: Vec<redis::Client>,
     channel: String,
     gates: Arc<Registry>,
     mut stop: oneshot::Receiver<()>,
     ready: oneshot::Sender<Result<(), StoreError>>,
 ) {
     let mut ready = Some(ready);
-    loop {
+    let mut failed_in_a_row = 0;
+    for client in nodes.iter().cycle() {
         // A host that does not answer must not hold the listener forever.
         let subscribed = within(Duration::from_secs(5), async {
             let mut pubsub = client.get_async_pubsub().await?;
@@ -370,6 +377,7 @@ async fn listen(
         };
         match pubsub {
             Ok(mut pubsub) => {
+                failed_in_a_row = 0;
                 if let Some(ready) = ready.take() {
                     let _ = ready.send(Ok(()));
                 }
@@ -385,11 +393,19 @@ async fn listen(
                 }
             }
             Err(error) => {
-                if let Some(ready) = ready.take() {
+                failed_in_a_row += 1;
+                // At startup, every node gets one try before the store
+                // reports the failure.
+                if failed_in_a_row >= nodes.len()
+                    && let Some(ready) = ready.take()
+                {
                     let _ = ready.send(Err(error));
                     return;
                 }
             }
+        }
+        if ready.is_some() {
+            continue;
         }
         // Lost: pauses published meanwhile still reach this instance with
         // its next reservation, which starts after them.

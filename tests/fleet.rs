@@ -9,7 +9,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use callshaper::store::{RedisStore, StoreError};
+use callshaper::store::{RedisOptions, RedisStore, StoreError};
 use callshaper::testing::{RedisCluster, RedisServer, RetryAfter, Vendor};
 use callshaper::{Error, LanePolicy, Quota, Shaper, StoreFailure, StoreMode};
 use common::SECOND;
@@ -32,6 +32,48 @@ fn instance_failing(store: RedisStore, failure: StoreFailure) -> Shaper {
         .on_store_failure(failure)
         .build()
         .unwrap()
+}
+
+/// The timeout of the outage tests' stores.
+const OUTAGE_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// A store for outage tests: a fleet of two, a short timeout, a probe
+/// every 200 ms.
+fn outage_options() -> RedisOptions {
+    RedisStore::options()
+        .fleet_size(2)
+        .timeout(OUTAGE_TIMEOUT)
+        .probe_every(Duration::from_millis(200))
+}
+
+/// After an outage: the fail-closed lane serves again within `within`, and
+/// the fail-open one is back on the store after its next probe.
+async fn assert_back_on_the_store(
+    open: &Shaper,
+    closed: &Shaper,
+    vendor: &Vendor,
+    within: Duration,
+) {
+    let deadline = Instant::now() + within;
+    while closed
+        .get(format!("{}/probe", vendor.uri()))
+        .send()
+        .await
+        .is_err()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the fail-closed lane never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let response = open.get(format!("{}/back", vendor.uri())).send().await;
+    assert_eq!(response.unwrap().status(), 200);
+    for shaper in [open, closed] {
+        let mode = shaper.lanes().first().and_then(|lane| lane.store);
+        assert_eq!(mode, Some(StoreMode::Shared));
+    }
 }
 
 /// `total` requests spread over `shapers`, all submitted at once; checks
@@ -135,18 +177,12 @@ async fn a_redis_cluster_shares_the_quota_too() {
 async fn when_a_cluster_node_dies_lanes_follow_their_policy_and_come_back() {
     let mut cluster = RedisCluster::start();
     let vendor = Vendor::strict(10, SECOND).start().await;
-    let options = || {
-        RedisStore::options()
-            .fleet_size(2)
-            .timeout(Duration::from_millis(100))
-            .probe_every(Duration::from_millis(200))
-    };
     let open = instance_failing(
-        options().cluster(cluster.urls()).await.unwrap(),
+        outage_options().cluster(cluster.urls()).await.unwrap(),
         StoreFailure::Open,
     );
     let closed = instance_failing(
-        options().cluster(cluster.urls()).await.unwrap(),
+        outage_options().cluster(cluster.urls()).await.unwrap(),
         StoreFailure::Closed,
     );
     for shaper in [&open, &closed] {
@@ -196,24 +232,8 @@ async fn when_a_cluster_node_dies_lanes_follow_their_policy_and_come_back() {
     assert_eq!(lane(&closed), Some(StoreMode::Unavailable));
 
     cluster.nodes[owner].restart();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while closed
-        .get(format!("{}/probe", vendor.uri()))
-        .send()
-        .await
-        .is_err()
-    {
-        assert!(
-            Instant::now() < deadline,
-            "never back from the node's death"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let response = open.get(format!("{}/back", vendor.uri())).send().await;
-    assert_eq!(response.unwrap().status(), 200);
-    assert_eq!(lane(&closed), Some(StoreMode::Shared));
-    assert_eq!(lane(&open), Some(StoreMode::Shared));
+    // Back in the cluster once the others see it again (node timeout 2 s).
+    assert_back_on_the_store(&open, &closed, &vendor, Duration::from_secs(30)).await;
     assert_eq!(vendor.throttled(), 0, "{:#?}", vendor.arrivals());
 }
 
@@ -349,14 +369,8 @@ async fn every_meter_behaves_the_same_in_memory_and_on_redis() {
 async fn when_redis_dies_lanes_follow_their_policy_and_come_back() {
     let mut redis = RedisServer::start();
     let vendor = Vendor::strict(10, SECOND).start().await;
-    let options = || {
-        RedisStore::options()
-            .fleet_size(2)
-            .timeout(Duration::from_millis(100))
-            .probe_every(Duration::from_millis(200))
-    };
-    let open_store = options().connect(&redis.url()).await.unwrap();
-    let closed_store = options().connect(&redis.url()).await.unwrap();
+    let open_store = outage_options().connect(&redis.url()).await.unwrap();
+    let closed_store = outage_options().connect(&redis.url()).await.unwrap();
     let open = instance_failing(open_store.clone(), StoreFailure::Open);
     let closed = instance_failing(closed_store.clone(), StoreFailure::Closed);
     let send = |shaper: &Shaper, tag: &str, n: usize| -> Vec<_> {
@@ -434,26 +448,12 @@ async fn when_redis_dies_lanes_follow_their_policy_and_come_back() {
 
     // Back: the lanes find Redis again by themselves.
     redis.restart();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (outcome, ..) = common::join_all(send(&closed, "probe", 1)).await.remove(0);
-        if outcome.is_ok() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the fail-closed lane never came back"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    assert_back_on_the_store(&open, &closed, &vendor, Duration::from_secs(10)).await;
     let trips_before = open_store.round_trips();
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let back = send(&open, "back-open", 5);
     for (outcome, ..) in common::join_all(back).await {
         assert_eq!(outcome.unwrap().status(), 200);
     }
-    assert_eq!(lane(&open), Some(StoreMode::Shared));
-    assert_eq!(lane(&closed), Some(StoreMode::Shared));
     assert!(
         open_store.round_trips() > trips_before,
         "served through Redis again"
@@ -469,19 +469,12 @@ async fn when_redis_dies_lanes_follow_their_policy_and_come_back() {
 async fn a_hung_redis_ends_calls_at_the_timeout() {
     let redis = RedisServer::start();
     let vendor = Vendor::strict(10, SECOND).start().await;
-    let timeout = Duration::from_millis(100);
-    let options = || {
-        RedisStore::options()
-            .fleet_size(2)
-            .timeout(timeout)
-            .probe_every(Duration::from_millis(200))
-    };
     let open = instance_failing(
-        options().connect(&redis.url()).await.unwrap(),
+        outage_options().connect(&redis.url()).await.unwrap(),
         StoreFailure::Open,
     );
     let closed = instance_failing(
-        options().connect(&redis.url()).await.unwrap(),
+        outage_options().connect(&redis.url()).await.unwrap(),
         StoreFailure::Closed,
     );
     for shaper in [&open, &closed] {
@@ -510,13 +503,13 @@ async fn a_hung_redis_ends_calls_at_the_timeout() {
             Err(Error::StoreUnavailable {
                 source: StoreError::Timeout(waited),
                 ..
-            }) => assert_eq!(waited, timeout),
+            }) => assert_eq!(waited, OUTAGE_TIMEOUT),
             other => panic!("fail-closed on a hung Redis: {other:?}"),
         }
         // One call waited out the timeout; everyone queued behind it heard
         // at once. Scheduling on two loaded cores gets the rest.
         assert!(
-            took >= timeout && took <= timeout + Duration::from_millis(150),
+            took >= OUTAGE_TIMEOUT && took <= OUTAGE_TIMEOUT + Duration::from_millis(150),
             "refused after {took:?}"
         );
     }
@@ -527,22 +520,7 @@ async fn a_hung_redis_ends_calls_at_the_timeout() {
     assert_eq!(lane(&open), Some(StoreMode::Fallback));
 
     redis.thaw();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while closed
-        .get(format!("{}/probe", vendor.uri()))
-        .send()
-        .await
-        .is_err()
-    {
-        assert!(Instant::now() < deadline, "never back from the hang");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    // The open lane tries Redis again at its next probe (every 200 ms).
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let response = open.get(format!("{}/back", vendor.uri())).send().await;
-    assert_eq!(response.unwrap().status(), 200);
-    assert_eq!(lane(&closed), Some(StoreMode::Shared));
-    assert_eq!(lane(&open), Some(StoreMode::Shared));
+    assert_back_on_the_store(&open, &closed, &vendor, Duration::from_secs(10)).await;
     assert_eq!(vendor.throttled(), 0);
 }
 

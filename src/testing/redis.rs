@@ -118,7 +118,7 @@ impl RedisServer {
     ///
     /// # Panics
     ///
-    /// When the signal cannot be sent (no `kill` command).
+    /// When the signal cannot be sent.
     pub fn freeze(&self) {
         self.signal("-STOP");
     }
@@ -135,10 +135,12 @@ impl RedisServer {
 
     fn signal(&self, signal: &str) {
         let Some(child) = &self.child else { return };
-        let status = Command::new("kill")
-            .args([signal, &child.id().to_string()])
+        // The shell's own `kill`: every system has `sh`, not every one
+        // has the `kill` program.
+        let status = Command::new("sh")
+            .args(["-c", &format!("kill {signal} {}", child.id())])
             .status()
-            .expect("the kill command, to signal redis-server");
+            .expect("sh, to signal redis-server");
         assert!(status.success(), "kill {signal} redis-server failed");
     }
 

@@ -30,6 +30,7 @@ use super::{Meter, Rate, settle_tat, spacing};
 /// that `tolerance = (B − cost)·T` alone lost). The price: a full bucket lets
 /// `B − 1` go at once and the last of the burst `J` later. The stretch of
 /// `T` absorbs drift over longer spans.
+///
 /// A vendor counting a strict sliding window of `per` can see up to
 /// `capacity + count` units in one window (a full burst, then a window's
 /// refill): match the vendor's algorithm, not just its numbers.

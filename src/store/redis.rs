@@ -351,10 +351,9 @@ impl RedisStore {
     }
 }
 
-/// Subscribe to the pause channel and apply every pause to the local gate
-/// of that key; reconnect when the connection drops, until the store goes.
-/// Subscribe to the pause channel on one of `nodes` (the next one whenever
-/// the current one fails) and pause the local gates each message names.
+/// Subscribe to the pause channel on one of `nodes` and apply every pause
+/// to the local gates of its key; when the connection drops, subscribe again
+/// on the next node, until the store goes.
 async fn listen(
     nodes: Vec<redis::Client>,
     channel: String,

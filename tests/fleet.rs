@@ -200,10 +200,12 @@ async fn when_a_cluster_node_dies_lanes_follow_their_policy_and_come_back() {
         })
         .expect("one node holds the vendor's keys");
 
-    let open_run: Vec<_> = (0..10)
+    // 20 each: 4 s of the shared quota, more than one horizon (1 s) of
+    // booked slots, so part of the fail-closed queue outlives the node.
+    let open_run: Vec<_> = (0..20)
         .map(|i| tokio::spawn(open.get(format!("{}/open/{i}", vendor.uri())).send()))
         .collect();
-    let closed_run: Vec<_> = (0..10)
+    let closed_run: Vec<_> = (0..20)
         .map(|i| tokio::spawn(closed.get(format!("{}/closed/{i}", vendor.uri())).send()))
         .collect();
     tokio::time::sleep(Duration::from_millis(300)).await;

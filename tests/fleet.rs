@@ -13,6 +13,7 @@ use callshaper::store::{RedisOptions, RedisStore, StoreError};
 use callshaper::testing::{RedisCluster, RedisServer, RetryAfter, Vendor};
 use callshaper::{Error, LanePolicy, Quota, Shaper, StoreFailure, StoreMode};
 use common::SECOND;
+use tokio::task::JoinHandle;
 
 /// Jitter between instances and the vendor (timers, two cores, HTTP) is
 /// what the headroom absorbs; 20 ms keeps a loaded CI machine inside the
@@ -46,6 +47,43 @@ fn outage_options() -> RedisOptions {
         .probe_every(Duration::from_millis(200))
 }
 
+/// Which mode the shaper's (only) lane is in.
+fn store_mode(shaper: &Shaper) -> Option<StoreMode> {
+    shaper.lanes().first().and_then(|lane| lane.store)
+}
+
+/// A fail-open and a fail-closed instance on these stores, each with one
+/// request behind it, so connections and scripts are warm.
+async fn warm_pair(open: RedisStore, closed: RedisStore, vendor: &Vendor) -> (Shaper, Shaper) {
+    let open = instance_failing(open, StoreFailure::Open);
+    let closed = instance_failing(closed, StoreFailure::Closed);
+    for shaper in [&open, &closed] {
+        let response = shaper.get(format!("{}/warm", vendor.uri())).send().await;
+        assert_eq!(response.unwrap().status(), 200);
+    }
+    (open, closed)
+}
+
+/// One call's end: its outcome, how long it took, when it ended.
+type Ended = (Result<reqwest::Response, Error>, Duration, Instant);
+
+/// `n` calls to `{vendor}/{tag}/{i}` through `shaper`, spawned at once,
+/// each under a 30 s guard: no call may hang.
+fn spawn_calls(shaper: &Shaper, vendor: &Vendor, tag: &str, n: usize) -> Vec<JoinHandle<Ended>> {
+    (0..n)
+        .map(|i| {
+            let request = shaper.get(format!("{}/{tag}/{i}", vendor.uri()));
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let outcome = tokio::time::timeout(Duration::from_secs(30), request.send())
+                    .await
+                    .expect("no request hangs");
+                (outcome, started.elapsed(), Instant::now())
+            })
+        })
+        .collect()
+}
+
 /// After an outage: the fail-closed lane serves again within `within`, and
 /// the fail-open one is back on the store after its next probe.
 async fn assert_back_on_the_store(
@@ -71,8 +109,7 @@ async fn assert_back_on_the_store(
     let response = open.get(format!("{}/back", vendor.uri())).send().await;
     assert_eq!(response.unwrap().status(), 200);
     for shaper in [open, closed] {
-        let mode = shaper.lanes().first().and_then(|lane| lane.store);
-        assert_eq!(mode, Some(StoreMode::Shared));
+        assert_eq!(store_mode(shaper), Some(StoreMode::Shared));
     }
 }
 
@@ -177,19 +214,12 @@ async fn a_redis_cluster_shares_the_quota_too() {
 async fn when_a_cluster_node_dies_lanes_follow_their_policy_and_come_back() {
     let mut cluster = RedisCluster::start();
     let vendor = Vendor::strict(10, SECOND).start().await;
-    let open = instance_failing(
+    let (open, closed) = warm_pair(
         outage_options().cluster(cluster.urls()).await.unwrap(),
-        StoreFailure::Open,
-    );
-    let closed = instance_failing(
         outage_options().cluster(cluster.urls()).await.unwrap(),
-        StoreFailure::Closed,
-    );
-    for shaper in [&open, &closed] {
-        let response = shaper.get(format!("{}/warm", vendor.uri())).send().await;
-        assert_eq!(response.unwrap().status(), 200);
-    }
-    let lane = |shaper: &Shaper| shaper.lanes().first().and_then(|lane| lane.store);
+        &vendor,
+    )
+    .await;
     // SCAN on a cluster node lists only the keys it holds.
     let owner = cluster
         .nodes
@@ -202,27 +232,15 @@ async fn when_a_cluster_node_dies_lanes_follow_their_policy_and_come_back() {
 
     // 20 each: 4 s of the shared quota, more than one horizon (1 s) of
     // booked slots, so part of the fail-closed queue outlives the node.
-    let open_run: Vec<_> = (0..20)
-        .map(|i| tokio::spawn(open.get(format!("{}/open/{i}", vendor.uri())).send()))
-        .collect();
-    let closed_run: Vec<_> = (0..20)
-        .map(|i| tokio::spawn(closed.get(format!("{}/closed/{i}", vendor.uri())).send()))
-        .collect();
+    let open_run = spawn_calls(&open, &vendor, "open", 20);
+    let closed_run = spawn_calls(&closed, &vendor, "closed", 20);
     tokio::time::sleep(Duration::from_millis(300)).await;
     cluster.nodes[owner].kill();
-    let outcomes = tokio::time::timeout(Duration::from_secs(30), async {
-        (
-            common::join_all(open_run).await,
-            common::join_all(closed_run).await,
-        )
-    })
-    .await
-    .expect("no request hangs when a node dies");
-    for outcome in outcomes.0 {
+    for (outcome, ..) in common::join_all(open_run).await {
         assert_eq!(outcome.unwrap().status(), 200, "fail-open keeps serving");
     }
     let mut refused = 0;
-    for outcome in outcomes.1 {
+    for (outcome, ..) in common::join_all(closed_run).await {
         match outcome {
             Ok(response) => assert_eq!(response.status(), 200),
             Err(Error::StoreUnavailable { .. }) => refused += 1,
@@ -230,8 +248,8 @@ async fn when_a_cluster_node_dies_lanes_follow_their_policy_and_come_back() {
         }
     }
     assert!(refused > 0, "the fail-closed queue outlived its node");
-    assert_eq!(lane(&open), Some(StoreMode::Fallback));
-    assert_eq!(lane(&closed), Some(StoreMode::Unavailable));
+    assert_eq!(store_mode(&open), Some(StoreMode::Fallback));
+    assert_eq!(store_mode(&closed), Some(StoreMode::Unavailable));
 
     cluster.nodes[owner].restart();
     // Back in the cluster once the others see it again (node timeout 2 s).
@@ -375,28 +393,13 @@ async fn when_redis_dies_lanes_follow_their_policy_and_come_back() {
     let closed_store = outage_options().connect(&redis.url()).await.unwrap();
     let open = instance_failing(open_store.clone(), StoreFailure::Open);
     let closed = instance_failing(closed_store.clone(), StoreFailure::Closed);
-    let send = |shaper: &Shaper, tag: &str, n: usize| -> Vec<_> {
-        (0..n)
-            .map(|i| {
-                let request = shaper.get(format!("{}/{tag}/{i}", vendor.uri()));
-                tokio::spawn(async move {
-                    let started = Instant::now();
-                    let outcome = tokio::time::timeout(Duration::from_secs(30), request.send())
-                        .await
-                        .expect("no request hangs");
-                    (outcome, started.elapsed(), Instant::now())
-                })
-            })
-            .collect()
-    };
-    let lane = |shaper: &Shaper| shaper.lanes().first().and_then(|lane| lane.store);
 
     // Mid-run: both instances have queues (20 each, 4 s of the shared
     // quota) when Redis dies after one second.
-    let open_run = send(&open, "open", 20);
-    let closed_run = send(&closed, "closed", 20);
+    let open_run = spawn_calls(&open, &vendor, "open", 20);
+    let closed_run = spawn_calls(&closed, &vendor, "closed", 20);
     tokio::time::sleep(SECOND).await;
-    assert_eq!(lane(&open), Some(StoreMode::Shared));
+    assert_eq!(store_mode(&open), Some(StoreMode::Shared));
     redis.kill();
     let killed = Instant::now();
     for (outcome, ..) in common::join_all(open_run).await {
@@ -421,14 +424,14 @@ async fn when_redis_dies_lanes_follow_their_policy_and_come_back() {
         }
     }
     assert!(refused > 0, "the fail-closed queue outlived Redis");
-    assert_eq!(lane(&open), Some(StoreMode::Fallback));
-    assert_eq!(lane(&closed), Some(StoreMode::Unavailable));
+    assert_eq!(store_mode(&open), Some(StoreMode::Fallback));
+    assert_eq!(store_mode(&closed), Some(StoreMode::Unavailable));
 
     // Still down: the fail-open instance serves at its share (5/s), the
     // fail-closed one refuses new requests at once, with the typed error.
     let down_started = vendor.arrivals().len();
-    let open_down = send(&open, "down-open", 10);
-    let closed_down = send(&closed, "down-closed", 10);
+    let open_down = spawn_calls(&open, &vendor, "down-open", 10);
+    let closed_down = spawn_calls(&closed, &vendor, "down-closed", 10);
     for (outcome, ..) in common::join_all(open_down).await {
         assert_eq!(outcome.unwrap().status(), 200, "fail-open keeps serving");
     }
@@ -452,7 +455,7 @@ async fn when_redis_dies_lanes_follow_their_policy_and_come_back() {
     redis.restart();
     assert_back_on_the_store(&open, &closed, &vendor, Duration::from_secs(10)).await;
     let trips_before = open_store.round_trips();
-    let back = send(&open, "back-open", 5);
+    let back = spawn_calls(&open, &vendor, "back-open", 5);
     for (outcome, ..) in common::join_all(back).await {
         assert_eq!(outcome.unwrap().status(), 200);
     }
@@ -471,36 +474,17 @@ async fn when_redis_dies_lanes_follow_their_policy_and_come_back() {
 async fn a_hung_redis_ends_calls_at_the_timeout() {
     let redis = RedisServer::start();
     let vendor = Vendor::strict(10, SECOND).start().await;
-    let open = instance_failing(
+    let (open, closed) = warm_pair(
         outage_options().connect(&redis.url()).await.unwrap(),
-        StoreFailure::Open,
-    );
-    let closed = instance_failing(
         outage_options().connect(&redis.url()).await.unwrap(),
-        StoreFailure::Closed,
-    );
-    for shaper in [&open, &closed] {
-        let response = shaper.get(format!("{}/warm", vendor.uri())).send().await;
-        assert_eq!(response.unwrap().status(), 200);
-    }
-    let lane = |shaper: &Shaper| shaper.lanes().first().and_then(|lane| lane.store);
+        &vendor,
+    )
+    .await;
 
     redis.freeze();
-    let started = Instant::now();
-    let closed_calls: Vec<_> = (0..5)
-        .map(|i| {
-            let call = closed.get(format!("{}/closed/{i}", vendor.uri())).send();
-            tokio::spawn(async move { (call.await, started.elapsed()) })
-        })
-        .collect();
-    let open_calls: Vec<_> = (0..5)
-        .map(|i| tokio::spawn(open.get(format!("{}/open/{i}", vendor.uri())).send()))
-        .collect();
-    let closed_outcomes =
-        tokio::time::timeout(Duration::from_secs(10), common::join_all(closed_calls))
-            .await
-            .expect("no call hangs on a hung Redis");
-    for (outcome, took) in closed_outcomes {
+    let closed_calls = spawn_calls(&closed, &vendor, "closed", 5);
+    let open_calls = spawn_calls(&open, &vendor, "open", 5);
+    for (outcome, took, _) in common::join_all(closed_calls).await {
         match outcome {
             Err(Error::StoreUnavailable {
                 source: StoreError::Timeout(waited),
@@ -515,11 +499,11 @@ async fn a_hung_redis_ends_calls_at_the_timeout() {
             "refused after {took:?}"
         );
     }
-    for outcome in common::join_all(open_calls).await {
+    for (outcome, ..) in common::join_all(open_calls).await {
         assert_eq!(outcome.unwrap().status(), 200, "fail-open keeps serving");
     }
-    assert_eq!(lane(&closed), Some(StoreMode::Unavailable));
-    assert_eq!(lane(&open), Some(StoreMode::Fallback));
+    assert_eq!(store_mode(&closed), Some(StoreMode::Unavailable));
+    assert_eq!(store_mode(&open), Some(StoreMode::Fallback));
 
     redis.thaw();
     assert_back_on_the_store(&open, &closed, &vendor, Duration::from_secs(10)).await;

@@ -767,7 +767,9 @@ impl ShaperBuilder {
         self
     }
 
-    /// Use this reqwest client (default: `reqwest::Client::new()`).
+    /// Use this reqwest client (default: reqwest's defaults, with https
+    /// through the TLS backend of callshaper's features: rustls unless you
+    /// chose `native-tls`).
     pub fn client(mut self, client: reqwest::Client) -> Self {
         self.client = Some(client);
         self
@@ -898,7 +900,15 @@ impl ShaperBuilder {
                 "must be longer than zero",
             ));
         }
-        let client = self.client.unwrap_or_default();
+        let client = match self.client {
+            Some(client) => client,
+            // reqwest's own defaults, with the TLS backend our features
+            // chose; a TLS backend that cannot start is a typed error here,
+            // not a panic in `Client::new`.
+            None => reqwest::Client::builder()
+                .build()
+                .map_err(|e| ConfigError::new("client", e.to_string()))?,
+        };
         let transport = self
             .transport
             .unwrap_or_else(|| Arc::new(client.clone()) as Arc<dyn Transport>);

@@ -15,7 +15,7 @@
 
 use std::time::{Duration, Instant};
 
-use callshaper::client::BoxFuture;
+use callshaper::shaper::BoxFuture;
 use callshaper::store::RedisStore;
 use callshaper::testing::RedisServer;
 use callshaper::{Shaper, Transport};

@@ -38,10 +38,10 @@ use reqwest::Method;
 use reqwest::header::HeaderName;
 use serde::Deserialize;
 
-use crate::client::ShaperBuilder;
 use crate::error::ConfigError;
 use crate::meters::{Algorithm, Quota, Rate, Unit};
 use crate::route::{LaneKey, Level, Route};
+use crate::shaper::ShaperBuilder;
 use crate::{RetryPolicy, Shaper};
 
 /// A whole shaper, as a file declares it.

@@ -126,7 +126,7 @@ pub enum Error {
         lane: String,
         /// Why the store did not answer.
         #[source]
-        source: crate::store::StoreError,
+        source: StoreError,
     },
 
     /// [`Shaper::shutdown`](crate::Shaper::shutdown) was called before this
@@ -161,4 +161,16 @@ impl ConfigError {
             ..self
         }
     }
+}
+
+/// Why the shared store did not answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// No answer within the store's timeout.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    /// The store answered with an error, or the connection failed.
+    #[error("{0}")]
+    Failed(String),
 }

@@ -4,7 +4,8 @@
 //! its own pause) and, in a shaper, one shared gate per level: the route's
 //! or tenant's quotas for its key, and the vendor's, which every lane under
 //! that vendor holds at once. A lane releases its head only when every gate
-//! it holds allows it, at the same instant, and charges them all together. That is what keeps every level's quota exact
+//! it holds allows it, at the same instant, and charges them all together.
+//! That is what keeps every level's quota exact
 //! at the moment a request leaves, whatever the queueing: a request never
 //! waits in one level after another (which would bunch up the pace the
 //! first level set), it waits once, in its own lane, for all of them.
@@ -15,25 +16,31 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use tokio::sync::Notify;
+use tokio::sync::futures::OwnedNotified;
 use tokio::time::Instant;
 
-use crate::adaptive::Aimd;
-use crate::lane::LanePolicy;
+use crate::adaptive::{Adaptive, Aimd};
 use crate::meters::{Meters, Quota, Rate, Unit};
-use crate::retry::{Ledger, RetryBudget};
+use crate::retry::{Backoff, Ledger, RetryBudget};
+use crate::sync::{lock, shrink};
 
 /// The shared gates of a shaper, by name. Weak: a gate lives as long as a
 /// lane holds it, and removes itself when the last one lets go.
 pub(crate) type GateMap = Mutex<HashMap<String, Weak<Gate>>>;
 
-/// A mutex whose data stays valid even if a holder panicked: every critical
-/// section here leaves its data consistent at each step.
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+/// How a gate behaves besides its quotas: what it needs of the lane policy
+/// and retry policy, and nothing else (so a gate knows nothing of lanes).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GateSettings {
+    pub(crate) headroom: Duration,
+    pub(crate) max_pause: Duration,
+    pub(crate) fallback: Backoff,
+    pub(crate) adaptive: Option<Adaptive>,
+    pub(crate) budget: RetryBudget,
 }
 
 pub(crate) struct Gate {
@@ -45,17 +52,17 @@ pub(crate) struct Gate {
     capacity: u64,
     headroom: Duration,
     max_pause: Duration,
-    pub(crate) meters: Mutex<Meters>,
+    meters: Mutex<Meters>,
     paused_until: Mutex<Option<Instant>>,
     pace: Mutex<Pace>,
     ledger: Mutex<Ledger>,
     throttle_streak: AtomicU32,
-    fallback: crate::retry::Backoff,
+    fallback: Backoff,
     /// Lanes whose head only this gate holds back, by how long they have
     /// waited: the gate's next slot goes to the first.
     queue: Mutex<BTreeSet<Waiter>>,
     /// Woken when the gate's first waiter changes.
-    pub(crate) turn: Arc<Notify>,
+    turn: Arc<Notify>,
     /// Where a shared gate is registered, to leave the map when dropped.
     registry: Option<(Weak<GateMap>, String)>,
 }
@@ -72,46 +79,60 @@ struct Pace {
 }
 
 impl Gate {
-    /// A gate for `quotas`, with the behaviour of `policy` (headroom, pause
-    /// limits, adaptive pacing). With a shared store the quotas live there,
-    /// and the local meters are the fallback: one `share` of each quota.
+    /// A gate for `quotas`, with `settings` (headroom, pause limits,
+    /// adaptive pacing, retry budget). With a shared store the quotas live
+    /// there, and the local meters are the fallback: one `share` of each
+    /// quota.
     pub(crate) fn new(
-        quotas: Vec<Quota>,
-        policy: &LanePolicy,
-        budget: RetryBudget,
+        quotas: &[Quota],
+        settings: GateSettings,
         registry: Option<(Weak<GateMap>, String)>,
         share: u32,
     ) -> Self {
         let now = Instant::now();
-        let request_rate = request_rate(&quotas);
-        let aimd = match (policy.adaptive, request_rate) {
+        let request_rate = request_rate(quotas);
+        let aimd = match (settings.adaptive, request_rate) {
             (Some(knobs), Some(ceiling)) => Some(Aimd::new(knobs, ceiling)),
             _ => None,
         };
-        let mut meters = Meters::new(&quotas, policy.headroom, now);
+        let mut meters = Meters::new(quotas, settings.headroom, now);
         let capacity = meters.capacity();
         if share > 1 {
             let local: Vec<Quota> = quotas.iter().map(|q| q.share(share)).collect();
-            meters = Meters::new(&local, policy.headroom, now);
+            meters = Meters::new(&local, settings.headroom, now);
         }
         Self {
             capacity,
             meters: Mutex::new(meters),
             request_rate,
-            headroom: policy.headroom,
-            max_pause: policy.max_pause,
+            headroom: settings.headroom,
+            max_pause: settings.max_pause,
             paused_until: Mutex::new(None),
             pace: Mutex::new(Pace {
                 learned: None,
                 aimd,
             }),
-            ledger: Mutex::new(Ledger::new(budget)),
+            ledger: Mutex::new(Ledger::new(settings.budget)),
             throttle_streak: AtomicU32::new(0),
-            fallback: policy.fallback,
+            fallback: settings.fallback,
             queue: Mutex::new(BTreeSet::new()),
             turn: Arc::new(Notify::new()),
             registry,
         }
+    }
+
+    /// The gate's meters, locked. Lanes holding several gates lock them in
+    /// level order (the same in every lane), so none can deadlock.
+    pub(crate) fn meters(&self) -> MutexGuard<'_, Meters> {
+        lock(&self.meters)
+    }
+
+    /// A wake-up for when the first waiter in the gate's queue changes,
+    /// enabled now so no change after this call is missed.
+    pub(crate) fn next_turn(&self) -> std::pin::Pin<Box<OwnedNotified>> {
+        let mut turn = Box::pin(self.turn.clone().notified_owned());
+        turn.as_mut().enable();
+        turn
     }
 
     /// Join the gate's queue of waiting lanes (again: no change).
@@ -208,7 +229,6 @@ impl Gate {
     }
 
     /// The spacing of the declared request rate, if any.
-    #[cfg(feature = "redis")]
     pub(crate) fn request_interval(&self) -> Option<Duration> {
         self.request_rate.map(|rate| rate.interval(self.headroom))
     }
@@ -256,7 +276,7 @@ impl Drop for Gate {
         let mut gates = lock(&registry);
         if gates.get(key).is_some_and(|gate| gate.strong_count() == 0) {
             gates.remove(key);
-            crate::client::shrink(&mut gates);
+            shrink(&mut gates);
         }
     }
 }
@@ -284,14 +304,15 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_lane_that_waited_longest_is_first_and_its_going_wakes_the_rest() {
-        let policy = LanePolicy::with_quotas([Quota::leaky_bucket(10, Duration::from_secs(1))]);
-        let gate = Gate::new(
-            policy.quotas.clone(),
-            &policy,
-            RetryBudget::default(),
-            None,
-            1,
-        );
+        let quotas = [Quota::leaky_bucket(10, Duration::from_secs(1))];
+        let settings = GateSettings {
+            headroom: Duration::from_millis(5),
+            max_pause: Duration::from_secs(120),
+            fallback: Backoff::new(Duration::from_secs(1), Duration::from_secs(60)),
+            adaptive: None,
+            budget: RetryBudget::default(),
+        };
+        let gate = Gate::new(&quotas, settings, None, 1);
         let t0 = Instant::now();
         let (older, newer) = ((t0, 7), (t0 + Duration::from_millis(5), 3));
         assert!(!gate.has_queue());
@@ -299,8 +320,7 @@ mod tests {
         gate.enlist(older);
         gate.enlist(older);
         assert!(gate.is_first(older) && !gate.is_first(newer));
-        let mut woken = Box::pin(gate.turn.clone().notified_owned());
-        woken.as_mut().enable();
+        let woken = gate.next_turn();
         gate.delist(older);
         assert!(gate.is_first(newer));
         tokio::time::timeout(Duration::from_millis(1), woken)

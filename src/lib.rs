@@ -49,14 +49,15 @@
 //!
 //! | module | part of the design |
 //! |---|---|
-//! | [`client`] | [`Shaper`], the front door |
+//! | [`shaper`] | [`Shaper`], the front door: builder, lane registry, one request's life |
 //! | [`lane`] | the FIFO queue, its dispatcher, priorities and concurrency cap |
 //! | `gate` | quotas and a pause a release must pass, shared between lanes |
 //! | [`meters`] | when the head may go: the five algorithms |
 //! | [`route`] | which lane a request waits in: keys, levels, routes |
 //! | [`signals`] | what a response says about its limits, in every common dialect |
 //! | [`adaptive`] | pacing for vendors that announce nothing (AIMD) |
-//! | [`retry`] | which outcomes are tried again, the backoff, the retry budget |
+//! | `throttle` | what a response means: final, throttle or failure; which pause, and why |
+//! | [`retry`] | which failures are tried again, the backoff, the retry budget |
 //! | `observability` | `metrics` counters, gauges and a histogram per lane (feature `metrics`) |
 //! | `config` | a shaper declared in TOML or JSON (feature `config`) |
 //! | `middleware` | `reqwest_middleware::Middleware` (feature `middleware`) |
@@ -77,7 +78,6 @@
 #![forbid(unsafe_code)]
 
 pub mod adaptive;
-pub mod client;
 #[cfg(feature = "config")]
 pub mod config;
 pub mod error;
@@ -89,13 +89,15 @@ pub mod middleware;
 mod observability;
 pub mod retry;
 pub mod route;
+pub mod shaper;
 pub mod signals;
 pub mod store;
+mod sync;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod throttle;
 
 pub use adaptive::Adaptive;
-pub use client::{MaxWait, RequestBuilder, Settle, Shaper, ShaperBuilder, Transport};
 #[cfg(feature = "config")]
 pub use config::ShaperConfig;
 pub use error::{ConfigError, Error};
@@ -103,5 +105,6 @@ pub use lane::{Lane, LanePolicy, LaneSnapshot, Priority, Turn};
 pub use meters::{Algorithm, Meter, Quota, Rate, Unit};
 pub use retry::{Backoff, RetryBudget, RetryPolicy};
 pub use route::{Cost, LaneKey, Level, Route, Tag};
+pub use shaper::{MaxWait, RequestBuilder, Settle, Shaper, ShaperBuilder, Transport};
 pub use signals::{Dialect, Signals};
-pub use store::{StoreError, StoreFailure, StoreMode};
+pub use store::{Store, StoreError, StoreFailure, StoreMode};

@@ -9,9 +9,10 @@
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 
-use crate::client::{Failure, MaxWait, Options, SendFailure, Shaper};
 use crate::lane::Priority;
 use crate::route::{Cost, Tag};
+use crate::shaper::call::SendFailure;
+use crate::shaper::{Failure, MaxWait, Options, Shaper};
 
 #[async_trait::async_trait]
 impl Middleware for Shaper {

@@ -102,12 +102,12 @@ impl LaneMetrics {
 }
 
 /// The mode gauge of a lane on a shared store.
-#[cfg(all(feature = "metrics", feature = "redis"))]
+#[cfg(feature = "metrics")]
 pub(crate) struct StoreMetrics {
     mode: ::metrics::Gauge,
 }
 
-#[cfg(all(feature = "metrics", feature = "redis"))]
+#[cfg(feature = "metrics")]
 impl StoreMetrics {
     pub(crate) fn new(lane: &str) -> Self {
         Self {
@@ -115,19 +115,20 @@ impl StoreMetrics {
         }
     }
 
-    pub(crate) fn mode(&self, mode: crate::store::StoreMode) {
-        self.mode.set(mode.gauge());
+    /// The mode as the gauge's value (`StoreMode::gauge`).
+    pub(crate) fn mode(&self, value: f64) {
+        self.mode.set(value);
     }
 }
 
-#[cfg(all(not(feature = "metrics"), feature = "redis"))]
+#[cfg(not(feature = "metrics"))]
 pub(crate) struct StoreMetrics;
 
-#[cfg(all(not(feature = "metrics"), feature = "redis"))]
+#[cfg(not(feature = "metrics"))]
 impl StoreMetrics {
     pub(crate) fn new(_lane: &str) -> Self {
         Self
     }
 
-    pub(crate) fn mode(&self, _mode: crate::store::StoreMode) {}
+    pub(crate) fn mode(&self, _value: f64) {}
 }

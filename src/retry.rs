@@ -1,6 +1,7 @@
 //! Which outcomes are tried again, and how long to wait first.
 //!
-//! Two kinds of trouble, handled at two depths:
+//! Two kinds of trouble, handled at two depths (which answer is which is
+//! decided in one place, the crate's `throttle` module):
 //!
 //! - **Throttles** (429, 503, and a 403 that carries `Retry-After` or a
 //!   used-up request limit, as GitHub sends): the vendor says the *lane* is
@@ -26,10 +27,8 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use reqwest::{Method, StatusCode};
+use reqwest::Method;
 use tokio::time::Instant;
-
-use crate::signals::Signals;
 
 /// Retry limits and per-request backoff.
 #[derive(Debug, Clone, PartialEq)]
@@ -191,41 +190,6 @@ impl Backoff {
     }
 }
 
-/// What to do with the outcome of one send.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Verdict {
-    /// Hand the outcome to the caller.
-    Done,
-    /// The vendor throttled the lane.
-    Throttled,
-    /// This request failed; it may be tried again.
-    Failed,
-}
-
-/// Statuses that mean "the lane is too fast".
-pub(crate) fn is_throttle(status: StatusCode) -> bool {
-    status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE
-}
-
-/// What to do with a response, from its status and what its headers said.
-pub(crate) fn classify(status: StatusCode, signals: &Signals) -> Verdict {
-    let throttled_403 = status == StatusCode::FORBIDDEN
-        && (signals.retry_after.is_some() || signals.requests_exhausted());
-    if is_throttle(status) || throttled_403 {
-        Verdict::Throttled
-    } else if matches!(
-        status,
-        StatusCode::INTERNAL_SERVER_ERROR
-            | StatusCode::BAD_GATEWAY
-            | StatusCode::GATEWAY_TIMEOUT
-            | StatusCode::REQUEST_TIMEOUT
-    ) {
-        Verdict::Failed
-    } else {
-        Verdict::Done
-    }
-}
-
 /// RFC 9110 §9.2.2: methods whose repetition has the same effect as one.
 pub(crate) fn is_idempotent(method: &Method) -> bool {
     matches!(
@@ -254,24 +218,7 @@ mod tests {
     }
 
     #[test]
-    fn throttles_failures_and_the_rest() {
-        let none = Signals::default();
-        let verdict = |status| classify(status, &none);
-        assert_eq!(verdict(StatusCode::TOO_MANY_REQUESTS), Verdict::Throttled);
-        assert_eq!(verdict(StatusCode::SERVICE_UNAVAILABLE), Verdict::Throttled);
-        assert_eq!(verdict(StatusCode::BAD_GATEWAY), Verdict::Failed);
-        assert_eq!(verdict(StatusCode::NOT_IMPLEMENTED), Verdict::Done);
-        assert_eq!(verdict(StatusCode::FORBIDDEN), Verdict::Done, "a plain 403");
-        let hinted = Signals {
-            retry_after: Some(Duration::from_secs(3)),
-            ..Signals::default()
-        };
-        assert_eq!(classify(StatusCode::FORBIDDEN, &hinted), Verdict::Throttled);
-        let mut spent = Signals::default();
-        spent
-            .limit_mut(crate::signals::Dimension::Requests)
-            .remaining = Some(0);
-        assert_eq!(classify(StatusCode::FORBIDDEN, &spent), Verdict::Throttled);
+    fn idempotent_methods() {
         assert!(is_idempotent(&Method::PUT));
         assert!(!is_idempotent(&Method::POST));
     }

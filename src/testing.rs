@@ -39,7 +39,7 @@ use tokio::time::Instant;
 use wiremock::matchers::any;
 use wiremock::{Mock, MockServer, Respond, ResponseTemplate};
 
-use crate::client::{BoxFuture, Transport};
+use crate::shaper::{BoxFuture, Transport};
 
 /// How a throttled answer says when to come back.
 #[derive(Debug, Clone, PartialEq, Eq)]

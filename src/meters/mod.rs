@@ -171,8 +171,10 @@ pub enum Unit {
     Cost,
 }
 
-/// An algorithm and its numbers.
+/// An algorithm and its numbers. Non-exhaustive: a new algorithm is not a
+/// breaking change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Algorithm {
     /// [`LeakyBucket`]: smooth, no burst.
     LeakyBucket(Rate),

@@ -46,15 +46,162 @@
 //! its route's, the vendor's) live on one shard and one script can charge
 //! them atomically.
 
+//!
+//! # Adding a store
+//!
+//! A store is one file beside `redis.rs` (plus its scripts): implement
+//! [`SharedStore`] (settings, and a link per lane) and [`StoreLane`]
+//! (reserve, give back, settle, pause), and `impl From<YourStore> for
+//! Store`. Everything a store does *not* decide, failure policy, probing,
+//! probation and the release of booked slots, lives in `remote.rs` and
+//! the lane's `Reserved` engine, the same for every store.
+
 #[cfg(feature = "redis")]
 mod redis;
+mod remote;
 
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{Clock, RedisOptions, RedisStore};
-#[cfg(feature = "redis")]
-pub(crate) use self::redis::{Remote, Source};
+pub(crate) use self::remote::{Remote, Source};
+pub use crate::error::StoreError;
+use crate::gate::Gate;
+use crate::meters::Quota;
+
+/// A shared store for [`ShaperBuilder::store`](crate::ShaperBuilder::store):
+/// made from a concrete store, e.g. `RedisStore` (feature `redis`). Cheap
+/// to clone.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<dyn SharedStore>,
+}
+
+impl Store {
+    /// Made by each store's `From` impl; with no store compiled in, unused.
+    #[cfg_attr(not(feature = "redis"), expect(dead_code))]
+    pub(crate) fn new(store: impl SharedStore) -> Self {
+        Self {
+            inner: Arc::new(store),
+        }
+    }
+
+    /// How many instances share the quotas: each one's fallback share.
+    pub(crate) fn fleet_size(&self) -> u32 {
+        self.inner.settings().fleet_size
+    }
+
+    /// The link of a lane whose shared `gates` are named `names` (the
+    /// vendor's last) with these `quotas` each.
+    pub(crate) fn link(
+        &self,
+        gates: Vec<Arc<Gate>>,
+        names: &[String],
+        quotas: &[Vec<Quota>],
+        headroom: Duration,
+        failure: StoreFailure,
+        lane: &str,
+    ) -> Remote {
+        // A gate's state matters as long as its longest window, and a
+        // second more for the clocks' differences.
+        let windows = quotas
+            .iter()
+            .flatten()
+            .map(|q| q.rate().per.saturating_add(headroom));
+        let keep = windows
+            .max()
+            .unwrap_or_default()
+            .saturating_add(Duration::from_secs(1));
+        let link = self.inner.lane(names, quotas, headroom, keep, &gates);
+        Remote::new(link, gates, self.inner.settings(), keep, failure, lane)
+    }
+}
+
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.inner.fmt(f)
+    }
+}
+
+/// A boxed future a store's link returns.
+pub(crate) type Pending<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Where a fleet's quota state lives: the store-specific half of a shared
+/// quota (the other half, the failure policy, is [`Remote`]).
+pub(crate) trait SharedStore: Send + Sync + fmt::Debug + 'static {
+    /// The store's batching, horizon, probing and fleet size.
+    fn settings(&self) -> StoreSettings;
+
+    /// A lane's link to its gates in the store: `names` (the vendor's
+    /// last), their `quotas` and `headroom`; state is kept `keep` past its
+    /// last use. `gates` are this process's gates of those names, which a
+    /// pause published by another instance must reach.
+    fn lane(
+        &self,
+        names: &[String],
+        quotas: &[Vec<Quota>],
+        headroom: Duration,
+        keep: Duration,
+        gates: &[Arc<Gate>],
+    ) -> Box<dyn StoreLane>;
+}
+
+/// One lane's gates in a store. Times are the store's clock in
+/// microseconds; each call charges or corrects every gate of the lane at
+/// once, atomically.
+pub(crate) trait StoreLane: Send + Sync + 'static {
+    /// Reserve a slot for each of `costs`, in order, with each gate kept
+    /// to its local `paces` too.
+    fn reserve<'a>(
+        &'a self,
+        costs: &'a [u64],
+        paces: &'a [Option<Duration>],
+    ) -> Pending<'a, Result<Reservation, StoreError>>;
+
+    /// Give back unused `(time, cost)` slots, latest first, if nobody
+    /// reserved since `seqs` (in the background).
+    fn give_back(&self, slots: Vec<(i64, u64)>, seqs: Vec<i64>, paces: &[Option<Duration>]);
+
+    /// A slot at time `t` charged `charged` really cost `actual` (in the
+    /// background).
+    fn settle(&self, t: i64, charged: u64, actual: u64, paces: &[Option<Duration>]);
+
+    /// Pause every gate fleet-wide for `pause` from now, and tell every
+    /// instance (in the background).
+    fn pause(&self, pause: Duration);
+}
+
+/// A store's settings that the store-independent half needs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StoreSettings {
+    /// Most slots one round trip reserves.
+    pub(crate) batch: usize,
+    /// No slot is reserved further ahead than this.
+    pub(crate) horizon: Duration,
+    /// While the store is down, how often a lane tries it again.
+    pub(crate) probe_every: Duration,
+    /// How many instances share the quotas.
+    pub(crate) fleet_size: u32,
+}
+
+/// Slots reserved in one round trip.
+#[derive(Debug)]
+pub(crate) struct Reservation {
+    /// The store's time of the reply, us.
+    pub(crate) now: i64,
+    /// From the reply, how long until each slot.
+    pub(crate) waits: Vec<Duration>,
+    /// The next slot is this far ahead, past the horizon: ask again then.
+    pub(crate) hold: Option<Duration>,
+    /// A pause in force for this long.
+    pub(crate) paused: Option<Duration>,
+    /// Each gate's reservation count after these: the give-back guard.
+    pub(crate) seqs: Vec<i64>,
+}
 
 /// What a lane does when its shared store (Redis) cannot answer.
 ///
@@ -92,7 +239,6 @@ pub enum StoreMode {
 
 impl StoreMode {
     /// The value of the `callshaper_store_mode` gauge.
-    #[cfg(feature = "metrics")]
     pub(crate) fn gauge(self) -> f64 {
         match self {
             Self::Shared => 0.0,
@@ -100,16 +246,4 @@ impl StoreMode {
             Self::Unavailable => 2.0,
         }
     }
-}
-
-/// Why the shared store did not answer.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum StoreError {
-    /// No answer within the store's timeout.
-    #[error("no answer within {0:?}")]
-    Timeout(Duration),
-    /// The store answered with an error, or the connection failed.
-    #[error("{0}")]
-    Failed(String),
 }

@@ -1,4 +1,6 @@
-//! The Redis store: connections, the scripts, and a lane's view of them.
+//! The Redis store: connections, the scripts, the pause channel, and each
+//! lane's link to its gates' keys ([`SharedStore`] and [`StoreLane`] for
+//! Redis and Redis Cluster).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,11 +13,12 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{FromRedisValue, Script};
 use tokio::sync::oneshot;
-use tokio::time::Instant;
 
-use super::{StoreError, StoreFailure, StoreMode};
-use crate::gate::{Gate, lock};
+use super::remote::micros;
+use super::{Pending, Reservation, SharedStore, Store, StoreError, StoreLane, StoreSettings};
+use crate::gate::Gate;
 use crate::meters::{Algorithm, Quota, Unit};
+use crate::sync::{lock, shrink};
 
 static RESERVE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
@@ -297,10 +300,6 @@ impl RedisStore {
         self.inner.round_trips.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn fleet_size(&self) -> u32 {
-        self.inner.options.fleet_size
-    }
-
     fn key(&self, vendor: &str, gate: &str) -> String {
         // The vendor's name is the hash tag: `{` and `}` inside it would end
         // or open another one.
@@ -435,10 +434,6 @@ fn apply_pause(gates: &Registry, payload: &[u8]) {
     }
 }
 
-fn micros(d: Duration) -> i64 {
-    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
-}
-
 fn duration(us: i64) -> Duration {
     Duration::from_micros(u64::try_from(us).unwrap_or(0))
 }
@@ -446,58 +441,6 @@ fn duration(us: i64) -> Duration {
 /// Local gates by key: several shapers of one process may share a store,
 /// each with its own gate for a key.
 type Registry = Mutex<HashMap<String, Vec<Weak<Gate>>>>;
-
-/// Where a lane's next release comes from.
-pub(crate) enum Source {
-    /// Reserve in the store.
-    Store,
-    /// The local fallback (fail-open, store down).
-    Fallback,
-    /// Nowhere: refuse (fail-closed, store down).
-    Refuse,
-}
-
-/// Slots reserved in one round trip.
-#[derive(Debug)]
-pub(crate) struct Reservation {
-    /// Redis time of the reply, us.
-    pub(crate) now: i64,
-    /// From the reply, how long until each slot.
-    pub(crate) waits: Vec<Duration>,
-    /// The next slot is this far ahead, past the horizon: ask again then.
-    pub(crate) hold: Option<Duration>,
-    /// A pause in force for this long.
-    pub(crate) paused: Option<Duration>,
-    /// Each gate's reservation count after these: the give-back guard.
-    pub(crate) seqs: Vec<i64>,
-}
-
-/// A lane's link to the store: its gates' keys and specs, and which mode
-/// it is in.
-pub(crate) struct Remote {
-    store: RedisStore,
-    keys: Vec<String>,
-    gates: Vec<Arc<Gate>>,
-    /// Per gate: its meters as script arguments.
-    specs: Vec<Vec<i64>>,
-    headroom: i64,
-    /// How long a gate's state matters once idle: its longest window.
-    keep: i64,
-    failure: StoreFailure,
-    state: Mutex<State>,
-    metrics: crate::observability::StoreMetrics,
-}
-
-struct State {
-    mode: StoreMode,
-    /// When to try the store again, while it is down.
-    probe_at: Instant,
-    last_error: Option<StoreError>,
-    /// Back from an outage: until then, keep to the local share too.
-    probation: Option<Instant>,
-    /// A local instant and the Redis time then: maps turns to Redis time.
-    anchor: Option<(Instant, i64)>,
-}
 
 fn spec(quota: &Quota, headroom: Duration) -> [i64; 5] {
     let (algorithm, capacity) = match quota.algorithm {
@@ -516,139 +459,96 @@ fn spec(quota: &Quota, headroom: Duration) -> [i64; 5] {
         algorithm,
         unit,
         i64::from(rate.count),
-        micros(rate.per + headroom),
-        i64::try_from(capacity).unwrap_or(i64::MAX),
+        micros(rate.per.saturating_add(headroom)),
+        clamp(capacity),
     ]
 }
 
-impl Remote {
-    /// The link of a lane whose shared gates are `gates` (named `names`,
-    /// the vendor's last) with these `quotas` each.
-    pub(crate) fn new(
-        store: RedisStore,
-        gates: Vec<Arc<Gate>>,
+fn clamp(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl SharedStore for RedisStore {
+    fn settings(&self) -> StoreSettings {
+        let options = &self.inner.options;
+        StoreSettings {
+            batch: options.batch,
+            horizon: options.horizon,
+            probe_every: options.probe_every,
+            fleet_size: options.fleet_size,
+        }
+    }
+
+    fn lane(
+        &self,
         names: &[String],
         quotas: &[Vec<Quota>],
         headroom: Duration,
-        failure: StoreFailure,
-        lane: &str,
-    ) -> Self {
+        keep: Duration,
+        gates: &[Arc<Gate>],
+    ) -> Box<dyn StoreLane> {
         let vendor = names.last().map_or("", String::as_str);
-        let keys: Vec<String> = names.iter().map(|name| store.key(vendor, name)).collect();
+        let keys: Vec<String> = names.iter().map(|name| self.key(vendor, name)).collect();
         {
-            let mut registry = lock(&store.inner.gates);
-            for (key, gate) in keys.iter().zip(&gates) {
+            let mut registry = lock(&self.inner.gates);
+            for (key, gate) in keys.iter().zip(gates) {
                 let same = registry.entry(key.clone()).or_default();
                 if !same.iter().any(|known| known.as_ptr() == Arc::as_ptr(gate)) {
                     same.push(Arc::downgrade(gate));
                 }
             }
         }
-        let windows = quotas.iter().flatten().map(|q| q.rate().per + headroom);
-        let keep = windows.max().unwrap_or_default() + Duration::from_secs(1);
         let specs = quotas
             .iter()
             .map(|quotas| quotas.iter().flat_map(|q| spec(q, headroom)).collect())
             .collect();
-        let metrics = crate::observability::StoreMetrics::new(lane);
-        metrics.mode(StoreMode::Shared);
-        Self {
-            store,
+        Box::new(RedisLane {
+            store: self.clone(),
             keys,
-            gates,
             specs,
             headroom: micros(headroom),
             keep: micros(keep),
-            failure,
-            state: Mutex::new(State {
-                mode: StoreMode::Shared,
-                probe_at: Instant::now(),
-                last_error: None,
-                probation: None,
-                anchor: None,
-            }),
-            metrics,
-        }
+        })
     }
+}
 
+impl From<RedisStore> for Store {
+    fn from(store: RedisStore) -> Self {
+        Store::new(store)
+    }
+}
+
+/// A lane's gates in Redis: their keys and meters as script arguments.
+struct RedisLane {
+    store: RedisStore,
+    keys: Vec<String>,
+    /// Per gate: its meters as script arguments.
+    specs: Vec<Vec<i64>>,
+    headroom: i64,
+    /// How long a gate's state matters once idle (us): every write's TTL.
+    keep: i64,
+}
+
+impl RedisLane {
     /// The gate specs as script arguments, with each gate's pace now.
-    fn spec_args(&self, args: &mut Vec<i64>) {
-        for (gate, spec) in self.gates.iter().zip(&self.specs) {
-            let pace = lock(&gate.meters).pace().map_or(0, micros);
+    fn spec_args(&self, paces: &[Option<Duration>], args: &mut Vec<i64>) {
+        for (i, spec) in self.specs.iter().enumerate() {
+            let pace = paces.get(i).copied().flatten().map_or(0, micros);
             args.push(pace);
             args.push(i64::try_from(spec.len() / 5).unwrap_or(0));
             args.extend_from_slice(spec);
         }
     }
 
-    /// Reserve a slot for each of `costs`, in order.
-    pub(crate) async fn reserve(&self, costs: &[u64]) -> Result<Reservation, StoreError> {
-        let options = &self.store.inner.options;
-        let mut args = vec![
-            self.store.now_arg(),
-            self.headroom,
-            micros(options.horizon),
-            self.keep,
-            i64::try_from(costs.len()).unwrap_or(0),
-        ];
-        args.extend(costs.iter().map(|&c| i64::try_from(c).unwrap_or(i64::MAX)));
-        self.spec_args(&mut args);
-        let sent = Instant::now();
-        let reply: Vec<i64> = self.store.invoke(&RESERVE, &self.keys, &args, None).await?;
-        let malformed = || StoreError::Failed(format!("unexpected reserve reply {reply:?}"));
-        let gates = self.keys.len();
-        let (head, waits) = reply.split_at_checked(3 + gates).ok_or_else(malformed)?;
-        let &[now, hold, paused] = &head[..3] else {
-            return Err(malformed());
-        };
-        let seqs = head[3..].to_vec();
-        // The reply was computed somewhere between sending and now: anchor
-        // Redis time to the send, so turns map to Redis time no later than
-        // they were (settling looks for the nearest entry anyway).
-        lock(&self.state).anchor = Some((sent, now));
-        Ok(Reservation {
-            now,
-            waits: waits.iter().map(|&w| duration(w)).collect(),
-            hold: (hold > 0).then(|| duration(hold - now)),
-            paused: (paused > now).then(|| duration(paused - now)),
-            seqs,
-        })
-    }
-
-    /// Give back slots nobody used, latest first: `(Redis time, cost)`.
-    pub(crate) fn give_back(&self, slots: Vec<(i64, u64)>, seqs: Vec<i64>) {
-        self.correct(1, slots.into_iter().map(|(t, c)| (t, c, 0)).collect(), seqs);
-    }
-
-    /// A slot reserved at Redis time `t` for `charged` went to a request
-    /// of cost `actual`.
-    pub(crate) fn settle_at(&self, charged: u64, actual: u64, t: i64) {
-        let seqs = vec![0; self.keys.len()];
-        self.correct(0, vec![(t, charged, actual)], seqs);
-    }
-
-    pub(crate) fn horizon(&self) -> Duration {
-        self.store.inner.options.horizon
-    }
-
-    /// A request released at `at` cost `actual`, not the `charged`.
-    pub(crate) fn settle(&self, charged: u64, actual: u64, at: Instant) {
-        if let Some(t) = self.redis_time(at) {
-            self.settle_at(charged, actual, t);
-        }
-    }
-
-    fn redis_time(&self, at: Instant) -> Option<i64> {
-        let (local, redis) = lock(&self.state).anchor?;
-        let offset = if at >= local {
-            micros(at - local)
-        } else {
-            -micros(local - at)
-        };
-        Some(redis + offset)
-    }
-
-    fn correct(&self, mode: i64, slots: Vec<(i64, u64, u64)>, seqs: Vec<i64>) {
+    /// Correct charges, in the background: give back (`mode` 1) or settle
+    /// (`mode` 0) `(t, charged, actual)` slots.
+    fn correct(
+        &self,
+        mode: i64,
+        slots: Vec<(i64, u64, u64)>,
+        seqs: Vec<i64>,
+        paces: &[Option<Duration>],
+    ) {
         if slots.is_empty() {
             return;
         }
@@ -658,7 +558,7 @@ impl Remote {
         for (t, charged, actual) in slots {
             args.extend([t, clamp(charged), clamp(actual)]);
         }
-        self.spec_args(&mut args);
+        self.spec_args(paces, &mut args);
         let store = self.store.clone();
         let keys = self.keys.clone();
         tokio::spawn(async move {
@@ -668,9 +568,53 @@ impl Remote {
             }
         });
     }
+}
 
-    /// Pause every gate of the lane fleet-wide for `pause` from now.
-    pub(crate) fn pause(&self, pause: Duration) {
+impl StoreLane for RedisLane {
+    fn reserve<'a>(
+        &'a self,
+        costs: &'a [u64],
+        paces: &'a [Option<Duration>],
+    ) -> Pending<'a, Result<Reservation, StoreError>> {
+        Box::pin(async move {
+            let options = &self.store.inner.options;
+            let mut args = vec![
+                self.store.now_arg(),
+                self.headroom,
+                micros(options.horizon),
+                self.keep,
+                i64::try_from(costs.len()).unwrap_or(0),
+            ];
+            args.extend(costs.iter().map(|&c| clamp(c)));
+            self.spec_args(paces, &mut args);
+            let reply: Vec<i64> = self.store.invoke(&RESERVE, &self.keys, &args, None).await?;
+            let malformed = || StoreError::Failed(format!("unexpected reserve reply {reply:?}"));
+            let gates = self.keys.len();
+            let (head, waits) = reply.split_at_checked(3 + gates).ok_or_else(malformed)?;
+            let &[now, hold, paused] = &head[..3] else {
+                return Err(malformed());
+            };
+            Ok(Reservation {
+                now,
+                waits: waits.iter().map(|&w| duration(w)).collect(),
+                hold: (hold > 0).then(|| duration(hold.saturating_sub(now))),
+                paused: (paused > now).then(|| duration(paused.saturating_sub(now))),
+                seqs: head[3..].to_vec(),
+            })
+        })
+    }
+
+    fn give_back(&self, slots: Vec<(i64, u64)>, seqs: Vec<i64>, paces: &[Option<Duration>]) {
+        let slots = slots.into_iter().map(|(t, c)| (t, c, 0)).collect();
+        self.correct(1, slots, seqs, paces);
+    }
+
+    fn settle(&self, t: i64, charged: u64, actual: u64, paces: &[Option<Duration>]) {
+        let seqs = vec![0; self.keys.len()];
+        self.correct(0, vec![(t, charged, actual)], seqs, paces);
+    }
+
+    fn pause(&self, pause: Duration) {
         let args = [self.store.now_arg(), micros(pause), self.keep];
         let store = self.store.clone();
         let keys = self.keys.clone();
@@ -682,118 +626,22 @@ impl Remote {
             }
         });
     }
-
-    pub(crate) fn batch(&self) -> usize {
-        self.store.inner.options.batch
-    }
-
-    pub(crate) fn mode(&self) -> StoreMode {
-        lock(&self.state).mode
-    }
-
-    pub(crate) fn last_error(&self) -> StoreError {
-        lock(&self.state)
-            .last_error
-            .clone()
-            .unwrap_or_else(|| StoreError::Failed("unavailable".to_owned()))
-    }
-
-    /// True while a lane back from an outage also keeps to its local share.
-    pub(crate) fn on_probation(&self, now: Instant) -> bool {
-        let mut state = lock(&self.state);
-        match state.probation {
-            Some(until) if until > now => true,
-            Some(_) => {
-                state.probation = None;
-                false
-            }
-            None => false,
-        }
-    }
-
-    /// Where the next release comes from: the store while it works (or
-    /// when it is time to try it again), else the lane's policy.
-    pub(crate) fn source(&self, now: Instant) -> Source {
-        let state = lock(&self.state);
-        match state.mode {
-            StoreMode::Shared => Source::Store,
-            _ if now >= state.probe_at => Source::Store,
-            StoreMode::Fallback => Source::Fallback,
-            StoreMode::Unavailable => Source::Refuse,
-        }
-    }
-
-    /// A call failed: fall back or close, per the lane's policy; try again
-    /// after `probe_every`. Returns the new mode.
-    pub(crate) fn failed(&self, error: StoreError, lane: &str) -> StoreMode {
-        let mode = match self.failure {
-            StoreFailure::Open => StoreMode::Fallback,
-            StoreFailure::Closed => StoreMode::Unavailable,
-        };
-        let mut state = lock(&self.state);
-        if state.mode != mode {
-            tracing::warn!(lane, %error, ?mode, "callshaper: Redis failed; the lane leaves the shared quota");
-            self.metrics.mode(mode);
-            if mode == StoreMode::Fallback && state.mode == StoreMode::Shared {
-                // Other instances may still hold slots booked before the
-                // failure, up to a horizon ahead, and will use them. Count
-                // one release at the end of that horizon: the fallback's
-                // first request comes a share's interval after every slot
-                // booked in Redis (a windowed meter then still allows the
-                // rest of its share at once; see the README).
-                let after = Instant::now() + self.store.inner.options.horizon;
-                for gate in &self.gates {
-                    lock(&gate.meters).commit(1, after);
-                }
-            }
-        }
-        state.mode = mode;
-        state.probe_at = Instant::now() + self.store.inner.options.probe_every;
-        state.last_error = Some(error);
-        mode
-    }
-
-    /// A call succeeded: back on the shared quota.
-    pub(crate) fn recovered(&self, lane: &str) {
-        let mut state = lock(&self.state);
-        if state.mode != StoreMode::Shared {
-            tracing::info!(
-                lane,
-                "callshaper: Redis is back; the lane is on the shared quota again"
-            );
-            self.metrics.mode(StoreMode::Shared);
-            // Every other instance finds Redis within a probe interval; a
-            // window later, what they sent on their own has left the
-            // vendor's window too. Until then the share still applies.
-            let every = self.store.inner.options.probe_every;
-            state.probation = Some(Instant::now() + every + duration(self.keep));
-        }
-        state.mode = StoreMode::Shared;
-        state.last_error = None;
-    }
 }
 
-fn clamp(n: u64) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
-}
-
-impl Drop for Remote {
+impl Drop for RedisLane {
     fn drop(&mut self) {
+        // Forget the gates no lane holds any more (ours among them, when
+        // ours was the last lane holding it).
         let mut registry = lock(&self.store.inner.gates);
-        for (key, gate) in self.keys.iter().zip(&self.gates) {
-            // Forget this gate if ours is the last lane holding it, and
-            // gates no lane holds any more.
-            let last = Arc::strong_count(gate) <= 1;
+        for key in &self.keys {
             if let Some(same) = registry.get_mut(key) {
-                same.retain(|known| {
-                    known.strong_count() > 0 && !(last && known.as_ptr() == Arc::as_ptr(gate))
-                });
+                same.retain(|known| known.strong_count() > 0);
                 if same.is_empty() {
                     registry.remove(key);
                 }
             }
         }
-        crate::client::shrink(&mut registry);
+        shrink(&mut registry);
     }
 }
 

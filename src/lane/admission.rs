@@ -1,0 +1,253 @@
+//! Admission: whether a request may join the lane's queue, decided at
+//! once, and the fast path that releases it without queueing when nobody
+//! waits.
+//!
+//! A request is refused at the door, never after waiting, when its cost can
+//! never fit a quota, when the queue is full, or when the wait it would see
+//! is past its `max_wait`. The prediction reads the queue depth, the pause
+//! and each meter's own shape ([`Meter::eta`](crate::Meter::eta)): a
+//! burst-capable meter predicts a burst, a leaky bucket a trickle.
+
+use std::sync::MutexGuard;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::{Lane, Place, Priority, Slot, Ticket, Turn, earliest, is_shared};
+use crate::error::Error;
+use crate::meters::{Meters, spacing};
+use crate::store::StoreMode;
+
+impl Lane {
+    /// Join the back of the queue: refused at once when the cost can never
+    /// fit, when the queue is full, or when the predicted wait is past
+    /// `max_wait`.
+    pub(crate) fn enter(
+        &self,
+        cost: u64,
+        priority: Priority,
+        max_wait: Option<Duration>,
+    ) -> Result<Place, Error> {
+        let shared = &self.shared;
+        let too_costly = shared.gates.iter().filter_map(|g| g.too_costly(cost)).min();
+        if let Some(capacity) = too_costly {
+            shared.metrics.refused();
+            return Err(Error::CostTooHigh {
+                lane: shared.key.clone(),
+                cost,
+                capacity,
+            });
+        }
+        // Only a request with a deadline needs the clock here.
+        let deadline = match max_wait {
+            None => None,
+            Some(max_wait) => {
+                let now = Instant::now();
+                let predicted = self.predicted_wait(cost, now);
+                if predicted > max_wait {
+                    shared.metrics.refused();
+                    return Err(Error::WouldExceedMaxWait {
+                        lane: shared.key.clone(),
+                        predicted,
+                        max_wait,
+                    });
+                }
+                Some(Box::new((now + max_wait, max_wait)))
+            }
+        };
+        let seq = shared.next_seq.fetch_add(1, Ordering::Relaxed);
+        let place = |slot| Place {
+            seq,
+            cost,
+            priority,
+            slot,
+            deadline,
+        };
+        if let Some(turn) = self.turn_now(cost) {
+            return Ok(place(Slot::Ready(turn)));
+        }
+        let capacity = shared.policy.queue_capacity;
+        let queued = shared.waiting.fetch_add(1, Ordering::SeqCst);
+        if queued >= capacity {
+            shared.waiting.fetch_sub(1, Ordering::SeqCst);
+            shared.metrics.refused();
+            return Err(Error::QueueFull {
+                lane: shared.key.clone(),
+                capacity,
+            });
+        }
+        let (tx, rx) = oneshot::channel();
+        self.send(Ticket {
+            seq,
+            cost,
+            priority,
+            turn: tx,
+        })?;
+        shared.metrics.queued(queued + 1);
+        Ok(place(Slot::Waiting(rx)))
+    }
+
+    /// The fast path: when nobody waits, the lane is not paused and the
+    /// meters allow it now, take the turn without a trip through the
+    /// dispatcher. FIFO holds: "nobody waits" is checked again under the
+    /// meters' lock, which the dispatcher also holds from its check to its
+    /// charge, so no two releases can share a slot.
+    fn turn_now(&self, cost: u64) -> Option<Turn> {
+        let shared = &self.shared;
+        if shared.waiting.load(Ordering::SeqCst) != 0 || self.tickets.is_closed() {
+            return None;
+        }
+        // With a shared store every release needs a reservation, which only
+        // the dispatcher makes.
+        if shared.remote.is_some() {
+            return None;
+        }
+        let queued_elsewhere = shared
+            .gates
+            .iter()
+            .any(|gate| is_shared(gate) && gate.has_queue());
+        if queued_elsewhere {
+            return None;
+        }
+        let permit = match &shared.in_flight {
+            None => None,
+            Some(slots) => Some(slots.clone().try_acquire_owned().ok()?),
+        };
+        // The clock is read under the lock: an instant read before it may
+        // predate the charge of whoever held it, and would send this caller
+        // to the queue for nothing (and everyone after it, behind it).
+        let charged_at = shared.with_meters(|meters| {
+            let now = Instant::now();
+            let waiting = shared.waiting.load(Ordering::SeqCst) != 0;
+            if waiting || shared.paused_until(now).is_some() || earliest(meters, cost, now) > now {
+                return None;
+            }
+            for meter in meters {
+                meter.commit(cost, now);
+            }
+            Some(now)
+        })?;
+        shared.released.fetch_add(1, Ordering::Relaxed);
+        shared.metrics.released(0);
+        Some(Turn {
+            _in_flight: permit,
+            at: charged_at,
+        })
+    }
+
+    /// Queue depth, the meters and the pause give the wait a new request
+    /// would see. An estimate when costs vary: it takes everyone ahead to
+    /// cost as much as this request, and ignores other lanes sharing a
+    /// quota, which is why `max_wait` is also enforced while waiting.
+    fn predicted_wait(&self, cost: u64, now: Instant) -> Duration {
+        let shared = &self.shared;
+        // During a pause nothing goes: the queue drains from its end.
+        let from = shared.paused_until(now).unwrap_or(now);
+        let ahead = u64::try_from(self.queued()).unwrap_or(u64::MAX);
+        // On a shared store the local meters are the fallback's share; the
+        // fleet's state is in the store. Predict from this lane's queue at
+        // the declared pace (other instances' queues are unknown here).
+        if let Some(remote) = &shared.remote
+            && remote.mode() == StoreMode::Shared
+        {
+            let interval = shared
+                .gates
+                .iter()
+                .filter_map(|g| g.request_interval())
+                .max();
+            return at_declared_pace(interval, ahead, from, now);
+        }
+        by_meters(&shared.meters(), ahead, cost, from, now)
+    }
+}
+
+/// When `ahead` requests and then one of `cost` have gone through `meters`,
+/// starting at `from`: the wait from `now`.
+fn by_meters(
+    meters: &[MutexGuard<'_, Meters>],
+    ahead: u64,
+    cost: u64,
+    from: Instant,
+    now: Instant,
+) -> Duration {
+    let eta = meters
+        .iter()
+        .map(|m| m.eta(ahead, cost, from))
+        .max()
+        .unwrap_or(from);
+    eta - now
+}
+
+/// The wait behind `ahead` requests at the declared request `interval`,
+/// starting at `from`.
+fn at_declared_pace(
+    interval: Option<Duration>,
+    ahead: u64,
+    from: Instant,
+    now: Instant,
+) -> Duration {
+    (from + spacing(interval.unwrap_or_default(), ahead)) - now
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::meters::Quota;
+
+    const SECOND: Duration = Duration::from_secs(1);
+
+    fn meters(quota: Quota, now: Instant) -> Mutex<Meters> {
+        Mutex::new(Meters::new(&[quota], Duration::ZERO, now))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_leaky_bucket_predicts_one_interval_per_request_ahead() {
+        let now = Instant::now();
+        let bucket = meters(Quota::leaky_bucket(10, SECOND), now);
+        let locked = [crate::sync::lock(&bucket)];
+        assert_eq!(by_meters(&locked, 0, 1, now, now), Duration::ZERO);
+        assert_eq!(
+            by_meters(&locked, 5, 1, now, now),
+            Duration::from_millis(500)
+        );
+        // A pause of 2 s: the queue drains from its end.
+        let paused = now + 2 * SECOND;
+        assert_eq!(
+            by_meters(&locked, 5, 1, paused, now),
+            Duration::from_millis(2500)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fixed_window_predicts_a_burst_then_the_next_window() {
+        let now = Instant::now();
+        let window = meters(Quota::fixed_window(10, 60 * SECOND), now);
+        let locked = [crate::sync::lock(&window)];
+        assert_eq!(by_meters(&locked, 9, 1, now, now), Duration::ZERO);
+        assert_eq!(by_meters(&locked, 10, 1, now, now), 60 * SECOND);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn several_meters_predict_the_slowest() {
+        let now = Instant::now();
+        let requests = meters(Quota::leaky_bucket(10, SECOND), now);
+        let tokens = meters(Quota::sliding_log(100, SECOND).per_cost(), now);
+        let locked = [crate::sync::lock(&requests), crate::sync::lock(&tokens)];
+        // Two requests of 60 tokens ahead: the third must wait for the
+        // tokens' window, not the requests' pace.
+        assert!(by_meters(&locked, 2, 60, now, now) >= SECOND);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn on_a_shared_store_the_declared_pace_predicts() {
+        let now = Instant::now();
+        let interval = Some(Duration::from_millis(100));
+        assert_eq!(at_declared_pace(interval, 0, now, now), Duration::ZERO);
+        assert_eq!(at_declared_pace(interval, 30, now, now), 3 * SECOND);
+        assert_eq!(at_declared_pace(None, 30, now, now), Duration::ZERO);
+    }
+}

@@ -1,0 +1,189 @@
+//! The dispatcher: one task per lane that files arriving tickets in the
+//! queue and releases the head when the lane may go, through its release
+//! engine.
+//!
+//! A step looks at the head and asks, in order: is its caller still there;
+//! is the lane paused; is an in-flight slot free; then the engine: may the
+//! head go now? Whatever holds it back, the dispatcher waits for that *or*
+//! a new ticket, since a returning request may belong before the head.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::{Instant, sleep, sleep_until};
+
+use super::queue::{Costed, Head, Queue};
+use super::release::{Blocked, Release, Step};
+use super::{Answer, OnIdle, Shared, Ticket, Turn};
+
+/// A waiting ticket, as the dispatcher holds it.
+pub(super) struct Waiting {
+    cost: u64,
+    pub(super) turn: tokio::sync::oneshot::Sender<Answer>,
+}
+
+impl Costed for Waiting {
+    fn cost(&self) -> u64 {
+        self.cost
+    }
+}
+
+pub(super) struct Dispatcher<R> {
+    shared: Arc<Shared>,
+    tickets: async_channel::Receiver<Ticket>,
+    queue: Queue<Waiting>,
+    on_idle: Option<OnIdle>,
+    engine: R,
+}
+
+impl<R: Release> Dispatcher<R> {
+    pub(super) fn new(
+        shared: Arc<Shared>,
+        tickets: async_channel::Receiver<Ticket>,
+        on_idle: Option<OnIdle>,
+        engine: R,
+    ) -> Self {
+        let queue = Queue::new(shared.policy.batch_share);
+        Self {
+            shared,
+            tickets,
+            queue,
+            on_idle,
+            engine,
+        }
+    }
+
+    pub(super) async fn run(mut self) {
+        while self.step().await {}
+        self.engine.stand_down(&self.shared);
+        // Closed: whoever still waits learns it at once.
+        drop(self.queue.drain());
+        while self.tickets.try_recv().is_ok() {}
+    }
+
+    fn file(&mut self, ticket: Ticket) {
+        let waiting = Waiting {
+            cost: ticket.cost,
+            turn: ticket.turn,
+        };
+        self.queue.insert(ticket.priority, ticket.seq, waiting);
+    }
+
+    /// Release at most one turn; false once the lane is closed.
+    async fn step(&mut self) -> bool {
+        if self.tickets.is_closed() {
+            return false;
+        }
+        while let Ok(ticket) = self.tickets.try_recv() {
+            self.file(ticket);
+        }
+        let Some((head, waiting)) = self.queue.head() else {
+            self.engine.stand_down(&self.shared);
+            return self.wait_for_work().await;
+        };
+        if waiting.turn.is_closed() {
+            self.queue.take(head);
+            self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
+            return true;
+        }
+
+        let now = Instant::now();
+        if let Some(until) = self.shared.paused_until(now) {
+            // Whatever the engine held for a release is of no use now.
+            self.engine.stand_down(&self.shared);
+            return self.or_new_ticket(sleep_until(until)).await;
+        }
+
+        let permit = match self.shared.in_flight.clone() {
+            None => None,
+            Some(slots) => match slots.clone().try_acquire_owned() {
+                Ok(permit) => Some(permit),
+                Err(_) => {
+                    self.engine.step_aside(&self.shared);
+                    // Only the dispatcher takes slots: once one is free it
+                    // is still free on the next step.
+                    return self
+                        .or_new_ticket(async move { drop(slots.acquire().await) })
+                        .await;
+                }
+            },
+        };
+
+        let mut ready = Ready {
+            shared: &self.shared,
+            queue: &mut self.queue,
+            permit,
+        };
+        match self.engine.release(&mut ready, head, now).await {
+            Step::Done => true,
+            Step::Wait(Blocked::Until(at)) => self.or_new_ticket(sleep_until(at)).await,
+            Step::Wait(Blocked::Turn(turn)) => self.or_new_ticket(turn).await,
+        }
+    }
+
+    /// Nothing to release: wait for a request, or report idleness.
+    async fn wait_for_work(&mut self) -> bool {
+        let idle = self.shared.policy.idle_timeout;
+        let mut idled = false;
+        let open = self
+            .or_new_ticket(async {
+                sleep(idle).await;
+                idled = true
+            })
+            .await;
+        if idled && let Some(on_idle) = &self.on_idle {
+            on_idle();
+        }
+        open
+    }
+
+    /// Wait for `until`, but come back early when a ticket arrives: a
+    /// returning request may belong before the current head.
+    async fn or_new_ticket(&mut self, until: impl Future<Output = ()>) -> bool {
+        tokio::select! {
+            biased;
+            ticket = self.tickets.recv() => match ticket {
+                Ok(ticket) => {
+                    self.file(ticket);
+                    true
+                }
+                Err(_) => false,
+            },
+            () = until => true,
+        }
+    }
+}
+
+/// A lane whose head may go but for its engine: what the engine needs to
+/// hand the head its turn.
+pub(super) struct Ready<'a> {
+    pub(super) shared: &'a Shared,
+    pub(super) queue: &'a mut Queue<Waiting>,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Ready<'_> {
+    /// Hand `head` its turn, charged at `now`, and count it; false if its
+    /// caller left (its ticket is gone either way).
+    pub(super) fn hand(&mut self, head: Head, now: Instant) -> bool {
+        let Some(taken) = self.queue.take(head) else {
+            return false;
+        };
+        let turn = Turn {
+            _in_flight: self.permit.take(),
+            at: now,
+        };
+        let handed = taken.waiting.turn.send(Ok(turn)).is_ok();
+        let shared = self.shared;
+        if handed {
+            shared.released.fetch_add(1, Ordering::Relaxed);
+            let queued = shared.waiting.load(Ordering::Relaxed).saturating_sub(1);
+            shared.metrics.released(queued);
+            self.queue.handed(taken.class, taken.batch_waited);
+        }
+        shared.waiting.fetch_sub(1, Ordering::SeqCst);
+        handed
+    }
+}

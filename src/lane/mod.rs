@@ -1,0 +1,658 @@
+//! A lane: one upstream quota, one FIFO queue, one dispatcher.
+//!
+//! Everything that sends to a vendor under one quota waits in the lane's
+//! bounded queue. A single dispatcher task looks at the head and releases it
+//! when three things agree:
+//!
+//! 1. the lane is not paused (`paused_until` only moves forward);
+//! 2. a slot under the concurrency cap is free (if there is a cap);
+//! 3. every meter says the time has come for the head's cost.
+//!
+//! Releasing means handing the waiting caller a [`Turn`]; the caller then
+//! sends its request itself. A caller that gave up (dropped its future, or
+//! its `max_wait` ran out) is skipped and charged nothing: the meters are
+//! charged only once the turn was really handed over.
+//!
+//! Tickets arrive on one channel and wait in the dispatcher's queue, one
+//! front per [`Priority`], ordered by sequence number. A throttled request
+//! comes back with its original number, so it keeps its place at the head.
+//!
+//! | file | what it owns |
+//! |---|---|
+//! | `mod.rs` | the [`Lane`] handle: a caller's place, its wait, pauses, snapshot |
+//! | `policy.rs` | [`LanePolicy`] and [`Priority`] |
+//! | `admission.rs` | refusals at the door, the `max_wait` prediction, the fast path |
+//! | `queue.rs` | the FIFO queue per class, sequence numbers, batch's share |
+//! | `dispatcher.rs` | the task that releases the head |
+//! | `release/` | the engines that say when the head may go: local meters, or a shared store's reservations |
+
+mod admission;
+mod dispatcher;
+mod policy;
+mod queue;
+mod release;
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio::time::{Instant, sleep_until};
+
+use self::dispatcher::Dispatcher;
+pub use self::policy::{LanePolicy, Priority};
+use self::release::{Local, Reserved};
+use crate::error::{ConfigError, Error};
+use crate::gate::Gate;
+use crate::meters::{Meters, Rate};
+use crate::observability::LaneMetrics;
+use crate::retry::RetryBudget;
+use crate::store::{Remote, StoreMode};
+
+/// Permission to send one request now. Dropping it frees the lane's
+/// in-flight slot, if the lane has a cap.
+#[derive(Debug)]
+pub struct Turn {
+    _in_flight: Option<OwnedSemaphorePermit>,
+    /// When the meters were charged, to settle the charge later.
+    at: Instant,
+}
+
+/// What a lane is doing right now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LaneSnapshot {
+    /// The lane's key.
+    pub key: String,
+    /// Requests waiting to be released (throttled ones included).
+    pub queued: usize,
+    /// Time left in the current pause, if any.
+    pub paused_for: Option<Duration>,
+    /// Turns handed out so far.
+    pub released: u64,
+    /// Throttled answers (429, 503) seen so far.
+    pub throttles: u64,
+    /// The spacing between two requests now (slower than the policy's when
+    /// the vendor announced a lower quota or adaptive pacing cut it).
+    pub interval: Duration,
+    /// A quota lower than the configured one that the vendor announced, and
+    /// the lane now keeps to.
+    pub learned: Option<Rate>,
+    /// With a shared store: whether the lane is on it, on its local
+    /// fallback, or refusing. `None` in memory.
+    pub store: Option<crate::store::StoreMode>,
+}
+
+struct Ticket {
+    seq: u64,
+    cost: u64,
+    priority: Priority,
+    turn: oneshot::Sender<Answer>,
+}
+
+/// What the dispatcher hands a waiting request: its turn, or (a
+/// fail-closed lane whose store is down) a refusal.
+type Answer = Result<Turn, Refusal>;
+
+/// The store is down and the lane fails closed: the error, boxed, so an
+/// answer is no larger than a turn (and a waiting caller need not keep its
+/// lane at hand to build it).
+type Refusal = Box<Error>;
+
+/// The dispatcher's answer as the caller's outcome.
+fn answered(answer: Result<Answer, oneshot::error::RecvError>) -> Result<Turn, Error> {
+    match answer {
+        Ok(Ok(turn)) => Ok(turn),
+        Ok(Err(refusal)) => Err(*refusal),
+        Err(_) => Err(Error::Shutdown),
+    }
+}
+
+/// Called by the dispatcher when its lane has been idle for the policy's
+/// `idle_timeout`; the owner may then drop the lane.
+pub(crate) type OnIdle = Box<dyn Fn() + Send + Sync>;
+
+/// One upstream quota: a FIFO queue, meters and a pause, drained by one
+/// dispatcher task.
+///
+/// [`Shaper`](crate::Shaper) creates lanes by itself; a `Lane` can also pace
+/// anything else (a gRPC client, a database) on its own:
+///
+/// ```
+/// use std::time::Duration;
+/// use callshaper::{Lane, LanePolicy, Rate};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let lane = Lane::new("sms", LanePolicy::new(Rate::new(10, Duration::from_secs(1))))?;
+/// let start = tokio::time::Instant::now();
+/// for _ in 0..3 {
+///     let _turn = lane.acquire().await?;
+///     // ... call the vendor ...
+/// }
+/// assert!(start.elapsed() >= Duration::from_millis(200));
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Lane {
+    tickets: async_channel::Sender<Ticket>,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    /// Tells lanes apart in a gate's queue.
+    id: u64,
+    key: String,
+    policy: LanePolicy,
+    /// The gates a release must pass, narrowest level first; the last one
+    /// is the vendor's. A standalone [`Lane`] has one of its own; a
+    /// shaper's lane holds the shared gate of each of its levels.
+    gates: Vec<Arc<Gate>>,
+    in_flight: Option<Arc<Semaphore>>,
+    next_seq: AtomicU64,
+    released: AtomicU64,
+    throttles: AtomicU64,
+    /// Requests waiting for a turn, in the channel or held by the
+    /// dispatcher. Raised before a ticket is sent, lowered when the
+    /// dispatcher lets it go, so "zero" really means nobody is ahead; also
+    /// what the queue bound counts.
+    waiting: AtomicUsize,
+    metrics: LaneMetrics,
+    /// The link to a shared store: the gates' quotas live there.
+    remote: Option<Arc<Remote>>,
+}
+
+impl Shared {
+    /// The vendor's gate: the broadest level's.
+    fn vendor(&self) -> &Gate {
+        self.gates.last().map_or(&self.gates[0], |gate| gate)
+    }
+
+    /// The latest pause in force at `now` among the lane's gates.
+    fn paused_until(&self, now: Instant) -> Option<Instant> {
+        self.gates
+            .iter()
+            .filter_map(|gate| gate.paused_until(now))
+            .max()
+    }
+
+    /// Every gate's meters, locked in level order (the same order in every
+    /// lane, so lanes sharing gates cannot deadlock).
+    fn meters(&self) -> Vec<MutexGuard<'_, Meters>> {
+        self.gates.iter().map(|gate| gate.meters()).collect()
+    }
+
+    /// Run `f` with every gate's meters locked; a lane with one gate (the
+    /// common case) allocates nothing for it, which shows on the hot path.
+    fn with_meters<R>(&self, f: impl FnOnce(&mut [MutexGuard<'_, Meters>]) -> R) -> R {
+        match &self.gates[..] {
+            [gate] => f(std::slice::from_mut(&mut gate.meters())),
+            _ => f(&mut self.meters()),
+        }
+    }
+}
+
+/// True when more than one lane holds `gate`: only then do lanes queue
+/// for it.
+fn is_shared(gate: &Arc<Gate>) -> bool {
+    Arc::strong_count(gate) > 1
+}
+
+/// When every meter of `meters` allows a request of `cost`.
+fn earliest(meters: &[MutexGuard<'_, Meters>], cost: u64, now: Instant) -> Instant {
+    meters
+        .iter()
+        .map(|m| m.earliest(cost, now))
+        .max()
+        .unwrap_or(now)
+}
+
+impl Lane {
+    /// A lane named `key` under `policy`; its dispatcher runs on the current
+    /// tokio runtime until every handle to the lane is dropped.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime, like `tokio::spawn`.
+    pub fn new(key: impl Into<String>, policy: LanePolicy) -> Result<Self, ConfigError> {
+        policy.validate()?;
+        let settings = policy.gate_settings(RetryBudget::default());
+        let own = Arc::new(Gate::new(&policy.quotas, settings, None, 1));
+        Ok(Self::spawn(key.into(), policy, vec![own], None, None))
+    }
+
+    /// Start the dispatcher of a lane whose policy is already validated,
+    /// releasing through `gates` (narrowest first, the vendor's last), by
+    /// the store's reservations when it has a `remote`, else by the gates'
+    /// meters.
+    pub(crate) fn spawn(
+        key: String,
+        policy: LanePolicy,
+        gates: Vec<Arc<Gate>>,
+        on_idle: Option<OnIdle>,
+        remote: Option<Arc<Remote>>,
+    ) -> Self {
+        let (tickets, tickets_rx) = async_channel::unbounded();
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+        let shared = Arc::new(Shared {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            metrics: LaneMetrics::new(&key),
+            key,
+            gates,
+            in_flight: policy.max_in_flight.map(|n| Arc::new(Semaphore::new(n))),
+            next_seq: AtomicU64::new(0),
+            released: AtomicU64::new(0),
+            throttles: AtomicU64::new(0),
+            waiting: AtomicUsize::new(0),
+            policy,
+            remote: remote.clone(),
+        });
+        // One engine per lane, chosen once: the dispatcher is generic over
+        // it, so the in-memory path pays nothing for the store's.
+        match remote {
+            None => {
+                let engine = Local::default();
+                tokio::spawn(Dispatcher::new(shared.clone(), tickets_rx, on_idle, engine).run());
+            }
+            Some(remote) => {
+                let engine = Reserved::new(remote);
+                tokio::spawn(Dispatcher::new(shared.clone(), tickets_rx, on_idle, engine).run());
+            }
+        }
+        Self { tickets, shared }
+    }
+
+    /// The lane's key.
+    pub fn key(&self) -> &str {
+        &self.shared.key
+    }
+
+    /// The lane's policy.
+    pub fn policy(&self) -> &LanePolicy {
+        &self.shared.policy
+    }
+
+    /// Wait for this caller's turn, in FIFO order, under the policy's
+    /// `max_wait`, for a request of cost 1.
+    pub async fn acquire(&self) -> Result<Turn, Error> {
+        let max_wait = self.shared.policy.max_wait;
+        let mut place = self.enter(1, Priority::Interactive, max_wait)?;
+        self.wait(&mut place).await
+    }
+
+    /// Hand the dispatcher a ticket already counted in `waiting`.
+    fn send(&self, ticket: Ticket) -> Result<(), Error> {
+        self.tickets.try_send(ticket).map_err(|_| {
+            self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
+            Error::Shutdown
+        })
+    }
+
+    /// Put a released request back in the queue with its old number, so it
+    /// goes before everything that came after it.
+    pub(crate) fn reenter(&self, place: &mut Place) -> Result<(), Error> {
+        if let Some(&(deadline, max_wait)) = place.deadline.as_deref() {
+            let release = self.paused_until().unwrap_or_else(Instant::now);
+            if release > deadline {
+                return Err(Error::WouldExceedMaxWait {
+                    lane: self.shared.key.clone(),
+                    predicted: release.saturating_duration_since(Instant::now()),
+                    max_wait,
+                });
+            }
+        }
+        let (tx, rx) = oneshot::channel();
+        place.slot = Slot::Waiting(rx);
+        self.shared.waiting.fetch_add(1, Ordering::SeqCst);
+        self.send(Ticket {
+            seq: place.seq,
+            cost: place.cost,
+            priority: place.priority,
+            turn: tx,
+        })
+    }
+
+    /// Wait until the dispatcher hands this place its turn.
+    pub(crate) async fn wait(&self, place: &mut Place) -> Result<Turn, Error> {
+        let rx = match std::mem::replace(&mut place.slot, Slot::Taken) {
+            Slot::Ready(turn) => return Ok(turn),
+            Slot::Waiting(rx) => rx,
+            Slot::Taken => return Err(Error::Shutdown),
+        };
+        match place.deadline.as_deref().copied() {
+            None => answered(rx.await),
+            // Boxed: a timer is large, and most requests have no deadline;
+            // this keeps every queued request without one small.
+            Some((deadline, max_wait)) => Box::pin(self.wait_until(rx, deadline, max_wait)).await,
+        }
+    }
+
+    async fn wait_until(
+        &self,
+        mut rx: oneshot::Receiver<Answer>,
+        deadline: Instant,
+        max_wait: Duration,
+    ) -> Result<Turn, Error> {
+        tokio::select! {
+            biased;
+            turn = &mut rx => return answered(turn),
+            () = sleep_until(deadline) => {}
+        }
+        // A release due at the deadline itself is woken in the same tick:
+        // let the dispatcher run once before giving up.
+        tokio::task::yield_now().await;
+        match rx.try_recv() {
+            Ok(answer) => answered(Ok(answer)),
+            Err(oneshot::error::TryRecvError::Closed) => Err(Error::Shutdown),
+            Err(oneshot::error::TryRecvError::Empty) => {
+                self.shared.metrics.refused();
+                Err(Error::MaxWaitElapsed {
+                    lane: self.shared.key.clone(),
+                    max_wait,
+                })
+            }
+        }
+    }
+
+    /// A request released at `turn` cost `actual`, not the `charged` it
+    /// was estimated at: correct the meters that count cost.
+    pub(crate) fn settle(&self, charged: u64, actual: u64, at: Instant) {
+        if let Some(remote) = &self.shared.remote
+            && remote.mode() != StoreMode::Fallback
+        {
+            remote.settle(charged, actual, at);
+            return;
+        }
+        for gate in &self.shared.gates {
+            gate.meters().settle(charged, actual, at);
+        }
+    }
+
+    /// Pause the whole lane, and the shared quotas above it (so every lane
+    /// sharing the vendor's quota stops too), for `pause` from now, clamped
+    /// to `max_pause`. A pause only ever moves forward: a shorter one than
+    /// the current leaves it as it is. Returns the instant the lane resumes.
+    pub fn pause_for(&self, pause: Duration) -> Instant {
+        if let Some(remote) = &self.shared.remote {
+            remote.pause(pause.min(self.shared.policy.max_pause));
+        }
+        let gates = &self.shared.gates;
+        gates
+            .iter()
+            .map(|gate| gate.pause_for(pause))
+            .max()
+            .unwrap_or_else(Instant::now)
+    }
+
+    /// The lane was throttled: the pause to take (the vendor's hint, else
+    /// the vendor gate's growing fallback).
+    pub(crate) fn throttled(&self, hint: Option<Duration>) -> Duration {
+        self.shared.throttles.fetch_add(1, Ordering::Relaxed);
+        self.shared.metrics.throttled();
+        self.shared.vendor().throttled(hint)
+    }
+
+    /// The vendor accepted a request.
+    pub(crate) fn succeeded(&self) {
+        self.shared.vendor().succeeded();
+    }
+
+    /// The vendor announced its quota; see [`Gate::learn`]. True when this
+    /// changed the pace.
+    pub(crate) fn learn(&self, announced: Rate) -> bool {
+        let learned = self.shared.vendor().learn(announced);
+        if learned {
+            let per_second = f64::from(announced.count) / announced.per.as_secs_f64();
+            self.shared.metrics.learned(per_second);
+        }
+        learned
+    }
+
+    /// A failed request is tried again.
+    pub(crate) fn retried(&self) {
+        self.shared.metrics.retried();
+    }
+
+    /// A request waited `wait` from submission to its first release.
+    pub(crate) fn waited(&self, wait: Duration) {
+        self.shared.metrics.waited(wait);
+    }
+
+    /// A request's first attempt: it earns the vendor's retry budget some.
+    pub(crate) fn deposit(&self) {
+        self.shared.vendor().deposit();
+    }
+
+    /// Spend one failure retry from the vendor's budget, if any is left.
+    pub(crate) fn withdraw_retry(&self) -> bool {
+        self.shared.vendor().withdraw_retry()
+    }
+
+    fn paused_until(&self) -> Option<Instant> {
+        self.shared.paused_until(Instant::now())
+    }
+
+    fn queued(&self) -> usize {
+        self.shared.waiting.load(Ordering::SeqCst)
+    }
+
+    /// True when forgetting this lane loses nothing: nobody waiting, no
+    /// pause, the meters rested.
+    pub(crate) fn is_idle(&self) -> bool {
+        let now = Instant::now();
+        self.queued() == 0 && self.shared.gates.iter().all(|gate| gate.is_idle(now))
+    }
+
+    /// Refuse new requests and end every waiting one with
+    /// [`Error::Shutdown`].
+    pub(crate) fn close(&self) {
+        self.tickets.close();
+    }
+
+    /// What the lane is doing right now.
+    pub fn snapshot(&self) -> LaneSnapshot {
+        let now = Instant::now();
+        LaneSnapshot {
+            key: self.shared.key.clone(),
+            queued: self.queued(),
+            paused_for: self.paused_until().map(|until| until - now),
+            released: self.shared.released.load(Ordering::Relaxed),
+            throttles: self.shared.throttles.load(Ordering::Relaxed),
+            interval: self
+                .shared
+                .meters()
+                .iter()
+                .map(|m| m.interval())
+                .max()
+                .unwrap_or_default(),
+            learned: self.shared.vendor().learned(),
+            store: self.shared.remote.as_ref().map(|remote| remote.mode()),
+        }
+    }
+}
+
+impl std::fmt::Debug for Lane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lane")
+            .field("key", &self.shared.key)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A caller's place in a lane: its sequence number and cost (kept across
+/// retries) and its next turn.
+pub(crate) struct Place {
+    seq: u64,
+    cost: u64,
+    priority: Priority,
+    slot: Slot,
+    /// Boxed: most requests have none, and every waiting one carries this.
+    deadline: Option<Box<(Instant, Duration)>>,
+}
+
+impl Turn {
+    /// When the lane's meters were charged for this turn.
+    pub(crate) fn at(&self) -> Instant {
+        self.at
+    }
+}
+
+enum Slot {
+    /// Taken on the fast path.
+    Ready(Turn),
+    /// Arrives from the dispatcher.
+    Waiting(oneshot::Receiver<Answer>),
+    /// Handed out already.
+    Taken,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meters::Quota;
+    use crate::sync::lock;
+    use std::sync::Mutex;
+
+    fn policy() -> LanePolicy {
+        LanePolicy::new(Rate::new(10, Duration::from_secs(1)))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pauses_only_move_forward_and_are_clamped() {
+        let lane = Lane::new(
+            "t",
+            LanePolicy {
+                max_pause: Duration::from_secs(5),
+                ..policy()
+            },
+        )
+        .unwrap();
+        let now = Instant::now();
+        assert_eq!(
+            lane.pause_for(Duration::from_secs(3)),
+            now + Duration::from_secs(3)
+        );
+        assert_eq!(
+            lane.pause_for(Duration::from_secs(1)),
+            now + Duration::from_secs(3)
+        );
+        assert_eq!(
+            lane.pause_for(Duration::from_secs(60)),
+            now + Duration::from_secs(5)
+        );
+        assert_eq!(lane.snapshot().paused_for, Some(Duration::from_secs(5)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_fallback_grows_per_throttle_and_resets_on_success() {
+        let lane = Lane::new("t", policy()).unwrap();
+        let floors: Vec<_> = (0..4).map(|_| lane.throttled(None)).collect();
+        for (n, pause) in floors.iter().enumerate() {
+            let ceiling = Duration::from_secs(1 << n);
+            assert!(
+                *pause >= ceiling / 2 && *pause <= ceiling,
+                "throttle {n}: {pause:?}"
+            );
+        }
+        lane.succeeded();
+        assert!(lane.throttled(None) <= Duration::from_secs(1));
+        assert_eq!(
+            lane.throttled(Some(Duration::from_secs(7))),
+            Duration::from_secs(7)
+        );
+        assert_eq!(lane.snapshot().throttles, 6);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn interactive_goes_first_and_batch_keeps_its_share() {
+        let lane = Lane::new("t", policy()).unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for (i, priority) in (0..12).map(|i| {
+            (
+                i,
+                if i < 6 {
+                    Priority::Batch
+                } else {
+                    Priority::Interactive
+                },
+            )
+        }) {
+            let mut place = lane.enter(1, priority, None).unwrap();
+            let (lane, order) = (lane.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                let _turn = lane.wait(&mut place).await.unwrap();
+                lock(&order).push(i);
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        // 0 went on the fast path; then interactive 6..12 first, with every
+        // fifth release given to the oldest batch request.
+        assert_eq!(*lock(&order), [0, 6, 7, 8, 9, 1, 10, 11, 2, 3, 4, 5]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cost_beyond_every_capacity_is_refused_at_once() {
+        let policy = LanePolicy::with_quotas([
+            Quota::leaky_bucket(10, Duration::from_secs(1)),
+            Quota::sliding_log(1000, Duration::from_secs(60)).per_cost(),
+        ]);
+        let lane = Lane::new("t", policy).unwrap();
+        assert!(lane.enter(1000, Priority::Interactive, None).is_ok());
+        match lane.enter(1001, Priority::Interactive, None) {
+            Err(Error::CostTooHigh { cost, capacity, .. }) => {
+                assert_eq!((cost, capacity), (1001, 1000))
+            }
+            Err(other) => panic!("expected CostTooHigh, got {other}"),
+            Ok(_) => panic!("expected CostTooHigh"),
+        }
+    }
+
+    /// Burst-capable meters predict a burst, not a trickle: a fixed window
+    /// of 10 a minute admits ten at once and tells the eleventh a minute.
+    #[tokio::test(start_paused = true)]
+    async fn admission_predicts_waits_from_each_meters_shape() {
+        let minute = Duration::from_secs(60);
+        for quota in [
+            Quota::fixed_window(10, minute),
+            Quota::token_bucket(10, 10, minute),
+            Quota::sliding_log(10, minute),
+        ] {
+            let policy = LanePolicy {
+                headroom: Duration::ZERO,
+                ..LanePolicy::with_quotas([quota])
+            };
+            let lane = Lane::new("t", policy).unwrap();
+            let max_wait = Some(Duration::from_secs(5));
+            let mut places = Vec::new();
+            for _ in 0..10 {
+                places.push(
+                    lane.enter(1, Priority::Interactive, max_wait)
+                        .expect("fits the burst"),
+                );
+            }
+            match lane.enter(1, Priority::Interactive, max_wait) {
+                Err(Error::WouldExceedMaxWait { predicted, .. }) => {
+                    assert!(
+                        predicted >= Duration::from_secs(6),
+                        "{quota:?}: {predicted:?}"
+                    );
+                }
+                Err(other) => panic!("{quota:?}: {other}"),
+                Ok(_) => panic!("{quota:?}: the eleventh fits no window"),
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_paused_lane_releases_nothing_until_the_pause_ends() {
+        let lane = Lane::new("t", policy()).unwrap();
+        lane.pause_for(Duration::from_secs(2));
+        let start = Instant::now();
+        let _turn = lane.acquire().await.unwrap();
+        assert_eq!(start.elapsed(), Duration::from_secs(2));
+    }
+}

@@ -1,0 +1,139 @@
+//! How a lane behaves ([`LanePolicy`]) and the classes its requests wait
+//! in ([`Priority`]).
+
+use std::time::Duration;
+
+use crate::adaptive::Adaptive;
+use crate::error::ConfigError;
+use crate::gate::{self, GateSettings};
+use crate::meters::{Quota, Rate};
+use crate::retry::{Backoff, RetryBudget};
+
+/// How one lane behaves.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LanePolicy {
+    /// The vendor's quotas, all enforced together (e.g. requests **and**
+    /// tokens per minute). At least one.
+    pub quotas: Vec<Quota>,
+    /// Added to the vendor's window before dividing it into release slots, so
+    /// that timer lateness and network jitter cannot push a strict vendor
+    /// over. Default 5 ms.
+    pub headroom: Duration,
+    /// How many requests may wait; one more is refused with
+    /// [`Error::QueueFull`]. Default 10,000.
+    pub queue_capacity: usize,
+    /// The longest a request may wait to be released (queue and pauses, not
+    /// time on the wire). `None` (the default) waits as long as it takes.
+    pub max_wait: Option<Duration>,
+    /// Requests of this lane on the wire at once. `None` (the default): no
+    /// cap beyond the rate.
+    pub max_in_flight: Option<usize>,
+    /// The longest pause a vendor may impose. A longer `Retry-After` pauses
+    /// the lane this long and ends the request with
+    /// [`Error::PauseTooLong`]. Default 120 s.
+    pub max_pause: Duration,
+    /// The pause after a throttle that says nothing usable about when to
+    /// come back; grows with consecutive throttles (equal jitter) and
+    /// resets on success. Default 1 s doubling up to 60 s.
+    pub fallback: Backoff,
+    /// An idle lane (nothing queued, not paused, meters rested) is dropped
+    /// after this long. Default 60 s.
+    pub idle_timeout: Duration,
+    /// Opt-in adaptive pacing for vendors that announce nothing: throttles
+    /// without a header cut the lane's request rate, successes grow it back,
+    /// never above the first request quota (see [`crate::adaptive`]).
+    /// Default off.
+    pub adaptive: Option<Adaptive>,
+    /// When interactive and batch requests both wait, one release in this
+    /// many goes to batch. Default 5 (batch keeps 20% of a busy lane).
+    pub batch_share: u32,
+}
+
+impl LanePolicy {
+    /// A policy with one leaky-bucket quota at `rate` and the defaults above.
+    pub fn new(rate: Rate) -> Self {
+        Self::with_quotas([Quota::leaky_bucket(rate.count, rate.per)])
+    }
+
+    /// A policy enforcing all of `quotas`, with the defaults above.
+    pub fn with_quotas(quotas: impl IntoIterator<Item = Quota>) -> Self {
+        Self {
+            quotas: quotas.into_iter().collect(),
+            headroom: Duration::from_millis(5),
+            queue_capacity: 10_000,
+            max_wait: None,
+            max_in_flight: None,
+            max_pause: Duration::from_secs(120),
+            fallback: Backoff::new(Duration::from_secs(1), Duration::from_secs(60)),
+            idle_timeout: Duration::from_secs(60),
+            adaptive: None,
+            batch_share: 5,
+        }
+    }
+
+    /// The lane's request rate: the slowest quota counting requests.
+    pub fn request_rate(&self) -> Option<Rate> {
+        gate::request_rate(&self.quotas)
+    }
+
+    /// What the lane's gates need of this policy.
+    pub(crate) fn gate_settings(&self, budget: RetryBudget) -> GateSettings {
+        GateSettings {
+            headroom: self.headroom,
+            max_pause: self.max_pause,
+            fallback: self.fallback,
+            adaptive: self.adaptive,
+            budget,
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        if self.quotas.is_empty() {
+            return Err(ConfigError::new(
+                "quotas",
+                "a lane needs at least one quota",
+            ));
+        }
+        for (i, quota) in self.quotas.iter().enumerate() {
+            quota
+                .validate()
+                .map_err(|e| e.within(&format!("quotas[{i}]")))?;
+        }
+        if self.queue_capacity == 0 {
+            return Err(ConfigError::new("queue_capacity", "must be at least 1"));
+        }
+        if self.max_in_flight == Some(0) {
+            return Err(ConfigError::new("max_in_flight", "must be at least 1"));
+        }
+        if self.batch_share == 0 {
+            return Err(ConfigError::new("batch_share", "must be at least 1"));
+        }
+        if let Some(adaptive) = &self.adaptive {
+            adaptive.validate()?;
+            if self.request_rate().is_none() {
+                return Err(ConfigError::new(
+                    "adaptive",
+                    "needs a quota counting requests, to be its ceiling",
+                ));
+            }
+        }
+        if self.fallback.base.is_zero() || self.fallback.cap < self.fallback.base {
+            return Err(ConfigError::new(
+                "fallback",
+                "base must be above zero and cap at least base",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Which class a request waits in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Priority {
+    /// Someone is waiting for the answer: goes first.
+    #[default]
+    Interactive,
+    /// Background work: goes when no interactive request waits, and at least
+    /// one release in `batch_share` when they do.
+    Batch,
+}

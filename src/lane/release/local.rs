@@ -1,0 +1,123 @@
+//! The in-memory engine: a lane's gates' meters, in this process.
+//!
+//! Check and charge happen under the meters' locks, so nothing can come
+//! between them: the check is exact, and the fast path
+//! ([`Lane::enter`](crate::lane)) can take a turn under the same locks
+//! without a trip through the dispatcher.
+//!
+//! **Fair sharing.** A lane ready but for one shared gate joins that
+//! gate's queue and keeps its place there until it goes, so when a slot
+//! frees, the lane that has waited longest takes it, whichever lane's timer
+//! fires first. A lane held back by another gate (its own tenant cap)
+//! leaves the queue, so it never blocks a gate it could not use anyway.
+
+use std::sync::MutexGuard;
+
+use tokio::time::Instant;
+
+use super::{Blocked, Release, Step};
+use crate::lane::dispatcher::Ready;
+use crate::lane::queue::Head;
+use crate::lane::{Shared, earliest, is_shared};
+use crate::meters::Meters;
+
+/// Releases by the gates' meters in this process.
+#[derive(Default)]
+pub(in crate::lane) struct Local {
+    /// Since when this lane has been ready but for a shared gate: its place
+    /// in those gates' queues.
+    since: Option<Instant>,
+}
+
+impl Release for Local {
+    async fn release(&mut self, ready: &mut Ready<'_>, head: Head, now: Instant) -> Step {
+        match self.release_now(ready, head, now) {
+            Ok(_) => Step::Done,
+            Err(blocked) => Step::Wait(blocked),
+        }
+    }
+
+    fn step_aside(&mut self, shared: &Shared) {
+        if let Some(since) = self.since.take() {
+            for gate in &shared.gates {
+                gate.delist((since, shared.id));
+            }
+        }
+    }
+}
+
+impl Local {
+    /// Hand the head its turn if every meter allows it now and no lane
+    /// that waited longer is first in a shared gate's queue, or say what to
+    /// wait for. `Ok(true)` when the head got its turn, `Ok(false)` when
+    /// its caller had left.
+    pub(super) fn release_now(
+        &mut self,
+        ready: &mut Ready<'_>,
+        head: Head,
+        now: Instant,
+    ) -> Result<bool, Blocked> {
+        let cost = head.cost;
+        let shared = ready.shared;
+        let handed = shared.with_meters(|meters| {
+            let at = earliest(meters, cost, now);
+            if let Some(blocked) = self.queue_up(shared, meters, cost, now) {
+                return Err(blocked);
+            }
+            if at > now {
+                return Err(Blocked::Until(at));
+            }
+            let handed = ready.hand(head, now);
+            if handed {
+                for meter in meters.iter_mut() {
+                    meter.commit(cost, now);
+                }
+            }
+            Ok(handed)
+        });
+        if matches!(handed, Ok(true)) {
+            self.step_aside(shared);
+        }
+        handed
+    }
+
+    /// Take or keep this lane's place in the queue of each shared gate that
+    /// alone holds it back; leave the queues of gates it could not use
+    /// anyway. `Some` when another lane is first at a gate that would let
+    /// this one go now.
+    fn queue_up(
+        &mut self,
+        shared: &Shared,
+        meters: &[MutexGuard<'_, Meters>],
+        cost: u64,
+        now: Instant,
+    ) -> Option<Blocked> {
+        if !shared.gates.iter().any(is_shared) {
+            return None;
+        }
+        let times: Vec<Instant> = meters.iter().map(|m| m.earliest(cost, now)).collect();
+        let me = (*self.since.get_or_insert(now), shared.id);
+        let mut held_by = None;
+        for (i, gate) in shared
+            .gates
+            .iter()
+            .enumerate()
+            .filter(|(_, gate)| is_shared(gate))
+        {
+            let others_allow = times.iter().enumerate().all(|(j, &at)| j == i || at <= now);
+            if !others_allow {
+                gate.delist(me);
+                continue;
+            }
+            gate.enlist(me);
+            if times[i] <= now && !gate.is_first(me) {
+                held_by = Some(gate);
+            }
+        }
+        let at = times.iter().copied().max().unwrap_or(now);
+        let gate = held_by.filter(|_| at <= now)?;
+        // Enabled while the meters are locked: the lane ahead can only go,
+        // and wake us, after we let go of them.
+        Some(Blocked::Turn(gate.next_turn()))
+    }
+}

@@ -1,0 +1,223 @@
+//! The shared-store engine: slots reserved for a fleet, released when
+//! their time comes.
+//!
+//! A lane asks the store for a slot for its head and for those behind it
+//! (one round trip for a batch), then sleeps until each. The store's
+//! failure policy ([`Remote`]) says where a release comes from when the
+//! store is down: the [`Local`] engine at the fallback share (fail-open),
+//! or nowhere, refusing everyone waiting at once (fail-closed).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Blocked, Local, Release, Step};
+use crate::error::Error;
+use crate::lane::Shared;
+use crate::lane::dispatcher::Ready;
+use crate::lane::queue::Head;
+use crate::store::{Remote, Source, StoreMode};
+
+/// Releases by slots reserved in a shared store.
+pub(in crate::lane) struct Reserved {
+    remote: Arc<Remote>,
+    /// The fail-open fallback, and the local share kept on probation.
+    local: Local,
+    /// Reserved slots not yet used, earliest first.
+    slots: VecDeque<Booking>,
+    /// The gates' reservation counts after the last batch: a give-back is
+    /// only safe if nobody reserved since.
+    seqs: Vec<i64>,
+    /// The next slot is beyond the store's horizon: ask again then.
+    hold: Option<Instant>,
+    /// The slowest mapping of store time to this instance's clock seen so
+    /// far: a local instant and the store's time (us) then.
+    anchor: Option<(Instant, i64)>,
+}
+
+struct Booking {
+    /// When to release, on this instance's clock.
+    at: Instant,
+    cost: u64,
+    /// The slot in the store's time (us).
+    t: i64,
+}
+
+impl Reserved {
+    pub(in crate::lane) fn new(remote: Arc<Remote>) -> Self {
+        Self {
+            remote,
+            local: Local::default(),
+            slots: VecDeque::new(),
+            seqs: Vec::new(),
+            hold: None,
+            anchor: None,
+        }
+    }
+
+    /// Release the head at its booked slot, or wait for it.
+    fn use_slot(&mut self, ready: &mut Ready<'_>, head: Head, now: Instant) -> Option<Step> {
+        let at = self.slots.front()?.at;
+        if at > now {
+            return Some(Step::Wait(Blocked::Until(at)));
+        }
+        if self.remote.on_probation(now) {
+            // Back from an outage: other instances may still serve from
+            // their fallback share, so keep to ours as well until every one
+            // of them has found the store again.
+            return Some(match self.local.release_now(ready, head, now) {
+                Ok(handed) => {
+                    if handed {
+                        self.slots.pop_front();
+                    }
+                    Step::Done
+                }
+                Err(blocked) => Step::Wait(blocked),
+            });
+        }
+        let slot = self.slots.pop_front()?;
+        if !ready.hand(head, now) {
+            // Its caller left just now: the slot serves the next.
+            self.slots.push_front(slot);
+        } else if slot.cost != head.cost {
+            // Reserved for another cost (a retried request came back
+            // ahead): correct the meters that count cost.
+            self.remote.settle_at(slot.cost, head.cost, slot.t);
+        }
+        Some(Step::Done)
+    }
+
+    /// Reserve slots for the head and those behind it, in one round trip.
+    async fn reserve(&mut self, ready: &mut Ready<'_>, head: Head, now: Instant) -> Step {
+        let remote = self.remote.clone();
+        let shared = ready.shared;
+        let costs = ready.queue.costs(head.class, remote.batch());
+        match remote.reserve(&costs).await {
+            Ok(reservation) => {
+                remote.recovered(&shared.key);
+                let received = Instant::now();
+                if let Some(paused) = reservation.paused {
+                    shared.vendor().pause_for(paused);
+                }
+                let (local, store) = self.anchor(received, reservation.now);
+                for (wait, cost) in reservation.waits.iter().zip(costs) {
+                    let t = reservation
+                        .now
+                        .saturating_add(i64::try_from(wait.as_micros()).unwrap_or(i64::MAX));
+                    let after = Duration::from_micros(u64::try_from(t - store).unwrap_or(0));
+                    self.slots.push_back(Booking {
+                        at: local + after,
+                        cost,
+                        t,
+                    });
+                }
+                self.seqs = reservation.seqs;
+                // Ask again once the next slot is within the horizon.
+                self.hold = reservation
+                    .hold
+                    .map(|hold| received + hold.saturating_sub(remote.horizon()));
+                Step::Done
+            }
+            Err(error) => match remote.failed(error, &shared.key) {
+                StoreMode::Unavailable => {
+                    self.refuse_all(ready);
+                    Step::Done
+                }
+                _ => self.fallback(ready, head, now),
+            },
+        }
+    }
+
+    /// Where store time maps to on this instance's clock, given a reply
+    /// computed at store time `now` and received at `received`.
+    ///
+    /// A slot is released no earlier than its reply allows (`received`
+    /// plus its wait), and on the slowest mapping seen so far: a slow reply
+    /// (the first, which opens connections and loads scripts) releases its
+    /// slots late, and slots of a later, faster reply must not close up on
+    /// them. That shifts the lane's schedule by its slowest reply once, and
+    /// keeps every gap the store reserved.
+    fn anchor(&mut self, received: Instant, now: i64) -> (Instant, i64) {
+        let slower = match self.anchor {
+            None => true,
+            Some((local, store)) => {
+                let elapsed = i64::try_from((received - local).as_micros()).unwrap_or(i64::MAX);
+                elapsed > now.saturating_sub(store)
+            }
+        };
+        if slower {
+            self.anchor = Some((received, now));
+        }
+        self.anchor.unwrap_or((received, now))
+    }
+
+    fn fallback(&mut self, ready: &mut Ready<'_>, head: Head, now: Instant) -> Step {
+        match self.local.release_now(ready, head, now) {
+            Ok(_) => Step::Done,
+            Err(blocked) => Step::Wait(blocked),
+        }
+    }
+
+    /// A fail-closed lane whose store is down: everyone waiting learns it
+    /// now, not after a timeout each.
+    fn refuse_all(&mut self, ready: &mut Ready<'_>) {
+        let shared = ready.shared;
+        self.stand_down(shared);
+        for waiting in ready.queue.drain() {
+            shared.waiting.fetch_sub(1, Ordering::SeqCst);
+            shared.metrics.refused();
+            let error = Error::StoreUnavailable {
+                lane: shared.key.clone(),
+                source: self.remote.last_error(),
+            };
+            let _ = waiting.turn.send(Err(Box::new(error)));
+        }
+    }
+
+    /// Give back the slots this lane reserved and will not use.
+    fn give_back(&mut self) {
+        self.hold = None;
+        if self.slots.is_empty() {
+            return;
+        }
+        let slots = self.slots.drain(..).rev().map(|b| (b.t, b.cost)).collect();
+        self.remote.give_back(slots, std::mem::take(&mut self.seqs));
+    }
+}
+
+impl Release for Reserved {
+    async fn release(&mut self, ready: &mut Ready<'_>, head: Head, now: Instant) -> Step {
+        match self.remote.source(now) {
+            Source::Store => {}
+            Source::Fallback => return self.fallback(ready, head, now),
+            Source::Refuse => {
+                self.refuse_all(ready);
+                return Step::Done;
+            }
+        }
+        if let Some(step) = self.use_slot(ready, head, now) {
+            return step;
+        }
+        if let Some(hold) = self.hold {
+            if hold > now {
+                return Step::Wait(Blocked::Until(hold));
+            }
+            self.hold = None;
+        }
+        self.reserve(ready, head, now).await
+    }
+
+    fn step_aside(&mut self, shared: &Shared) {
+        self.local.step_aside(shared);
+    }
+
+    /// Slots reserved before a pause or for callers who left are of no use
+    /// now: they go back to the fleet.
+    fn stand_down(&mut self, shared: &Shared) {
+        self.local.step_aside(shared);
+        self.give_back();
+    }
+}

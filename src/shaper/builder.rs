@@ -1,0 +1,346 @@
+//! [`ShaperBuilder`]: every setting of a shaper, checked at `build()`.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use reqwest::Request;
+
+use super::{CostFn, Inner, Registry, Shaper, Transport};
+use crate::adaptive::Adaptive;
+use crate::error::ConfigError;
+use crate::lane::LanePolicy;
+use crate::meters::Quota;
+use crate::retry::{Backoff, RetryBudget, RetryPolicy};
+use crate::route::{LaneKey, Level, Route};
+use crate::signals::Dialect;
+use crate::store::{Store, StoreFailure};
+
+/// Configures a [`Shaper`].
+#[must_use]
+pub struct ShaperBuilder {
+    /// The vendor level's quotas; its other settings live in `policy`.
+    quotas: Vec<Quota>,
+    policy: LanePolicy,
+    vendor_key: LaneKey,
+    levels: Vec<Level>,
+    routes: Vec<Route>,
+    retry: RetryPolicy,
+    client: Option<reqwest::Client>,
+    transport: Option<Arc<dyn Transport>>,
+    cost: Option<Arc<CostFn>>,
+    dialects: Vec<Arc<dyn Dialect>>,
+    store: Option<Store>,
+    store_failure: StoreFailure,
+}
+
+impl Default for ShaperBuilder {
+    fn default() -> Self {
+        Self {
+            quotas: Vec::new(),
+            policy: LanePolicy::with_quotas([]),
+            vendor_key: LaneKey::Origin,
+            levels: Vec::new(),
+            routes: Vec::new(),
+            retry: RetryPolicy::default(),
+            client: None,
+            transport: None,
+            cost: None,
+            dialects: Vec::new(),
+            store: None,
+            store_failure: StoreFailure::default(),
+        }
+    }
+}
+
+impl ShaperBuilder {
+    /// Keep the quotas in a shared store (a `RedisStore`, feature `redis`),
+    /// shared by every instance connected to it, instead of in this
+    /// process: see [`store`](crate::store).
+    pub fn store(mut self, store: impl Into<Store>) -> Self {
+        self.store = Some(store.into());
+        self
+    }
+
+    /// What lanes do when the shared store fails ([`StoreFailure::Closed`]
+    /// unless set); a route can choose its own
+    /// ([`Route::on_store_failure`]). Without a store, nothing.
+    pub fn on_store_failure(mut self, failure: StoreFailure) -> Self {
+        self.store_failure = failure;
+        self
+    }
+
+    /// The vendor's quota: `count` requests per `per`, a leaky bucket, for
+    /// every vendor lane. Replaces quotas set before.
+    pub fn rate(mut self, count: u32, per: Duration) -> Self {
+        self.quotas = vec![Quota::leaky_bucket(count, per)];
+        self
+    }
+
+    /// Add a quota to the vendor lanes (e.g. tokens per minute beside
+    /// requests per minute); all are enforced together.
+    pub fn quota(mut self, quota: Quota) -> Self {
+        self.quotas.push(quota);
+        self
+    }
+
+    /// A whole vendor lane policy at once (its quotas included).
+    pub fn policy(mut self, policy: LanePolicy) -> Self {
+        self.quotas = policy.quotas.clone();
+        self.policy = policy;
+        self
+    }
+
+    fn edit(mut self, edit: impl FnOnce(&mut LanePolicy)) -> Self {
+        edit(&mut self.policy);
+        self
+    }
+
+    /// Safety margin added to the vendor's window (default 5 ms).
+    pub fn headroom(self, headroom: Duration) -> Self {
+        self.edit(move |p| p.headroom = headroom)
+    }
+
+    /// How many requests may wait per lane (default 10,000).
+    pub fn queue_capacity(self, capacity: usize) -> Self {
+        self.edit(move |p| p.queue_capacity = capacity)
+    }
+
+    /// The longest a request may wait for release (default: no limit).
+    pub fn max_wait(self, max_wait: Duration) -> Self {
+        self.edit(move |p| p.max_wait = Some(max_wait))
+    }
+
+    /// At most `n` requests of one lane on the wire at once.
+    pub fn max_in_flight(self, n: usize) -> Self {
+        self.edit(move |p| p.max_in_flight = Some(n))
+    }
+
+    /// The longest pause a vendor may impose (default 120 s).
+    pub fn max_pause(self, max_pause: Duration) -> Self {
+        self.edit(move |p| p.max_pause = max_pause)
+    }
+
+    /// The pause after a throttle without a usable header (default 1 s,
+    /// doubling up to 60 s).
+    pub fn fallback_pause(self, base: Duration, cap: Duration) -> Self {
+        self.edit(move |p| p.fallback = Backoff::new(base, cap))
+    }
+
+    /// Drop a lane after it has been idle this long (default 60 s).
+    pub fn idle_timeout(self, idle: Duration) -> Self {
+        self.edit(move |p| p.idle_timeout = idle)
+    }
+
+    /// Adaptive pacing for a vendor that announces nothing: throttles
+    /// without a header cut the lane's rate, successes grow it back, never
+    /// above the declared rate. See [`crate::adaptive`].
+    pub fn adaptive(self, knobs: Adaptive) -> Self {
+        self.edit(move |p| p.adaptive = Some(knobs))
+    }
+
+    /// Read a vendor's own header dialect too (see [`Dialect`]).
+    pub fn dialect(mut self, dialect: impl Dialect) -> Self {
+        self.dialects.push(Arc::new(dialect));
+        self
+    }
+
+    /// How many failure retries a lane may spend (default: 20% of its
+    /// requests plus 10 a second, over 10 s).
+    pub fn retry_budget(mut self, budget: RetryBudget) -> Self {
+        self.retry.budget = budget;
+        self
+    }
+
+    /// Sends per failing request, the first included (default 3).
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.retry.max_attempts = attempts;
+        self
+    }
+
+    /// The whole retry policy at once.
+    pub fn retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// Retry failures (5xx, timeouts) of POST and PATCH too. Only do this
+    /// when the vendor deduplicates, e.g. with idempotency keys.
+    pub fn retry_non_idempotent(mut self, yes: bool) -> Self {
+        self.retry.retry_non_idempotent = yes;
+        self
+    }
+
+    /// Use this reqwest client (default: reqwest's defaults, with https
+    /// through the TLS backend of callshaper's features: rustls unless you
+    /// chose `native-tls`).
+    pub fn client(mut self, client: reqwest::Client) -> Self {
+        self.client = Some(client);
+        self
+    }
+
+    /// Send attempts through `transport` instead of the client.
+    pub fn transport(mut self, transport: impl Transport) -> Self {
+        self.transport = Some(Arc::new(transport));
+        self
+    }
+
+    /// Pick each request's vendor lane (default: [`origin_key`]). Requests
+    /// with the same key share one queue and one quota.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// // One lane per API key, whatever the host.
+    /// let shaper = callshaper::Shaper::builder()
+    ///     .rate(10, Duration::from_secs(1))
+    ///     .lane_key(|request| {
+    ///         let key = request.headers().get("x-api-key");
+    ///         String::from_utf8_lossy(key.map_or(&b""[..], |v| v.as_bytes())).into_owned()
+    ///     })
+    ///     .build()?;
+    /// # Ok::<(), callshaper::ConfigError>(())
+    /// ```
+    pub fn lane_key(mut self, key: impl Fn(&Request) -> String + Send + Sync + 'static) -> Self {
+        self.vendor_key = LaneKey::Custom(Arc::new(move |request, _| key(request)));
+        self
+    }
+
+    /// Where the vendor lanes' keys come from (default [`LaneKey::Origin`]).
+    pub fn vendor_key(mut self, key: LaneKey) -> Self {
+        self.vendor_key = key;
+        self
+    }
+
+    /// Quotas per tenant, per API key, on top of the vendor's: each key
+    /// gets a lane of its own under the vendor's shared quota.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use callshaper::{LaneKey, Level, Quota};
+    /// // Each tenant at most 5/s, all of them together 10/s.
+    /// let per_tenant = Level::new("tenant", LaneKey::Tag, [Quota::leaky_bucket(5, Duration::from_secs(1))]);
+    /// let shaper = callshaper::Shaper::builder()
+    ///     .rate(10, Duration::from_secs(1))
+    ///     .level(per_tenant)
+    ///     .build()?;
+    /// # Ok::<(), callshaper::ConfigError>(())
+    /// ```
+    pub fn level(mut self, level: Level) -> Self {
+        self.levels.push(level);
+        self
+    }
+
+    /// Requests matching `route` go through its levels first. Routes are
+    /// tried in the order given; the first match wins.
+    pub fn route(mut self, route: Route) -> Self {
+        self.routes.push(route);
+        self
+    }
+
+    /// Estimate each request's cost (tokens) when the caller gave none
+    /// (default 1).
+    pub fn cost(mut self, estimate: impl Fn(&Request) -> u64 + Send + Sync + 'static) -> Self {
+        self.cost = Some(Arc::new(estimate));
+        self
+    }
+
+    /// Check the settings and build the shaper.
+    pub fn build(self) -> Result<Shaper, ConfigError> {
+        if self.quotas.is_empty() && self.routes.is_empty() {
+            return Err(ConfigError::new(
+                "rate",
+                "not set: call .rate(count, per) or .quota(..) with the vendor's quota",
+            ));
+        }
+        let mut levels = self.levels;
+        if !self.quotas.is_empty() {
+            levels.push(Level::new("", self.vendor_key, self.quotas.clone()));
+        }
+        // Lane behaviour is checked against some quotas: the shaper's, or
+        // the first route's.
+        let probe = levels
+            .iter()
+            .chain(self.routes.iter().flat_map(|r| &r.levels))
+            .next()
+            .map(|level| level.quotas.clone())
+            .unwrap_or_default();
+        let policy = LanePolicy {
+            quotas: probe,
+            ..self.policy
+        };
+        policy.validate()?;
+        for level in levels
+            .iter()
+            .chain(self.routes.iter().flat_map(|r| &r.levels))
+        {
+            let name = if level.name.is_empty() {
+                "vendor"
+            } else {
+                &level.name
+            };
+            LanePolicy {
+                quotas: level.quotas.clone(),
+                ..policy.clone()
+            }
+            .validate()
+            .map_err(|e| e.within(&format!("levels.{name}")))?;
+        }
+        if self.retry.max_attempts == 0 {
+            return Err(ConfigError::new("max_attempts", "must be at least 1"));
+        }
+        if self.retry.max_throttles == 0 {
+            return Err(ConfigError::new("max_throttles", "must be at least 1"));
+        }
+        let budget = self.retry.budget;
+        if !(budget.ratio >= 0.0 && budget.ratio.is_finite()) {
+            return Err(ConfigError::new(
+                "retry_budget.ratio",
+                "must be zero or more",
+            ));
+        }
+        if budget.ttl.is_zero() {
+            return Err(ConfigError::new(
+                "retry_budget.ttl",
+                "must be longer than zero",
+            ));
+        }
+        let client = match self.client {
+            Some(client) => client,
+            // reqwest's own defaults, with the TLS backend our features
+            // chose; a TLS backend that cannot start is a typed error here,
+            // not a panic in `Client::new`.
+            None => reqwest::Client::builder()
+                .build()
+                .map_err(|e| ConfigError::new("client", e.to_string()))?,
+        };
+        let transport = self
+            .transport
+            .unwrap_or_else(|| Arc::new(client.clone()) as Arc<dyn Transport>);
+        Ok(Shaper {
+            inner: Arc::new(Inner {
+                client,
+                transport,
+                policy,
+                retry: self.retry,
+                routes: self.routes,
+                levels,
+                cost: self.cost,
+                dialects: self.dialects,
+                registry: Registry::default(),
+                shut: AtomicBool::new(false),
+                store: self.store,
+                store_failure: self.store_failure,
+            }),
+        })
+    }
+}
+
+impl fmt::Debug for ShaperBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ShaperBuilder")
+            .field("quotas", &self.quotas)
+            .field("retry", &self.retry)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,230 @@
+//! One request's life: enter its lane, wait for the turn, send, let
+//! [`throttle`](crate::throttle) say what the answer means, and go again
+//! (keeping its place) or finish with exactly one outcome.
+
+use std::future::Future;
+use std::time::{Duration, SystemTime};
+
+use reqwest::{Request, Response};
+use tokio::time::Instant;
+
+use super::{Settle, Shaper};
+use crate::error::Error;
+use crate::lane::{Lane, Priority};
+use crate::retry;
+use crate::route::Tag;
+use crate::signals::Signals;
+use crate::throttle::{self, Verdict};
+
+/// What a caller can say about one request besides the request itself.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Options {
+    pub(crate) max_wait: Option<Duration>,
+    pub(crate) cost: Option<u64>,
+    pub(crate) priority: Priority,
+    pub(crate) tag: Option<Tag>,
+}
+
+impl Shaper {
+    /// The loop every request runs: wait for the turns, send, and decide
+    /// from the outcome whether to pause the lanes and go again.
+    pub(crate) async fn drive<E, F, Fut>(
+        &self,
+        mut request: Request,
+        options: Options,
+        mut send: F,
+    ) -> Result<Response, Failure<E>>
+    where
+        E: SendFailure,
+        F: FnMut(Request) -> Fut,
+        Fut: Future<Output = Result<Response, E>>,
+    {
+        let lane = self.lane_for(&request, options.tag.as_ref())?;
+        let cost = options
+            .cost
+            .or_else(|| self.inner.cost.as_ref().map(|estimate| estimate(&request)))
+            .unwrap_or(1);
+        let max_wait = options.max_wait.or(lane.policy().max_wait);
+        let submitted = Instant::now();
+        let mut place = lane.enter(cost, options.priority, max_wait)?;
+        let policy = &self.inner.retry;
+        let may_retry_failure =
+            policy.retry_non_idempotent || retry::is_idempotent(request.method());
+        let (mut attempts, mut failures, mut throttles) = (0u32, 0u32, 0u32);
+        loop {
+            let turn = lane.wait(&mut place).await?;
+            attempts += 1;
+            if attempts == 1 {
+                lane.deposit();
+                lane.waited(submitted.elapsed());
+            }
+            // A body that can't be cloned (a stream) allows one send only.
+            let spare = request.try_clone();
+            let mut outcome = send(request).await;
+            let charged_at = turn.at();
+            drop(turn);
+
+            let signals = match &mut outcome {
+                Ok(response) => {
+                    let signals = self.read_signals(response.headers());
+                    self.learn(&lane, &signals);
+                    let extensions = response.extensions_mut();
+                    extensions.insert(signals.clone());
+                    extensions.insert(Settle::new(lane.clone(), cost, charged_at));
+                    signals
+                }
+                Err(_) => Signals::default(),
+            };
+            let verdict = match &outcome {
+                Ok(response) => throttle::classify(response.status(), &signals),
+                Err(_) => Verdict::Failed,
+            };
+            let headroom = lane.policy().headroom;
+            match (verdict, outcome) {
+                (Verdict::Done, outcome) => {
+                    lane.succeeded();
+                    if let Some(pause) = throttle::spent(&signals, headroom) {
+                        lane.pause_for(pause.padded);
+                        tracing::info!(
+                            lane = lane.key(),
+                            reset = ?pause.asked,
+                            cause = ?pause.cause,
+                            "quota used up; pausing until it resets"
+                        );
+                    }
+                    return outcome.map_err(|source| Failure::Send { attempts, source });
+                }
+                (Verdict::Throttled, Ok(response)) => {
+                    throttles += 1;
+                    let pause = throttle::throttled(&lane, &signals, headroom);
+                    lane.pause_for(pause.padded);
+                    tracing::warn!(
+                        lane = lane.key(),
+                        status = response.status().as_u16(),
+                        pause = ?pause.asked,
+                        cause = ?pause.cause,
+                        "vendor throttled the lane; pausing it"
+                    );
+                    let max_pause = lane.policy().max_pause;
+                    if pause.asked > max_pause {
+                        return Err(Error::PauseTooLong {
+                            lane: lane.key().to_owned(),
+                            requested: pause.asked,
+                            max_pause,
+                        }
+                        .into());
+                    }
+                    let Some(next) = spare else {
+                        return Ok(response);
+                    };
+                    if throttles >= policy.max_throttles {
+                        return Err(Error::RetriesExhausted {
+                            attempts,
+                            last_status: response.status(),
+                        }
+                        .into());
+                    }
+                    request = next;
+                }
+                (_, outcome) => {
+                    failures += 1;
+                    let retryable = match &outcome {
+                        Ok(_) => may_retry_failure,
+                        Err(error) => {
+                            error.is_connect() || (may_retry_failure && error.is_transient())
+                        }
+                    };
+                    let next = match spare {
+                        Some(next) if retryable => next,
+                        _ => return outcome.map_err(|source| Failure::Send { attempts, source }),
+                    };
+                    let last_status = outcome.as_ref().ok().map(Response::status);
+                    if failures >= policy.max_attempts {
+                        return match outcome {
+                            Ok(response) => Err(Error::RetriesExhausted {
+                                attempts,
+                                last_status: response.status(),
+                            }
+                            .into()),
+                            Err(source) => Err(Failure::Send { attempts, source }),
+                        };
+                    }
+                    if !lane.withdraw_retry() {
+                        return Err(Error::RetryBudgetExhausted {
+                            lane: lane.key().to_owned(),
+                            attempts,
+                            last_status,
+                        }
+                        .into());
+                    }
+                    lane.retried();
+                    let backoff = policy.backoff.full_jitter(failures - 1);
+                    tracing::debug!(
+                        lane = lane.key(),
+                        attempts,
+                        ?backoff,
+                        "retrying a failed request"
+                    );
+                    tokio::time::sleep(backoff).await;
+                    request = next;
+                }
+            }
+            lane.reenter(&mut place)?;
+        }
+    }
+
+    /// Every dialect this shaper reads: the built-in ones, then the user's.
+    fn read_signals(&self, headers: &reqwest::header::HeaderMap) -> Signals {
+        let now = SystemTime::now();
+        let mut signals = Signals::parse(headers, now);
+        for dialect in &self.inner.dialects {
+            dialect.read(headers, now, &mut signals);
+        }
+        signals
+    }
+
+    /// A vendor announcing a lower quota than the lane's slows the lane.
+    fn learn(&self, lane: &Lane, signals: &Signals) {
+        if let Some(announced) = signals.announced_rate()
+            && lane.learn(announced)
+        {
+            tracing::warn!(
+                lane = lane.key(),
+                configured = ?lane.policy().request_rate(),
+                ?announced,
+                "the vendor announced a lower quota than configured; the lane keeps to it"
+            );
+        }
+    }
+}
+
+/// How a request ended without a response: the shaper's reason, or the
+/// transport's error after its last attempt.
+pub(crate) enum Failure<E> {
+    Shaper(Error),
+    Send { attempts: u32, source: E },
+}
+
+impl<E> From<Error> for Failure<E> {
+    fn from(error: Error) -> Self {
+        Self::Shaper(error)
+    }
+}
+
+/// What the retry rules need to know about a transport error.
+pub(crate) trait SendFailure {
+    /// No connection was made: the vendor never saw the request.
+    fn is_connect(&self) -> bool;
+    /// Worth another try for an idempotent request (timeouts, resets).
+    fn is_transient(&self) -> bool;
+}
+
+impl SendFailure for reqwest::Error {
+    fn is_connect(&self) -> bool {
+        reqwest::Error::is_connect(self)
+    }
+
+    fn is_transient(&self) -> bool {
+        self.is_timeout() || self.is_request()
+    }
+}

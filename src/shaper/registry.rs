@@ -1,0 +1,144 @@
+//! Lanes and gates by key: created on first use, shared by every request
+//! with the same keys, and dropped when idle.
+//!
+//! A request's lane is named by its key in every level it goes through (its
+//! route's, the tenant's, the vendor's). Each level's quotas are one
+//! **gate** per key, shared by every lane under it: the vendor's gate is
+//! held by all of that vendor's lanes, which is what makes a pause or a
+//! quota vendor-wide.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, Weak};
+
+use reqwest::Request;
+
+use super::Shaper;
+use crate::error::Error;
+use crate::gate::{Gate, GateMap};
+use crate::lane::{Lane, LanePolicy, OnIdle};
+use crate::meters::Quota;
+use crate::route::{Level, Route, Tag};
+use crate::store::Store;
+use crate::sync::{lock, shrink};
+
+type LaneMap = Mutex<HashMap<String, Arc<Lane>>>;
+
+/// A shaper's lanes and gates by name.
+#[derive(Default)]
+pub(super) struct Registry {
+    pub(super) lanes: Arc<LaneMap>,
+    gates: Arc<GateMap>,
+}
+
+impl Shaper {
+    /// The levels `request` goes through: its route's, then the shaper's
+    /// (unless the route stands alone).
+    fn levels_for(&self, request: &Request) -> impl Iterator<Item = &Level> {
+        let route = self.route_for(request);
+        let shared = if route.is_some_and(|route| route.alone) {
+            &[][..]
+        } else {
+            &self.inner.levels[..]
+        };
+        route
+            .into_iter()
+            .flat_map(|route| &route.levels)
+            .chain(shared)
+    }
+
+    fn route_for(&self, request: &Request) -> Option<&Route> {
+        self.inner
+            .routes
+            .iter()
+            .find(|route| route.matches(request))
+    }
+
+    /// The lane of `request`, created on first use: named by its key in
+    /// every level, and sharing the gate of each.
+    pub(super) fn lane_for(
+        &self,
+        request: &Request,
+        tag: Option<&Tag>,
+    ) -> Result<Arc<Lane>, Error> {
+        let levels: Vec<&Level> = self.levels_for(request).collect();
+        let keys: Vec<String> = levels
+            .iter()
+            .map(|level| level.lane_name(request, tag))
+            .collect();
+        if levels.is_empty() {
+            return Err(Error::NoQuota {
+                url: request.url().to_string(),
+            });
+        }
+        let name = keys.join(" | ");
+        let mut lanes = lock(&self.inner.registry.lanes);
+        if self.inner.shut.load(Ordering::Acquire) {
+            return Err(Error::Shutdown);
+        }
+        if let Some(lane) = lanes.get(&name) {
+            return Ok(lane.clone());
+        }
+        // Every level's quotas are a shared gate, even when one lane is all
+        // that uses it yet: the vendor's quota must be one gate for all.
+        let shared: Vec<Arc<Gate>> = levels
+            .iter()
+            .zip(&keys)
+            .map(|(level, key)| self.gate_for(level, key))
+            .collect();
+        let remote = self.inner.store.as_ref().map(|store| {
+            let failure = self
+                .route_for(request)
+                .and_then(|route| route.store_failure)
+                .unwrap_or(self.inner.store_failure);
+            let quotas: Vec<Vec<Quota>> = levels.iter().map(|l| l.quotas.clone()).collect();
+            let headroom = self.inner.policy.headroom;
+            let link = store.link(shared.clone(), &keys, &quotas, headroom, failure, &name);
+            Arc::new(link)
+        });
+        let policy = LanePolicy {
+            quotas: Vec::new(),
+            ..self.inner.policy.clone()
+        };
+        let on_idle = evict_when_idle(Arc::downgrade(&self.inner.registry.lanes), name.clone());
+        let lane = Arc::new(Lane::spawn(
+            name.clone(),
+            policy,
+            shared,
+            Some(on_idle),
+            remote,
+        ));
+        lanes.insert(name, lane.clone());
+        Ok(lane)
+    }
+
+    /// The shared gate of `level` for `key`, created on first use.
+    fn gate_for(&self, level: &Level, key: &str) -> Arc<Gate> {
+        let mut gates = lock(&self.inner.registry.gates);
+        if let Some(gate) = gates.get(key).and_then(Weak::upgrade) {
+            return gate;
+        }
+        let registry = Some((Arc::downgrade(&self.inner.registry.gates), key.to_owned()));
+        let share = self.inner.store.as_ref().map_or(1, Store::fleet_size);
+        let settings = self.inner.policy.gate_settings(self.inner.retry.budget);
+        let gate = Arc::new(Gate::new(&level.quotas, settings, registry, share));
+        gates.insert(key.to_owned(), Arc::downgrade(&gate));
+        gate
+    }
+}
+
+/// Drop an idle lane, unless somebody still holds it: the map's lock is
+/// also taken to hand a lane out, so nobody can pick it up meanwhile.
+fn evict_when_idle(lanes: Weak<LaneMap>, key: String) -> OnIdle {
+    Box::new(move || {
+        let Some(lanes) = lanes.upgrade() else { return };
+        let mut lanes = lock(&lanes);
+        if lanes
+            .get(&key)
+            .is_some_and(|lane| Arc::strong_count(lane) == 1 && lane.is_idle())
+        {
+            lanes.remove(&key);
+            shrink(&mut lanes);
+        }
+    })
+}

@@ -1,0 +1,230 @@
+//! A lane's link to its shared store, whatever the store: reservations,
+//! corrections and pauses go through the store's [`StoreLane`]; this file
+//! owns what a lane does when the store fails (fail-open, fail-closed),
+//! probing it again, and the probation after it comes back.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Reservation, StoreError, StoreFailure, StoreLane, StoreMode, StoreSettings};
+use crate::gate::Gate;
+use crate::observability::StoreMetrics;
+use crate::sync::lock;
+
+/// Where a lane's next release comes from.
+pub(crate) enum Source {
+    /// Reserve in the store.
+    Store,
+    /// The local fallback (fail-open, store down).
+    Fallback,
+    /// Nowhere: refuse (fail-closed, store down).
+    Refuse,
+}
+
+/// A lane's link to the store: its gates there, and which mode it is in.
+pub(crate) struct Remote {
+    /// Declared before `link`, so dropped first: the link can tell whether
+    /// any lane still holds its gates.
+    gates: Vec<Arc<Gate>>,
+    link: Box<dyn StoreLane>,
+    settings: StoreSettings,
+    /// How long a gate's state matters once idle: its longest window.
+    keep: Duration,
+    failure: StoreFailure,
+    state: Mutex<State>,
+    metrics: StoreMetrics,
+}
+
+struct State {
+    mode: StoreMode,
+    /// When to try the store again, while it is down.
+    probe_at: Instant,
+    last_error: Option<StoreError>,
+    /// Back from an outage: until then, keep to the local share too.
+    probation: Option<Instant>,
+    /// A local instant and the store's time then (us): maps turns to
+    /// store time.
+    anchor: Option<(Instant, i64)>,
+}
+
+impl Remote {
+    /// The link of a lane whose shared `gates` are reached through `link`.
+    pub(crate) fn new(
+        link: Box<dyn StoreLane>,
+        gates: Vec<Arc<Gate>>,
+        settings: StoreSettings,
+        keep: Duration,
+        failure: StoreFailure,
+        lane: &str,
+    ) -> Self {
+        let metrics = StoreMetrics::new(lane);
+        metrics.mode(StoreMode::Shared.gauge());
+        Self {
+            gates,
+            link,
+            settings,
+            keep,
+            failure,
+            state: Mutex::new(State {
+                mode: StoreMode::Shared,
+                probe_at: Instant::now(),
+                last_error: None,
+                probation: None,
+                anchor: None,
+            }),
+            metrics,
+        }
+    }
+
+    /// Each gate's pace now (a learned quota or adaptive pacing), which the
+    /// store's meters keep to as well.
+    fn paces(&self) -> Vec<Option<Duration>> {
+        self.gates.iter().map(|gate| gate.meters().pace()).collect()
+    }
+
+    /// Reserve a slot for each of `costs`, in order.
+    pub(crate) async fn reserve(&self, costs: &[u64]) -> Result<Reservation, StoreError> {
+        let paces = self.paces();
+        let sent = Instant::now();
+        let reservation = self.link.reserve(costs, &paces).await?;
+        // The reply was computed somewhere between sending and now: anchor
+        // store time to the send, so turns map to store time no later than
+        // they were (settling looks for the nearest entry anyway).
+        lock(&self.state).anchor = Some((sent, reservation.now));
+        Ok(reservation)
+    }
+
+    /// Give back slots nobody used, latest first: `(store time, cost)`.
+    pub(crate) fn give_back(&self, slots: Vec<(i64, u64)>, seqs: Vec<i64>) {
+        if !slots.is_empty() {
+            self.link.give_back(slots, seqs, &self.paces());
+        }
+    }
+
+    /// A slot reserved at store time `t` for `charged` went to a request
+    /// of cost `actual`.
+    pub(crate) fn settle_at(&self, charged: u64, actual: u64, t: i64) {
+        self.link.settle(t, charged, actual, &self.paces());
+    }
+
+    /// A request released at `at` cost `actual`, not the `charged`.
+    pub(crate) fn settle(&self, charged: u64, actual: u64, at: Instant) {
+        if let Some(t) = self.store_time(at) {
+            self.settle_at(charged, actual, t);
+        }
+    }
+
+    fn store_time(&self, at: Instant) -> Option<i64> {
+        let (local, store) = lock(&self.state).anchor?;
+        let offset = if at >= local {
+            micros(at - local)
+        } else {
+            -micros(local - at)
+        };
+        Some(store.saturating_add(offset))
+    }
+
+    /// Pause every gate of the lane fleet-wide for `pause` from now.
+    pub(crate) fn pause(&self, pause: Duration) {
+        self.link.pause(pause);
+    }
+
+    pub(crate) fn horizon(&self) -> Duration {
+        self.settings.horizon
+    }
+
+    pub(crate) fn batch(&self) -> usize {
+        self.settings.batch
+    }
+
+    pub(crate) fn mode(&self) -> StoreMode {
+        lock(&self.state).mode
+    }
+
+    pub(crate) fn last_error(&self) -> StoreError {
+        lock(&self.state)
+            .last_error
+            .clone()
+            .unwrap_or_else(|| StoreError::Failed("unavailable".to_owned()))
+    }
+
+    /// True while a lane back from an outage also keeps to its local share.
+    pub(crate) fn on_probation(&self, now: Instant) -> bool {
+        let mut state = lock(&self.state);
+        match state.probation {
+            Some(until) if until > now => true,
+            Some(_) => {
+                state.probation = None;
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Where the next release comes from: the store while it works (or
+    /// when it is time to try it again), else the lane's policy.
+    pub(crate) fn source(&self, now: Instant) -> Source {
+        let state = lock(&self.state);
+        match state.mode {
+            StoreMode::Shared => Source::Store,
+            _ if now >= state.probe_at => Source::Store,
+            StoreMode::Fallback => Source::Fallback,
+            StoreMode::Unavailable => Source::Refuse,
+        }
+    }
+
+    /// A call failed: fall back or close, per the lane's policy; try again
+    /// after `probe_every`. Returns the new mode.
+    pub(crate) fn failed(&self, error: StoreError, lane: &str) -> StoreMode {
+        let mode = match self.failure {
+            StoreFailure::Open => StoreMode::Fallback,
+            StoreFailure::Closed => StoreMode::Unavailable,
+        };
+        let mut state = lock(&self.state);
+        if state.mode != mode {
+            tracing::warn!(lane, %error, ?mode, "callshaper: the shared store failed; the lane leaves the shared quota");
+            self.metrics.mode(mode.gauge());
+            if mode == StoreMode::Fallback && state.mode == StoreMode::Shared {
+                // Other instances may still hold slots booked before the
+                // failure, up to a horizon ahead, and will use them. Count
+                // one release at the end of that horizon: the fallback's
+                // first request comes a share's interval after every slot
+                // booked in the store (a windowed meter then still allows
+                // the rest of its share at once; see the README).
+                let after = Instant::now() + self.settings.horizon;
+                for gate in &self.gates {
+                    gate.meters().commit(1, after);
+                }
+            }
+        }
+        state.mode = mode;
+        state.probe_at = Instant::now() + self.settings.probe_every;
+        state.last_error = Some(error);
+        mode
+    }
+
+    /// A call succeeded: back on the shared quota.
+    pub(crate) fn recovered(&self, lane: &str) {
+        let mut state = lock(&self.state);
+        if state.mode != StoreMode::Shared {
+            tracing::info!(
+                lane,
+                "callshaper: the shared store is back; the lane is on the shared quota again"
+            );
+            self.metrics.mode(StoreMode::Shared.gauge());
+            // Every other instance finds the store within a probe interval;
+            // a window later, what they sent on their own has left the
+            // vendor's window too. Until then the share still applies.
+            state.probation = Some(Instant::now() + self.settings.probe_every + self.keep);
+        }
+        state.mode = StoreMode::Shared;
+        state.last_error = None;
+    }
+}
+
+/// A duration in microseconds, the stores' unit, saturating.
+pub(crate) fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}

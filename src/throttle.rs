@@ -1,0 +1,177 @@
+//! What a response means for the lane: the one place that decides.
+//!
+//! Every answer is one of three things ([`Verdict`]): **final** (hand it to
+//! the caller), a **throttle** (the vendor says the lane is too fast), or a
+//! **failure** of this one request (it may be tried again; see
+//! [`retry`](crate::retry)). A throttle, and a final answer whose headers
+//! say the quota is spent, pause the lane's gates, and with them every lane
+//! under the same vendor (and, on a shared store, the fleet). This module
+//! says for how long and why ([`Pause`], [`Cause`]); the request's loop
+//! (`shaper/call.rs`) applies it.
+//!
+//! - **Throttles:** 429 and 503, and a 403 that carries `Retry-After` or a
+//!   used-up request limit (as GitHub sends). The pause is the vendor's
+//!   hint plus the headroom (the vendor's clock and ours are not the same
+//!   clock), else the vendor gate's fallback, which grows with each
+//!   consecutive throttle.
+//! - **Spent quota:** a final answer saying nothing is left until a reset
+//!   pauses the lane until then, before the vendor has to say 429.
+//! - **Failures:** 500, 502, 504, 408 and transport errors.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+
+use crate::lane::Lane;
+use crate::signals::Signals;
+
+/// What to do with the outcome of one send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Hand the outcome to the caller.
+    Done,
+    /// The vendor throttled the lane.
+    Throttled,
+    /// This request failed; it may be tried again.
+    Failed,
+}
+
+/// Statuses that mean "the lane is too fast".
+pub(crate) fn is_throttle(status: StatusCode) -> bool {
+    status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE
+}
+
+/// What to do with a response, from its status and what its headers said.
+pub(crate) fn classify(status: StatusCode, signals: &Signals) -> Verdict {
+    let throttled_403 = status == StatusCode::FORBIDDEN
+        && (signals.retry_after.is_some() || signals.requests_exhausted());
+    if is_throttle(status) || throttled_403 {
+        Verdict::Throttled
+    } else if matches!(
+        status,
+        StatusCode::INTERNAL_SERVER_ERROR
+            | StatusCode::BAD_GATEWAY
+            | StatusCode::GATEWAY_TIMEOUT
+            | StatusCode::REQUEST_TIMEOUT
+    ) {
+        Verdict::Failed
+    } else {
+        Verdict::Done
+    }
+}
+
+/// Why a lane pauses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cause {
+    /// A final answer said the quota is used up until a reset.
+    Spent,
+    /// A throttle said when to come back (`Retry-After` or a reset).
+    Hinted,
+    /// A throttle said nothing usable: the fallback backoff.
+    Unhinted,
+}
+
+/// A pause a response asks of the lane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Pause {
+    /// What the vendor asked for (or the fallback chose).
+    pub(crate) asked: Duration,
+    /// What the lane pauses: `asked`, plus the headroom when the vendor's
+    /// clock set it.
+    pub(crate) padded: Duration,
+    pub(crate) cause: Cause,
+}
+
+/// A final answer whose headers say nothing is left until a reset: pause
+/// until then, before the vendor has to say 429.
+pub(crate) fn spent(signals: &Signals, headroom: Duration) -> Option<Pause> {
+    let reset = signals.exhausted_for()?;
+    Some(Pause {
+        asked: reset,
+        padded: reset.saturating_add(headroom),
+        cause: Cause::Spent,
+    })
+}
+
+/// A throttle: the vendor's hint, else the vendor gate's growing fallback
+/// (which also counts the throttle for the lane).
+pub(crate) fn throttled(lane: &Lane, signals: &Signals, headroom: Duration) -> Pause {
+    let hint = signals.pause_hint();
+    let asked = lane.throttled(hint);
+    let (padded, cause) = match hint {
+        // The vendor's clock and ours are not the same clock.
+        Some(_) if !asked.is_zero() => (asked.saturating_add(headroom), Cause::Hinted),
+        Some(_) => (asked, Cause::Hinted),
+        None => (asked, Cause::Unhinted),
+    };
+    Pause {
+        asked,
+        padded,
+        cause,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn throttles_failures_and_the_rest() {
+        let none = Signals::default();
+        let verdict = |status| classify(status, &none);
+        assert_eq!(verdict(StatusCode::TOO_MANY_REQUESTS), Verdict::Throttled);
+        assert_eq!(verdict(StatusCode::SERVICE_UNAVAILABLE), Verdict::Throttled);
+        assert_eq!(verdict(StatusCode::BAD_GATEWAY), Verdict::Failed);
+        assert_eq!(verdict(StatusCode::NOT_IMPLEMENTED), Verdict::Done);
+        assert_eq!(verdict(StatusCode::FORBIDDEN), Verdict::Done, "a plain 403");
+        let hinted = Signals {
+            retry_after: Some(Duration::from_secs(3)),
+            ..Signals::default()
+        };
+        assert_eq!(classify(StatusCode::FORBIDDEN, &hinted), Verdict::Throttled);
+        let mut spent = Signals::default();
+        spent
+            .limit_mut(crate::signals::Dimension::Requests)
+            .remaining = Some(0);
+        assert_eq!(classify(StatusCode::FORBIDDEN, &spent), Verdict::Throttled);
+    }
+
+    #[test]
+    fn a_spent_quota_pauses_until_its_reset_plus_the_headroom() {
+        let headroom = Duration::from_millis(5);
+        assert_eq!(spent(&Signals::default(), headroom), None);
+        let mut signals = Signals::default();
+        let requests = signals.limit_mut(crate::signals::Dimension::Requests);
+        requests.remaining = Some(0);
+        requests.reset = Some(Duration::from_secs(2));
+        let pause = spent(&signals, headroom).expect("nothing left until the reset");
+        assert_eq!(pause.asked, Duration::from_secs(2));
+        assert_eq!(pause.padded, Duration::from_millis(2005));
+        assert_eq!(pause.cause, Cause::Spent);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hinted_throttle_is_padded_and_an_unhinted_one_falls_back() {
+        let policy = crate::LanePolicy::new(crate::Rate::new(10, Duration::from_secs(1)));
+        let lane = Lane::new("t", policy).unwrap();
+        let headroom = Duration::from_millis(5);
+        let hinted = Signals {
+            retry_after: Some(Duration::from_secs(3)),
+            ..Signals::default()
+        };
+        let pause = throttled(&lane, &hinted, headroom);
+        assert_eq!(pause.asked, Duration::from_secs(3));
+        assert_eq!(pause.padded, Duration::from_millis(3005));
+        assert_eq!(pause.cause, Cause::Hinted);
+        let pause = throttled(&lane, &Signals::default(), headroom);
+        assert_eq!(pause.cause, Cause::Unhinted);
+        assert_eq!(
+            pause.asked, pause.padded,
+            "the fallback is ours: no padding"
+        );
+        assert!(
+            pause.asked >= Duration::from_secs(1),
+            "the second throttle in a row"
+        );
+    }
+}

@@ -1,8 +1,8 @@
 //! [`ShaperBuilder`]: every setting of a shaper, checked at `build()`.
 
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use reqwest::Request;
@@ -173,8 +173,9 @@ impl ShaperBuilder {
     }
 
     /// Use this reqwest client (default: reqwest's defaults, with https
-    /// through the TLS backend of callshaper's features: rustls unless you
-    /// chose `native-tls`).
+    /// through the TLS backend of callshaper's features, rustls unless you
+    /// chose `native-tls`; one client per process, shared by every shaper
+    /// built without one).
     pub fn client(mut self, client: reqwest::Client) -> Self {
         self.client = Some(client);
         self
@@ -307,12 +308,7 @@ impl ShaperBuilder {
         }
         let client = match self.client {
             Some(client) => client,
-            // reqwest's own defaults, with the TLS backend our features
-            // chose; a TLS backend that cannot start is a typed error here,
-            // not a panic in `Client::new`.
-            None => reqwest::Client::builder()
-                .build()
-                .map_err(|e| ConfigError::new("client", e.to_string()))?,
+            None => default_client()?,
         };
         let transport = self
             .transport
@@ -334,6 +330,24 @@ impl ShaperBuilder {
             }),
         })
     }
+}
+
+/// reqwest's own defaults, with the TLS backend our features chose, built
+/// once per process and shared (clones share one connection pool). Building
+/// a TLS client loads the platform's roots, which blocks its thread for a
+/// while: every shaper paying that again stalls the requests of the others
+/// on the same runtime. A TLS backend that cannot start is a typed error,
+/// not a panic in `Client::new`.
+fn default_client() -> Result<reqwest::Client, ConfigError> {
+    static DEFAULT: OnceLock<Result<reqwest::Client, String>> = OnceLock::new();
+    DEFAULT
+        .get_or_init(|| {
+            reqwest::Client::builder()
+                .build()
+                .map_err(|e| e.to_string())
+        })
+        .clone()
+        .map_err(|problem| ConfigError::new("client", problem))
 }
 
 impl fmt::Debug for ShaperBuilder {

@@ -27,6 +27,7 @@ use crate::adaptive::{Adaptive, Aimd};
 use crate::meters::{Meters, Quota, Rate, Unit};
 use crate::retry::{Backoff, Ledger, RetryBudget};
 use crate::sync::{lock, shrink};
+use crate::time::later;
 
 /// The shared gates of a shaper, by name. Weak: a gate lives as long as a
 /// lane holds it, and removes itself when the last one lets go.
@@ -174,7 +175,7 @@ impl Gate {
 
     /// Pause for `pause` from now, clamped to `max_pause`; never backward.
     pub(crate) fn pause_for(&self, pause: Duration) -> Instant {
-        let until = Instant::now() + pause.min(self.max_pause);
+        let until = later(Instant::now(), pause.min(self.max_pause));
         let mut paused = lock(&self.paused_until);
         let until = paused.map_or(until, |current| current.max(until));
         *paused = Some(until);

@@ -96,6 +96,7 @@ mod sync;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod throttle;
+mod time;
 
 pub use adaptive::Adaptive;
 #[cfg(feature = "config")]

@@ -33,7 +33,7 @@ use crate::meters::Rate;
 /// The largest pause a header can express here; anything larger saturates
 /// to it. A hundred years is far past any sensible `max_pause`, and adding
 /// it to an `Instant` cannot overflow.
-pub const LONGEST: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+pub const LONGEST: Duration = crate::time::FAR;
 
 /// Epoch seconds below this are read as "seconds from now": some vendors
 /// send a delta in `x-ratelimit-reset`, and no epoch second this small is a

@@ -19,6 +19,7 @@ use super::{Lane, Place, Priority, Slot, Ticket, Turn, earliest, is_shared};
 use crate::error::Error;
 use crate::meters::{Meters, spacing};
 use crate::store::StoreMode;
+use crate::time::later;
 
 impl Lane {
     /// Join the back of the queue: refused at once when the cost can never
@@ -54,7 +55,7 @@ impl Lane {
                         max_wait,
                     });
                 }
-                Some(Box::new((now + max_wait, max_wait)))
+                Some(Box::new((later(now, max_wait), max_wait)))
             }
         };
         let seq = shared.next_seq.fetch_add(1, Ordering::Relaxed);
@@ -188,7 +189,7 @@ fn at_declared_pace(
     from: Instant,
     now: Instant,
 ) -> Duration {
-    (from + spacing(interval.unwrap_or_default(), ahead)) - now
+    later(from, spacing(interval.unwrap_or_default(), ahead)) - now
 }
 
 #[cfg(test)]

@@ -39,27 +39,31 @@ pub(super) struct Dispatcher<R> {
 }
 
 impl<R: Release> Dispatcher<R> {
-    pub(super) fn new(
+    /// Run the dispatcher of `shared`'s lane on the current runtime, until
+    /// the lane is closed or every handle to it is gone.
+    pub(super) fn spawn(
         shared: Arc<Shared>,
         tickets: async_channel::Receiver<Ticket>,
         on_idle: Option<OnIdle>,
         engine: R,
-    ) -> Self {
+    ) {
         let queue = Queue::new(shared.policy.batch_share);
-        Self {
+        let dispatcher = Self {
             shared,
             tickets,
             queue,
             on_idle,
             engine,
-        }
+        };
+        tokio::spawn(dispatcher.run());
     }
 
-    pub(super) async fn run(mut self) {
+    async fn run(mut self) {
         while self.step().await {}
         self.engine.stand_down(&self.shared);
-        // Closed: whoever still waits learns it at once.
-        drop(self.queue.drain());
+        // Closed: whoever still waits learns it at once. Those in the queue
+        // do as it drops with `self`; tickets still in the channel would
+        // stay there as long as a handle to the lane lives.
         while self.tickets.try_recv().is_ok() {}
     }
 

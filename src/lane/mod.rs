@@ -250,15 +250,10 @@ impl Lane {
         });
         // One engine per lane, chosen once: the dispatcher is generic over
         // it, so the in-memory path pays nothing for the store's.
+        let lane = shared.clone();
         match remote {
-            None => {
-                let engine = Local::default();
-                tokio::spawn(Dispatcher::new(shared.clone(), tickets_rx, on_idle, engine).run());
-            }
-            Some(remote) => {
-                let engine = Reserved::new(remote);
-                tokio::spawn(Dispatcher::new(shared.clone(), tickets_rx, on_idle, engine).run());
-            }
+            None => Dispatcher::spawn(lane, tickets_rx, on_idle, Local::default()),
+            Some(remote) => Dispatcher::spawn(lane, tickets_rx, on_idle, Reserved::new(remote)),
         }
         Self { tickets, shared }
     }
@@ -645,6 +640,25 @@ mod tests {
                 Ok(_) => panic!("{quota:?}: the eleventh fits no window"),
             }
         }
+    }
+
+    /// A caller's `max_wait` and `max_pause` at `Duration::MAX`: the
+    /// instants built from them saturate instead of overflowing.
+    #[tokio::test(start_paused = true)]
+    async fn extreme_waits_and_pauses_do_not_panic() {
+        let day = Duration::from_secs(24 * 3600);
+        let policy = LanePolicy {
+            max_pause: Duration::MAX,
+            ..LanePolicy::new(Rate::new(1, day))
+        };
+        let lane = Lane::new("t", policy).unwrap();
+        let mut place = lane
+            .enter(1, Priority::Interactive, Some(Duration::MAX))
+            .expect("a wait without limit admits");
+        let _turn = lane.wait(&mut place).await.unwrap();
+        let resumes = lane.pause_for(Duration::MAX);
+        assert!(resumes > Instant::now() + 50 * 365 * day);
+        assert!(lane.snapshot().paused_for.is_some());
     }
 
     #[tokio::test(start_paused = true)]

@@ -37,6 +37,7 @@ pub use sliding_window::SlidingWindow;
 pub use token_bucket::TokenBucket;
 
 use crate::error::ConfigError;
+use crate::time::later;
 
 /// A rate: `count` per `per`.
 ///
@@ -90,7 +91,7 @@ pub(crate) fn settle_tat(tat: &mut Option<Instant>, interval: Duration, charged:
             at.checked_sub(spacing(interval, charged - actual))
                 .unwrap_or(at)
         } else {
-            at + spacing(interval, actual - charged)
+            later(at, spacing(interval, actual - charged))
         });
     }
 }
@@ -156,7 +157,7 @@ pub trait Meter: Send + fmt::Debug {
         let spacing = self
             .interval()
             .saturating_mul(u32::try_from(ahead).unwrap_or(u32::MAX));
-        self.earliest(cost, now) + spacing
+        later(self.earliest(cost, now), spacing)
     }
 }
 

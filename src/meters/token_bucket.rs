@@ -5,6 +5,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Meter, Rate, settle_tat, spacing};
+use crate::time::later;
 
 /// A bucket of `capacity` tokens refilled at `refill` ("10 RPS with bursts up
 /// to 50": capacity 50, refill 10 per second). A request takes `cost`
@@ -95,7 +96,7 @@ impl Meter for TokenBucket {
 
     fn eta(&self, ahead: u64, cost: u64, now: Instant) -> Instant {
         // After `ahead` tokens go, the bucket is full again at `tat`.
-        let tat = self.tat.map_or(now, |tat| tat.max(now)) + self.tokens(ahead);
+        let tat = later(self.tat.map_or(now, |tat| tat.max(now)), self.tokens(ahead));
         tat.checked_sub(self.tolerance(cost))
             .map_or(now, |at| at.max(now))
     }

@@ -188,13 +188,13 @@ pub(crate) struct StoreSettings {
     pub(crate) fleet_size: u32,
 }
 
-/// Slots reserved in one round trip.
+/// Slots reserved in one round trip, in the store's time (us).
 #[derive(Debug)]
 pub(crate) struct Reservation {
-    /// The store's time of the reply, us.
+    /// The store's time of the reply.
     pub(crate) now: i64,
-    /// From the reply, how long until each slot.
-    pub(crate) waits: Vec<Duration>,
+    /// Each slot's time.
+    pub(crate) slots: Vec<i64>,
     /// The next slot is this far ahead, past the horizon: ask again then.
     pub(crate) hold: Option<Duration>,
     /// A pause in force for this long.

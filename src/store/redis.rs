@@ -596,7 +596,10 @@ impl StoreLane for RedisLane {
             };
             Ok(Reservation {
                 now,
-                waits: waits.iter().map(|&w| duration(w)).collect(),
+                slots: waits
+                    .iter()
+                    .map(|&w| now.saturating_add(w.max(0)))
+                    .collect(),
                 hold: (hold > 0).then(|| duration(hold.saturating_sub(now))),
                 paused: (paused > now).then(|| duration(paused.saturating_sub(now))),
                 seqs: head[3..].to_vec(),

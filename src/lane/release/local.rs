@@ -31,10 +31,7 @@ pub(in crate::lane) struct Local {
 
 impl Release for Local {
     async fn release(&mut self, ready: &mut Ready<'_>, head: Head, now: Instant) -> Step {
-        match self.release_now(ready, head, now) {
-            Ok(_) => Step::Done,
-            Err(blocked) => Step::Wait(blocked),
-        }
+        self.step(ready, head, now)
     }
 
     fn step_aside(&mut self, shared: &Shared) {
@@ -47,6 +44,14 @@ impl Release for Local {
 }
 
 impl Local {
+    /// [`release_now`](Self::release_now) as a dispatcher step.
+    pub(super) fn step(&mut self, ready: &mut Ready<'_>, head: Head, now: Instant) -> Step {
+        match self.release_now(ready, head, now) {
+            Ok(_) => Step::Done,
+            Err(blocked) => Step::Wait(blocked),
+        }
+    }
+
     /// Hand the head its turn if every meter allows it now and no lane
     /// that waited longer is first in a shared gate's queue, or say what to
     /// wait for. `Ok(true)` when the head got its turn, `Ok(false)` when

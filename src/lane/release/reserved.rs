@@ -10,7 +10,6 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -33,9 +32,6 @@ pub(in crate::lane) struct Reserved {
     seqs: Vec<i64>,
     /// The next slot is beyond the store's horizon: ask again then.
     hold: Option<Instant>,
-    /// The slowest mapping of store time to this instance's clock seen so
-    /// far: a local instant and the store's time (us) then.
-    anchor: Option<(Instant, i64)>,
 }
 
 struct Booking {
@@ -54,7 +50,6 @@ impl Reserved {
             slots: VecDeque::new(),
             seqs: Vec::new(),
             hold: None,
-            anchor: None,
         }
     }
 
@@ -96,29 +91,16 @@ impl Reserved {
         let shared = ready.shared;
         let costs = ready.queue.costs(head.class, remote.batch());
         match remote.reserve(&costs).await {
-            Ok(reservation) => {
+            Ok(schedule) => {
                 remote.recovered(&shared.key);
-                let received = Instant::now();
-                if let Some(paused) = reservation.paused {
+                if let Some(paused) = schedule.paused {
                     shared.vendor().pause_for(paused);
                 }
-                let (local, store) = self.anchor(received, reservation.now);
-                for (wait, cost) in reservation.waits.iter().zip(costs) {
-                    let t = reservation
-                        .now
-                        .saturating_add(i64::try_from(wait.as_micros()).unwrap_or(i64::MAX));
-                    let after = Duration::from_micros(u64::try_from(t - store).unwrap_or(0));
-                    self.slots.push_back(Booking {
-                        at: local + after,
-                        cost,
-                        t,
-                    });
-                }
-                self.seqs = reservation.seqs;
-                // Ask again once the next slot is within the horizon.
-                self.hold = reservation
-                    .hold
-                    .map(|hold| received + hold.saturating_sub(remote.horizon()));
+                let slots = schedule.slots.into_iter().zip(costs);
+                self.slots
+                    .extend(slots.map(|((at, t), cost)| Booking { at, cost, t }));
+                self.seqs = schedule.seqs;
+                self.hold = schedule.ask_again;
                 Step::Done
             }
             Err(error) => match remote.failed(error, &shared.key) {
@@ -126,38 +108,8 @@ impl Reserved {
                     self.refuse_all(ready);
                     Step::Done
                 }
-                _ => self.fallback(ready, head, now),
+                _ => self.local.step(ready, head, now),
             },
-        }
-    }
-
-    /// Where store time maps to on this instance's clock, given a reply
-    /// computed at store time `now` and received at `received`.
-    ///
-    /// A slot is released no earlier than its reply allows (`received`
-    /// plus its wait), and on the slowest mapping seen so far: a slow reply
-    /// (the first, which opens connections and loads scripts) releases its
-    /// slots late, and slots of a later, faster reply must not close up on
-    /// them. That shifts the lane's schedule by its slowest reply once, and
-    /// keeps every gap the store reserved.
-    fn anchor(&mut self, received: Instant, now: i64) -> (Instant, i64) {
-        let slower = match self.anchor {
-            None => true,
-            Some((local, store)) => {
-                let elapsed = i64::try_from((received - local).as_micros()).unwrap_or(i64::MAX);
-                elapsed > now.saturating_sub(store)
-            }
-        };
-        if slower {
-            self.anchor = Some((received, now));
-        }
-        self.anchor.unwrap_or((received, now))
-    }
-
-    fn fallback(&mut self, ready: &mut Ready<'_>, head: Head, now: Instant) -> Step {
-        match self.local.release_now(ready, head, now) {
-            Ok(_) => Step::Done,
-            Err(blocked) => Step::Wait(blocked),
         }
     }
 
@@ -192,7 +144,7 @@ impl Release for Reserved {
     async fn release(&mut self, ready: &mut Ready<'_>, head: Head, now: Instant) -> Step {
         match self.remote.source(now) {
             Source::Store => {}
-            Source::Fallback => return self.fallback(ready, head, now),
+            Source::Fallback => return self.local.step(ready, head, now),
             Source::Refuse => {
                 self.refuse_all(ready);
                 return Step::Done;

@@ -6,8 +6,9 @@ mod common;
 
 use std::time::Duration;
 
-use callshaper::Error;
+use callshaper::testing::HoldClock;
 use callshaper::testing::{RetryAfter, Vendor};
+use callshaper::{Error, Shaper};
 use common::{SECOND, burst, join_all, order, shaper};
 use tokio::time::Instant;
 
@@ -225,4 +226,70 @@ async fn idle_lanes_are_dropped_and_come_back_on_use() {
         assert_eq!(outcome.unwrap().status(), 200);
     }
     assert_eq!(shaper.lanes().len(), 1);
+}
+
+/// Callers who wrap `send()` in their own timeout and give up leave the
+/// queue at once: a newcomer is not refused as if they still waited.
+#[tokio::test(start_paused = true)]
+async fn callers_who_time_out_free_their_place_at_once() {
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let minute = Duration::from_secs(60);
+    let shaper = Shaper::builder()
+        .rate(1, minute)
+        .queue_capacity(5)
+        .transport(HoldClock(reqwest::Client::new()))
+        .build()
+        .unwrap();
+    // The first goes at once; five more fill the queue, then give up.
+    shaper.get(vendor.uri()).send().await.unwrap();
+    let impatient: Vec<_> = (0..5)
+        .map(|_| {
+            let call = shaper.get(vendor.uri()).send();
+            tokio::spawn(tokio::time::timeout(Duration::from_millis(100), call))
+        })
+        .collect();
+    for outcome in join_all(impatient).await {
+        assert!(outcome.is_err(), "the caller's own timeout ended it");
+    }
+    assert_eq!(shaper.lanes()[0].queued, 0);
+
+    let started = Instant::now();
+    let newcomer = shaper.get(vendor.uri()).send().await;
+    assert_eq!(newcomer.unwrap().status(), 200, "admitted, not QueueFull");
+    // It waits for the quota's next minute, and for nobody who left.
+    assert!(started.elapsed() < minute, "{:?}", started.elapsed());
+    assert_eq!(vendor.arrivals().len(), 2);
+}
+
+/// Aborted callers count in no `max_wait` prediction: a newcomer whose
+/// wait fits is admitted at once and served within it.
+#[tokio::test(start_paused = true)]
+async fn aborted_callers_count_in_no_prediction() {
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let shaper = shaper(10).build().unwrap();
+    let aborted: Vec<_> = (0..50)
+        .map(|i| tokio::spawn(shaper.get(format!("{}/r/{i}", vendor.uri())).send()))
+        .collect();
+    tokio::task::yield_now().await;
+    for task in &aborted {
+        task.abort();
+    }
+    for task in aborted {
+        let _ = task.await;
+    }
+    let sent_before = vendor.arrivals().len();
+
+    let started = Instant::now();
+    let newcomer = shaper
+        .get(format!("{}/r/new", vendor.uri()))
+        .max_wait(SECOND)
+        .send()
+        .await;
+    assert_eq!(newcomer.unwrap().status(), 200, "admitted within 1 s");
+    assert!(
+        started.elapsed() <= Duration::from_millis(101),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(sent_before <= 1, "only the first went before the aborts");
 }

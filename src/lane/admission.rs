@@ -12,10 +12,10 @@ use std::sync::MutexGuard;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::{Lane, Place, Priority, Slot, Ticket, Turn, earliest, is_shared};
+use super::waiter::Waiter;
+use super::{Lane, Place, Priority, Slot, Turn, earliest, is_shared};
 use crate::error::Error;
 use crate::meters::{Meters, spacing};
 use crate::store::StoreMode;
@@ -79,15 +79,11 @@ impl Lane {
                 capacity,
             });
         }
-        let (tx, rx) = oneshot::channel();
-        self.send(Ticket {
-            seq,
-            cost,
-            priority,
-            turn: tx,
-        })?;
+        let (ticket, waiter) = Waiter::ticket(&self.shared, seq, cost, priority);
+        let mut slot = Slot::Taken;
+        self.send(ticket, waiter, &mut slot)?;
         shared.metrics.queued(queued + 1);
-        Ok(place(Slot::Waiting(rx)))
+        Ok(place(slot))
     }
 
     /// The fast path: when nobody waits, the lane is not paused and the

@@ -28,6 +28,10 @@ impl Costed for Waiting {
     fn cost(&self) -> u64 {
         self.cost
     }
+
+    fn is_live(&self) -> bool {
+        !self.turn.is_closed()
+    }
 }
 
 pub(super) struct Dispatcher<R> {
@@ -88,8 +92,8 @@ impl<R: Release> Dispatcher<R> {
             return self.wait_for_work().await;
         };
         if waiting.turn.is_closed() {
+            // Its caller left, and counted itself out then.
             self.queue.take(head);
-            self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
             return true;
         }
 
@@ -179,15 +183,19 @@ impl Ready<'_> {
             _in_flight: self.permit.take(),
             at: now,
         };
+        // Sent, the turn is counted out here; unsent, its caller counted
+        // itself out as it left.
         let handed = taken.waiting.turn.send(Ok(turn)).is_ok();
         let shared = self.shared;
         if handed {
+            let queued = shared
+                .waiting
+                .fetch_sub(1, Ordering::SeqCst)
+                .saturating_sub(1);
             shared.released.fetch_add(1, Ordering::Relaxed);
-            let queued = shared.waiting.load(Ordering::Relaxed).saturating_sub(1);
             shared.metrics.released(queued);
             self.queue.handed(taken.class, taken.batch_waited);
         }
-        shared.waiting.fetch_sub(1, Ordering::SeqCst);
         handed
     }
 }

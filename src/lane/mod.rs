@@ -10,7 +10,9 @@
 //!
 //! Releasing means handing the waiting caller a [`Turn`]; the caller then
 //! sends its request itself. A caller that gave up (dropped its future, or
-//! its `max_wait` ran out) is skipped and charged nothing: the meters are
+//! its `max_wait` ran out) leaves the count of waiting callers at once, so
+//! the queue bound and every wait prediction see only live callers; the
+//! dispatcher skips its ticket and charges nothing for it: the meters are
 //! charged only once the turn was really handed over.
 //!
 //! Tickets arrive on one channel and wait in the dispatcher's queue, one
@@ -23,6 +25,7 @@
 //! | `policy.rs` | [`LanePolicy`] and [`Priority`] |
 //! | `admission.rs` | refusals at the door, the `max_wait` prediction, the fast path |
 //! | `queue.rs` | the FIFO queue per class, sequence numbers, batch's share |
+//! | `waiter.rs` | a waiting caller's end of its ticket; who counts it out |
 //! | `dispatcher.rs` | the task that releases the head |
 //! | `release/` | the engines that say when the head may go: local meters, or a shared store's reservations |
 
@@ -31,6 +34,7 @@ mod dispatcher;
 mod policy;
 mod queue;
 mod release;
+mod waiter;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, MutexGuard};
@@ -42,6 +46,7 @@ use tokio::time::{Instant, sleep_until};
 use self::dispatcher::Dispatcher;
 pub use self::policy::{LanePolicy, Priority};
 use self::release::{Local, Reserved};
+use self::waiter::Waiter;
 use crate::error::{ConfigError, Error};
 use crate::gate::Gate;
 use crate::meters::{Meters, Rate};
@@ -98,15 +103,6 @@ type Answer = Result<Turn, Refusal>;
 /// answer is no larger than a turn (and a waiting caller need not keep its
 /// lane at hand to build it).
 type Refusal = Box<Error>;
-
-/// The dispatcher's answer as the caller's outcome.
-fn answered(answer: Result<Answer, oneshot::error::RecvError>) -> Result<Turn, Error> {
-    match answer {
-        Ok(Ok(turn)) => Ok(turn),
-        Ok(Err(refusal)) => Err(*refusal),
-        Err(_) => Err(Error::Shutdown),
-    }
-}
 
 /// Called by the dispatcher when its lane has been idle for the policy's
 /// `idle_timeout`; the owner may then drop the lane.
@@ -276,12 +272,14 @@ impl Lane {
         self.wait(&mut place).await
     }
 
-    /// Hand the dispatcher a ticket already counted in `waiting`.
-    fn send(&self, ticket: Ticket) -> Result<(), Error> {
-        self.tickets.try_send(ticket).map_err(|_| {
-            self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
-            Error::Shutdown
-        })
+    /// Hand the dispatcher a ticket already counted in `waiting`; the
+    /// caller's end goes to `slot`.
+    fn send(&self, ticket: Ticket, waiter: Waiter, slot: &mut Slot) -> Result<(), Error> {
+        // Unsent, the ticket is dropped with its sender: the waiter
+        // counts itself out as it drops.
+        self.tickets.try_send(ticket).map_err(|_| Error::Shutdown)?;
+        *slot = Slot::Waiting(waiter);
+        Ok(())
     }
 
     /// Put a released request back in the queue with its old number, so it
@@ -297,57 +295,61 @@ impl Lane {
                 });
             }
         }
-        let (tx, rx) = oneshot::channel();
-        place.slot = Slot::Waiting(rx);
         self.shared.waiting.fetch_add(1, Ordering::SeqCst);
-        self.send(Ticket {
-            seq: place.seq,
-            cost: place.cost,
-            priority: place.priority,
-            turn: tx,
-        })
+        let (ticket, waiter) = Waiter::ticket(&self.shared, place.seq, place.cost, place.priority);
+        self.send(ticket, waiter, &mut place.slot)
     }
 
     /// Wait until the dispatcher hands this place its turn.
     pub(crate) async fn wait(&self, place: &mut Place) -> Result<Turn, Error> {
-        let rx = match std::mem::replace(&mut place.slot, Slot::Taken) {
-            Slot::Ready(turn) => return Ok(turn),
-            Slot::Waiting(rx) => rx,
-            Slot::Taken => return Err(Error::Shutdown),
+        // The waiter stays in the place while it waits: a caller who gives
+        // up drops its place, and the waiter with it frees the place then.
+        let waiter = match &mut place.slot {
+            Slot::Waiting(waiter) => waiter,
+            slot => {
+                return match std::mem::replace(slot, Slot::Taken) {
+                    Slot::Ready(turn) => Ok(turn),
+                    _ => Err(Error::Shutdown),
+                };
+            }
         };
-        match place.deadline.as_deref().copied() {
-            None => answered(rx.await),
+        let outcome = match place.deadline.as_deref().copied() {
+            None => waiter.answer().await,
             // Boxed: a timer is large, and most requests have no deadline;
             // this keeps every queued request without one small.
-            Some((deadline, max_wait)) => Box::pin(self.wait_until(rx, deadline, max_wait)).await,
-        }
+            Some((deadline, max_wait)) => {
+                Box::pin(self.wait_until(waiter, deadline, max_wait)).await
+            }
+        };
+        place.slot = Slot::Taken;
+        outcome
     }
 
     async fn wait_until(
         &self,
-        mut rx: oneshot::Receiver<Answer>,
+        waiter: &mut Waiter,
         deadline: Instant,
         max_wait: Duration,
     ) -> Result<Turn, Error> {
         tokio::select! {
             biased;
-            turn = &mut rx => return answered(turn),
+            turn = waiter.answer() => return turn,
             () = sleep_until(deadline) => {}
         }
         // A release due at the deadline itself is woken in the same tick:
         // let the dispatcher run once before giving up.
         tokio::task::yield_now().await;
-        match rx.try_recv() {
-            Ok(answer) => answered(Ok(answer)),
-            Err(oneshot::error::TryRecvError::Closed) => Err(Error::Shutdown),
-            Err(oneshot::error::TryRecvError::Empty) => {
-                self.shared.metrics.refused();
-                Err(Error::MaxWaitElapsed {
-                    lane: self.shared.key.clone(),
-                    max_wait,
-                })
-            }
+        if let Some(turn) = waiter.try_answer().transpose() {
+            return turn;
         }
+        if let Some(turn) = waiter.leave() {
+            return turn;
+        }
+        self.shared.metrics.refused();
+        Err(Error::MaxWaitElapsed {
+            lane: self.shared.key.clone(),
+            max_wait,
+        })
     }
 
     /// A request released at `turn` cost `actual`, not the `charged` it
@@ -497,7 +499,7 @@ enum Slot {
     /// Taken on the fast path.
     Ready(Turn),
     /// Arrives from the dispatcher.
-    Waiting(oneshot::Receiver<Answer>),
+    Waiting(Waiter),
     /// Handed out already.
     Taken,
 }
@@ -659,6 +661,59 @@ mod tests {
         let resumes = lane.pause_for(Duration::MAX);
         assert!(resumes > Instant::now() + 50 * 365 * day);
         assert!(lane.snapshot().paused_for.is_some());
+    }
+
+    /// Callers join (some with a `max_wait`), give up, get their turns and
+    /// the lane pauses, at random; after each step the queue depth is the
+    /// number of callers still waiting.
+    #[tokio::test(start_paused = true)]
+    async fn queue_depth_is_always_the_live_callers() {
+        const CASES: u64 = 300;
+        for seed in 0..CASES {
+            let mut rng = fastrand::Rng::with_seed(seed);
+            let rate = Rate::new(rng.u32(1..20), Duration::from_millis(rng.u64(1..2_000)));
+            let policy = LanePolicy {
+                queue_capacity: 10_000,
+                ..LanePolicy::new(rate)
+            };
+            let lane = Lane::new("t", policy).unwrap();
+            let mut callers: Vec<tokio::task::JoinHandle<()>> = Vec::new();
+            for step in 0..80 {
+                match rng.u8(0..10) {
+                    0..=3 => {
+                        let priority = if rng.bool() {
+                            Priority::Batch
+                        } else {
+                            Priority::Interactive
+                        };
+                        let max_wait = rng.bool().then(|| Duration::from_millis(rng.u64(0..3_000)));
+                        if let Ok(mut place) = lane.enter(1, priority, max_wait) {
+                            let lane = lane.clone();
+                            callers.push(tokio::spawn(async move {
+                                let _ = lane.wait(&mut place).await;
+                            }));
+                        }
+                    }
+                    4..=6 if !callers.is_empty() => {
+                        callers[rng.usize(..callers.len())].abort();
+                    }
+                    7 => {
+                        lane.pause_for(Duration::from_millis(rng.u64(0..500)));
+                    }
+                    _ => tokio::time::advance(Duration::from_millis(rng.u64(0..300))).await,
+                }
+                // Let the dispatcher and the callers run; the clock stands.
+                let live = || callers.iter().filter(|c| !c.is_finished()).count();
+                for _ in 0..50 {
+                    if lane.snapshot().queued == live() {
+                        break;
+                    }
+                    tokio::task::yield_now().await;
+                }
+                assert_eq!(lane.snapshot().queued, live(), "seed {seed}, step {step}");
+            }
+            lane.close();
+        }
     }
 
     #[tokio::test(start_paused = true)]

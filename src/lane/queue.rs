@@ -42,9 +42,14 @@ pub(super) struct Taken<T> {
     pub(super) batch_waited: bool,
 }
 
-/// Anything that waits in a queue has a cost.
+/// Anything that waits in a queue has a cost, and may have left.
 pub(super) trait Costed {
     fn cost(&self) -> u64;
+    /// False once its caller left: it is skipped when costs are counted
+    /// ahead (a store books no slot for it).
+    fn is_live(&self) -> bool {
+        true
+    }
 }
 
 impl<T: Costed> Queue<T> {
@@ -98,7 +103,7 @@ impl<T: Costed> Queue<T> {
         };
     }
 
-    /// The costs of the first `n` requests of `class`, in order.
+    /// The costs of the first `n` live requests of `class`, in order.
     pub(super) fn costs(&self, class: Priority, n: usize) -> Vec<u64> {
         self.front(class).costs(n)
     }
@@ -190,11 +195,13 @@ impl<T: Costed> Front<T> {
         let mut fresh = self
             .fresh
             .iter()
+            .filter(|(_, w)| w.is_live())
             .map(|(seq, w)| (*seq, w.cost()))
             .peekable();
         let mut returned = self
             .returned
             .iter()
+            .filter(|(_, w)| w.is_live())
             .map(|(seq, w)| (*seq, w.cost()))
             .peekable();
         let mut costs = Vec::with_capacity(n);
@@ -279,6 +286,29 @@ mod tests {
         // Nothing was handed over: interactive still goes first.
         assert_eq!(queue.head().unwrap().0.seq, 2);
         assert_eq!(release_all(&mut queue), [2, 0, 3]);
+    }
+
+    /// A request as `(cost, live)`.
+    struct Caller(u64, bool);
+
+    impl Costed for Caller {
+        fn cost(&self) -> u64 {
+            self.0
+        }
+
+        fn is_live(&self) -> bool {
+            self.1
+        }
+    }
+
+    #[test]
+    fn callers_who_left_are_not_counted_ahead() {
+        let mut queue = Queue::new(5);
+        for (seq, live) in [(1, true), (2, false), (3, true), (4, false), (5, true)] {
+            queue.insert(Priority::Interactive, seq, Caller(seq, live));
+        }
+        queue.insert(Priority::Interactive, 0, Caller(0, false));
+        assert_eq!(queue.costs(Priority::Interactive, 3), [1, 3, 5]);
     }
 
     #[test]

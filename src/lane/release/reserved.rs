@@ -119,13 +119,16 @@ impl Reserved {
         let shared = ready.shared;
         self.stand_down(shared);
         for waiting in ready.queue.drain() {
-            shared.waiting.fetch_sub(1, Ordering::SeqCst);
-            shared.metrics.refused();
             let error = Error::StoreUnavailable {
                 lane: shared.key.clone(),
                 source: self.remote.last_error(),
             };
-            let _ = waiting.turn.send(Err(Box::new(error)));
+            // Counted out by whoever ended it: here if the refusal reached
+            // its caller, else by the caller as it left.
+            if waiting.turn.send(Err(Box::new(error))).is_ok() {
+                shared.waiting.fetch_sub(1, Ordering::SeqCst);
+                shared.metrics.refused();
+            }
         }
     }
 

@@ -239,14 +239,18 @@ impl Gate {
     }
 
     /// Keep requests apart by the slowest of the learned quota and adaptive
-    /// pacing's share of the request rate; neither: as declared.
+    /// pacing's share of the request rate; neither: as declared. Never
+    /// further apart than `max_pause`: a vendor announcing one request a
+    /// day must not hold every request for a day.
     fn repace(&self, pace: &Pace) {
         let learned = pace.learned.map(|rate| rate.interval(self.headroom));
         let adaptive = pace.aimd.as_ref().and_then(|aimd| {
             let nominal = self.request_rate?.interval(self.headroom);
-            (aimd.share() < 1.0).then(|| nominal.div_f64(aimd.share()))
+            let stretched = nominal.as_secs_f64() / aimd.share();
+            (aimd.share() < 1.0)
+                .then(|| Duration::try_from_secs_f64(stretched).unwrap_or(self.max_pause))
         });
-        let interval = learned.max(adaptive);
+        let interval = learned.max(adaptive).map(|i| i.min(self.max_pause));
         let mut meters = lock(&self.meters);
         if meters.pace() != interval {
             meters.set_pace(interval);

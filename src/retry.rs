@@ -30,6 +30,8 @@ use std::time::Duration;
 use reqwest::Method;
 use tokio::time::Instant;
 
+use crate::time::later;
+
 /// Retry limits and per-request backoff.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RetryPolicy {
@@ -111,13 +113,13 @@ impl Ledger {
         while self
             .slots
             .front()
-            .is_some_and(|&(start, _, _)| start + ttl <= now)
+            .is_some_and(|&(start, _, _)| later(start, ttl) <= now)
         {
             self.slots.pop_front();
         }
         let slot = self.slot;
         match self.slots.back() {
-            Some(&(start, _, _)) if start + slot > now => {}
+            Some(&(start, _, _)) if later(start, slot) > now => {}
             _ => self.slots.push_back((now, 0, 0)),
         }
         let last = self.slots.len() - 1;
@@ -177,7 +179,7 @@ impl Backoff {
     /// spreading retries over the whole range is what keeps them from
     /// arriving together.
     pub fn full_jitter(&self, n: u32) -> Duration {
-        self.ceiling(n).mul_f64(fastrand::f64())
+        fraction(self.ceiling(n), fastrand::f64())
     }
 
     /// Equal jitter (uniform in `ceiling(n)/2 ..= ceiling(n)`): for the
@@ -185,9 +187,17 @@ impl Backoff {
     /// clients to spread, so the floor matters more: it guarantees the pause
     /// really grows with each throttle.
     pub fn equal_jitter(&self, n: u32) -> Duration {
-        let ceiling = self.ceiling(n);
-        ceiling / 2 + (ceiling / 2).mul_f64(fastrand::f64())
+        let half = self.ceiling(n) / 2;
+        half.saturating_add(fraction(half, fastrand::f64()))
     }
+}
+
+/// `d × x` for `x` in `0..=1`, without `mul_f64`'s overflow panic: near
+/// `Duration::MAX`, `d` as an `f64` rounds up past what a `Duration` holds.
+fn fraction(d: Duration, x: f64) -> Duration {
+    Duration::try_from_secs_f64(d.as_secs_f64() * x.clamp(0.0, 1.0))
+        .unwrap_or(d)
+        .min(d)
 }
 
 /// RFC 9110 §9.2.2: methods whose repetition has the same effect as one.

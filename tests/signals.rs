@@ -258,3 +258,39 @@ async fn adaptive_pacing_spends_fewer_throttles_on_a_silent_vendor() {
         "fixed-rate lane: {fixed} 429s, adaptive: {adaptive}"
     );
 }
+
+/// A vendor announcing one request a day (or a window no clock can hold)
+/// does not hold the lane for a day: the learned pace is capped at
+/// `max_pause`, and nothing overflows.
+#[tokio::test(start_paused = true)]
+async fn an_announced_pace_slower_than_max_pause_is_capped() {
+    for window in ["86400", "18446744073709551615"] {
+        let server = MockServer::start().await;
+        let policy = format!("\"default\";q=1;w={window}");
+        Mock::given(any())
+            .respond_with(ResponseTemplate::new(200).insert_header("ratelimit-policy", policy))
+            .mount(&server)
+            .await;
+        let shaper = shaper(10)
+            .max_pause(Duration::from_secs(30))
+            .build()
+            .unwrap();
+        let started = tokio::time::Instant::now();
+        for _ in 0..3 {
+            let response = shaper.get(server.uri()).send().await.unwrap();
+            assert_eq!(response.status(), 200);
+        }
+        let lane = &shaper.lanes()[0];
+        assert!(lane.learned.is_some(), "w={window}: the pace was learned");
+        assert!(
+            lane.interval <= Duration::from_secs(30),
+            "w={window}: {lane:?}"
+        );
+        // Three requests: the first at once, then two at most 30 s apart.
+        let elapsed = started.elapsed();
+        assert!(
+            elapsed >= Duration::from_secs(59) && elapsed <= Duration::from_secs(61),
+            "w={window}: {elapsed:?}"
+        );
+    }
+}

@@ -236,7 +236,9 @@ impl Lane {
             metrics: LaneMetrics::new(&key),
             key,
             gates,
-            in_flight: policy.max_in_flight.map(|n| Arc::new(Semaphore::new(n))),
+            in_flight: policy
+                .max_in_flight
+                .map(|n| Arc::new(Semaphore::new(n.min(Semaphore::MAX_PERMITS)))),
             next_seq: AtomicU64::new(0),
             released: AtomicU64::new(0),
             throttles: AtomicU64::new(0),
@@ -353,8 +355,13 @@ impl Lane {
     }
 
     /// A request released at `turn` cost `actual`, not the `charged` it
-    /// was estimated at: correct the meters that count cost.
+    /// was estimated at: correct the meters that count cost. An `actual`
+    /// past the largest cost one request may have counts as that: one
+    /// report holds the lane for at most the time a full quota takes to
+    /// come back, never for ever.
     pub(crate) fn settle(&self, charged: u64, actual: u64, at: Instant) {
+        let capacity = self.shared.meters().iter().map(|m| m.capacity()).min();
+        let actual = actual.min(capacity.unwrap_or(u64::MAX));
         if let Some(remote) = &self.shared.remote
             && remote.mode() != StoreMode::Fallback
         {

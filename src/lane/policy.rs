@@ -9,6 +9,9 @@ use crate::gate::{self, GateSettings};
 use crate::meters::{Quota, Rate};
 use crate::retry::{Backoff, RetryBudget};
 
+/// The most headroom a lane may add to each window.
+const MAX_HEADROOM: Duration = Duration::from_secs(3600);
+
 /// How one lane behaves.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LanePolicy {
@@ -17,7 +20,7 @@ pub struct LanePolicy {
     pub quotas: Vec<Quota>,
     /// Added to the vendor's window before dividing it into release slots, so
     /// that timer lateness and network jitter cannot push a strict vendor
-    /// over. Default 5 ms.
+    /// over. Default 5 ms; more than an hour is refused.
     pub headroom: Duration,
     /// How many requests may wait; one more is refused with
     /// [`Error::QueueFull`]. Default 10,000.
@@ -26,7 +29,8 @@ pub struct LanePolicy {
     /// time on the wire). `None` (the default) waits as long as it takes.
     pub max_wait: Option<Duration>,
     /// Requests of this lane on the wire at once. `None` (the default): no
-    /// cap beyond the rate.
+    /// cap beyond the rate. Values past tokio's semaphore limit
+    /// (`usize::MAX >> 3`) are capped there.
     pub max_in_flight: Option<usize>,
     /// The longest pause a vendor may impose. A longer `Retry-After` pauses
     /// the lane this long and ends the request with
@@ -37,7 +41,7 @@ pub struct LanePolicy {
     /// resets on success. Default 1 s doubling up to 60 s.
     pub fallback: Backoff,
     /// An idle lane (nothing queued, not paused, meters rested) is dropped
-    /// after this long. Default 60 s.
+    /// after this long. Default 60 s; zero is refused.
     pub idle_timeout: Duration,
     /// Opt-in adaptive pacing for vendors that announce nothing: throttles
     /// without a header cut the lane's request rate, successes grow it back,
@@ -98,6 +102,18 @@ impl LanePolicy {
             quota
                 .validate()
                 .map_err(|e| e.within(&format!("quotas[{i}]")))?;
+        }
+        if self.headroom > MAX_HEADROOM {
+            return Err(ConfigError::new(
+                "headroom",
+                format!(
+                    "{:?} is more than an hour: headroom pads timer lateness and network jitter",
+                    self.headroom
+                ),
+            ));
+        }
+        if self.idle_timeout.is_zero() {
+            return Err(ConfigError::new("idle_timeout", "must be longer than zero"));
         }
         if self.queue_capacity == 0 {
             return Err(ConfigError::new("queue_capacity", "must be at least 1"));

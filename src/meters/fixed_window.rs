@@ -31,7 +31,7 @@ impl FixedWindow {
     pub fn new(rate: Rate, headroom: Duration, origin: Instant) -> Self {
         Self {
             count: u64::from(rate.count),
-            windows: Windows::new(origin, rate.per + headroom),
+            windows: Windows::new(origin, rate.per.saturating_add(headroom)),
             current: (0, 0),
         }
     }
@@ -60,21 +60,25 @@ impl Meter for FixedWindow {
 
     fn earliest(&self, cost: u64, now: Instant) -> Instant {
         let index = self.index(now);
-        if self.spent(index) + cost <= self.count {
+        if self.spent(index).saturating_add(cost) <= self.count {
             now
         } else {
-            self.start(index + 1)
+            self.start(index.saturating_add(1))
         }
     }
 
     fn commit(&mut self, cost: u64, now: Instant) {
         let index = self.index(now);
-        self.current = (index, self.spent(index) + cost);
+        self.current = (index, self.spent(index).saturating_add(cost));
     }
 
     fn settle(&mut self, charged: u64, actual: u64, at: Instant) {
         if self.current.0 == self.index(at) {
-            self.current.1 = (self.current.1 + actual).saturating_sub(charged);
+            self.current.1 = self
+                .current
+                .1
+                .saturating_add(actual)
+                .saturating_sub(charged);
         }
     }
 
@@ -95,7 +99,7 @@ impl Meter for FixedWindow {
             return now;
         }
         let count = self.count.max(1);
-        self.start(index + (need - room).div_ceil(count))
+        self.start(index.saturating_add((need - room).div_ceil(count)))
     }
 }
 

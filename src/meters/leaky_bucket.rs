@@ -5,6 +5,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Meter, Rate, settle_tat, spacing};
+use crate::time::later;
 
 /// One release every `T = (per + headroom) / count`, no burst.
 ///
@@ -81,7 +82,7 @@ impl LeakyBucket {
     pub fn set_interval(&mut self, interval: Duration) {
         self.interval = interval;
         if let Some(last) = self.last {
-            self.tat = Some(last + interval);
+            self.tat = Some(later(last, interval));
         }
     }
 
@@ -106,11 +107,11 @@ impl Meter for LeakyBucket {
         let base = match self.tat {
             // On schedule, or late by no more than the slack: keep the
             // schedule, so timer lateness does not add up.
-            Some(tat) if now <= tat + self.slack => tat,
+            Some(tat) if now <= later(tat, self.slack) => tat,
             // Idle, or far behind: start a new schedule from now.
             _ => now,
         };
-        self.tat = Some(base + self.spacing(cost));
+        self.tat = Some(later(base, self.spacing(cost)));
         self.last = Some(now);
     }
 

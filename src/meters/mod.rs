@@ -61,10 +61,16 @@ impl Rate {
     }
 
     /// The spacing between two units when the window is stretched by
-    /// `headroom`: `(per + headroom) / count`.
+    /// `headroom`: `(per + headroom) / count`, saturating (a vendor may
+    /// announce any window).
     pub fn interval(&self, headroom: Duration) -> Duration {
-        (self.per + headroom) / self.count.max(1)
+        self.per.saturating_add(headroom) / self.count.max(1)
     }
+
+    /// The longest window a quota may have: vendors count per second,
+    /// minute, hour, day or month, and a year bounds every instant a meter
+    /// computes from it far from overflow.
+    pub const LONGEST_WINDOW: Duration = Duration::from_secs(366 * 86_400);
 
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if self.count == 0 {
@@ -72,6 +78,12 @@ impl Rate {
         }
         if self.per.is_zero() {
             return Err(ConfigError::new("per", "must be longer than zero"));
+        }
+        if self.per > Self::LONGEST_WINDOW {
+            return Err(ConfigError::new(
+                "per",
+                format!("{:?} is longer than the longest window, 366 days", self.per),
+            ));
         }
         Ok(())
     }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Meter, Rate};
+use crate::time::later;
 
 /// At most `count` units in any window `(t − per', t]`, `per' = per +
 /// headroom`, checked against a log of every release still in the window.
@@ -38,14 +39,14 @@ impl SlidingLog {
     pub fn new(rate: Rate, headroom: Duration) -> Self {
         Self {
             count: u64::from(rate.count),
-            window: rate.per + headroom,
+            window: rate.per.saturating_add(headroom),
             log: VecDeque::new(),
             total: 0,
         }
     }
 
     fn live(&self, at: Instant, now: Instant) -> bool {
-        at + self.window > now
+        later(at, self.window) > now
     }
 }
 
@@ -59,21 +60,21 @@ impl Meter for SlidingLog {
         let mut entries = self.log.iter();
         for &(at, units) in entries.by_ref() {
             if self.live(at, now) {
-                if total + cost <= self.count {
+                if total.saturating_add(cost) <= self.count {
                     return now;
                 }
-                total -= units;
-                if total + cost <= self.count {
-                    return at + self.window;
+                total = total.saturating_sub(units);
+                if total.saturating_add(cost) <= self.count {
+                    return later(at, self.window);
                 }
                 break;
             }
-            total -= units;
+            total = total.saturating_sub(units);
         }
         for &(at, units) in entries {
-            total -= units;
-            if total + cost <= self.count {
-                return at + self.window;
+            total = total.saturating_sub(units);
+            if total.saturating_add(cost) <= self.count {
+                return later(at, self.window);
             }
         }
         now
@@ -84,11 +85,11 @@ impl Meter for SlidingLog {
             if self.live(at, now) {
                 break;
             }
-            self.total -= units;
+            self.total = self.total.saturating_sub(units);
             self.log.pop_front();
         }
         self.log.push_back((now, cost));
-        self.total += cost;
+        self.total = self.total.saturating_add(cost);
     }
 
     fn settle(&mut self, charged: u64, actual: u64, at: Instant) {
@@ -99,7 +100,7 @@ impl Meter for SlidingLog {
             .find(|(when, units)| *when == at && *units == charged)
         {
             entry.1 = actual;
-            self.total = self.total - charged + actual;
+            self.total = self.total.saturating_sub(charged).saturating_add(actual);
         }
     }
 
@@ -121,17 +122,24 @@ impl Meter for SlidingLog {
             .collect();
         let used: u64 = live.iter().map(|&&(_, units)| units).sum();
         let need = ahead.saturating_add(cost);
-        let Some(mut excess) = (used + need).checked_sub(self.count).filter(|&e| e > 0) else {
+        let Some(mut excess) = used
+            .saturating_add(need)
+            .checked_sub(self.count)
+            .filter(|&e| e > 0)
+        else {
             return now;
         };
         for &&(at, units) in &live {
             excess = excess.saturating_sub(units);
             if excess == 0 {
-                return at + self.window;
+                return later(at, self.window);
             }
         }
         let windows = u32::try_from(excess.div_ceil(self.count.max(1))).unwrap_or(u32::MAX);
-        live.last().map_or(now, |&&(at, _)| at) + self.window.saturating_mul(windows + 1)
+        later(
+            live.last().map_or(now, |&&(at, _)| at),
+            self.window.saturating_mul(windows.saturating_add(1)),
+        )
     }
 }
 

@@ -38,7 +38,7 @@ impl SlidingWindow {
     pub fn new(rate: Rate, headroom: Duration, origin: Instant) -> Self {
         Self {
             count: u64::from(rate.count),
-            windows: Windows::new(origin, rate.per + headroom),
+            windows: Windows::new(origin, rate.per.saturating_add(headroom)),
             state: (0, 0, 0),
         }
     }
@@ -83,11 +83,11 @@ impl Meter for SlidingWindow {
     fn earliest(&self, cost: u64, now: Instant) -> Instant {
         let index = self.index(now);
         let (previous, current) = self.counts(index);
-        if current + cost <= self.count {
+        if current.saturating_add(cost) <= self.count {
             let at = self.when_fits(index, previous, self.count - current - cost);
             return at.max(now);
         }
-        let next = index + 1;
+        let next = index.saturating_add(1);
         self.when_fits(next, current, self.count.saturating_sub(cost))
             .max(now)
     }
@@ -95,14 +95,14 @@ impl Meter for SlidingWindow {
     fn commit(&mut self, cost: u64, now: Instant) {
         let index = self.index(now);
         let (previous, current) = self.counts(index);
-        self.state = (index, previous, current + cost);
+        self.state = (index, previous, current.saturating_add(cost));
     }
 
     fn settle(&mut self, charged: u64, actual: u64, at: Instant) {
-        let fix = |n: &mut u64| *n = (*n + actual).saturating_sub(charged);
+        let fix = |n: &mut u64| *n = n.saturating_add(actual).saturating_sub(charged);
         match self.index(at).checked_sub(self.state.0) {
             Some(0) => fix(&mut self.state.2),
-            None if self.state.0 - self.index(at) == 1 => fix(&mut self.state.1),
+            None if self.state.0.checked_sub(self.index(at)) == Some(1) => fix(&mut self.state.1),
             _ => {}
         }
     }

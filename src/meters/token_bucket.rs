@@ -79,7 +79,7 @@ impl Meter for TokenBucket {
 
     fn commit(&mut self, cost: u64, now: Instant) {
         let base = self.tat.map_or(now, |tat| tat.max(now));
-        self.tat = Some(base + self.tokens(cost));
+        self.tat = Some(later(base, self.tokens(cost)));
     }
 
     fn settle(&mut self, charged: u64, actual: u64, _at: Instant) {

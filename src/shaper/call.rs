@@ -158,7 +158,11 @@ impl Shaper {
                         .into());
                     }
                     lane.retried();
-                    let backoff = policy.backoff.full_jitter(failures - 1);
+                    // No wait of the shaper's is longer than `max_pause`.
+                    let backoff = policy
+                        .backoff
+                        .full_jitter(failures - 1)
+                        .min(lane.policy().max_pause);
                     tracing::debug!(
                         lane = lane.key(),
                         attempts,
@@ -188,12 +192,22 @@ impl Shaper {
         if let Some(announced) = signals.announced_rate()
             && lane.learn(announced)
         {
+            let policy = lane.policy();
             tracing::warn!(
                 lane = lane.key(),
-                configured = ?lane.policy().request_rate(),
+                configured = ?policy.request_rate(),
                 ?announced,
                 "the vendor announced a lower quota than configured; the lane keeps to it"
             );
+            if announced.interval(policy.headroom) > policy.max_pause {
+                tracing::warn!(
+                    lane = lane.key(),
+                    ?announced,
+                    max_pause = ?policy.max_pause,
+                    "the announced quota spaces requests further apart than max_pause; \
+                     the lane keeps them max_pause apart"
+                );
+            }
         }
     }
 }

@@ -50,7 +50,9 @@ impl Settle {
         self.inner.charged
     }
 
-    /// The request really cost `actual`. Only the first report counts.
+    /// The request really cost `actual`. Only the first report counts. An
+    /// `actual` past the largest cost one request may have (the smallest
+    /// capacity among the lane's cost quotas) counts as that capacity.
     pub fn report(&self, actual: u64) {
         if self.inner.reported.swap(true, Ordering::AcqRel) {
             return;

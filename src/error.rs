@@ -133,6 +133,12 @@ pub enum Error {
     /// request was released.
     #[error("the shaper was shut down")]
     Shutdown,
+
+    /// The request was polled outside a tokio runtime: lanes run their
+    /// dispatchers and timers on tokio. Send from within a runtime (e.g.
+    /// `#[tokio::main]`).
+    #[error("no tokio runtime: send requests from within one")]
+    NoRuntime,
 }
 
 /// A builder setting that cannot work, named by field.

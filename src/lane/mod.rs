@@ -206,13 +206,16 @@ fn earliest(meters: &[MutexGuard<'_, Meters>], cost: u64, now: Instant) -> Insta
 
 impl Lane {
     /// A lane named `key` under `policy`; its dispatcher runs on the current
-    /// tokio runtime until every handle to the lane is dropped.
-    ///
-    /// # Panics
-    ///
-    /// Outside a tokio runtime, like `tokio::spawn`.
+    /// tokio runtime until every handle to the lane is dropped. Outside a
+    /// runtime, a [`ConfigError`] for `runtime`.
     pub fn new(key: impl Into<String>, policy: LanePolicy) -> Result<Self, ConfigError> {
         policy.validate()?;
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(ConfigError::new(
+                "runtime",
+                "a lane runs its dispatcher on tokio: create it within a runtime",
+            ));
+        }
         let settings = policy.gate_settings(RetryBudget::default());
         let own = Arc::new(Gate::new(&policy.quotas, settings, None, 1));
         Ok(Self::spawn(key.into(), policy, vec![own], None, None))
@@ -446,6 +449,12 @@ impl Lane {
     pub(crate) fn is_idle(&self) -> bool {
         let now = Instant::now();
         self.queued() == 0 && self.shared.gates.iter().all(|gate| gate.is_idle(now))
+    }
+
+    /// True while the lane's dispatcher runs: not closed, and its runtime
+    /// not gone.
+    pub(crate) fn is_running(&self) -> bool {
+        !self.tickets.is_closed()
     }
 
     /// Refuse new requests and end every waiting one with

@@ -39,6 +39,9 @@ impl Shaper {
         F: FnMut(Request) -> Fut,
         Fut: Future<Output = Result<Response, E>>,
     {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::NoRuntime.into());
+        }
         let lane = self.lane_for(&request, options.tag.as_ref())?;
         let cost = options
             .cost

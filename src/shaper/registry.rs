@@ -76,9 +76,15 @@ impl Shaper {
         if self.inner.shut.load(Ordering::Acquire) {
             return Err(Error::Shutdown);
         }
-        if let Some(lane) = lanes.get(&name) {
+        if let Some(lane) = lanes.get(&name)
+            && lane.is_running()
+        {
             return Ok(lane.clone());
         }
+        // New, or its dispatcher ended with the runtime it ran on (a
+        // shaper outlives the runtimes of several tests, or a runtime
+        // rebuilt after a panic): start it here. Its gates, and with them
+        // the quota spent and any pause, carry over.
         // Every level's quotas are a shared gate, even when one lane is all
         // that uses it yet: the vendor's quota must be one gate for all.
         let shared: Vec<Arc<Gate>> = levels

@@ -10,8 +10,10 @@
 //!   goes back to the head of the queue. Any method is retried: the vendor
 //!   did not process the request.
 //! - **Failures** (500, 502, 504, 408, transport errors): something went
-//!   wrong with *this* request. It waits a per-request backoff (full jitter)
-//!   and goes back to the queue, spending quota again. Only idempotent
+//!   wrong with *this* request. It waits out a per-request backoff (full
+//!   jitter, never longer than `max_pause`) in its lane's queue, blocking
+//!   nobody, then goes ahead of everyone who came after it, spending quota
+//!   again. Only idempotent
 //!   methods are retried, unless the user opts in, because the vendor may
 //!   have acted on the first attempt; a connection that was never made is
 //!   safe to retry for any method.

@@ -207,3 +207,79 @@ async fn max_in_flight_caps_requests_on_the_wire() {
         started.elapsed()
     );
 }
+
+/// A vendor failing requests 0, 5, 10 and 15 once each (502), at 100/s
+/// with a backoff that fits in one slot: every retry goes back ahead of
+/// everyone after it, so the vendor accepts all twenty in submission order.
+#[tokio::test(start_paused = true)]
+async fn a_retried_request_keeps_its_place() {
+    let server = MockServer::start().await;
+    for failing in [0, 5, 10, 15] {
+        Mock::given(path(format!("/r/{failing}")))
+            .respond_with(ResponseTemplate::new(502))
+            .up_to_n_times(1)
+            .with_priority(1)
+            .mount(&server)
+            .await;
+    }
+    Mock::given(wiremock::matchers::any())
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&server)
+        .await;
+    let retry = callshaper::RetryPolicy {
+        backoff: callshaper::Backoff::new(Duration::from_millis(5), Duration::from_millis(5)),
+        ..Default::default()
+    };
+    let shaper = shaper(100).retry(retry).build().unwrap();
+
+    for outcome in common::burst(&shaper, &server.uri(), 20).await {
+        assert_eq!(outcome.unwrap().status(), 200);
+    }
+
+    let received = server.received_requests().await.unwrap();
+    let accepted: Vec<usize> = received
+        .iter()
+        .map(|r| r.url.path().trim_start_matches("/r/").parse().unwrap())
+        .collect::<Vec<_>>();
+    // The failed attempts are the first arrival of 0, 5, 10 and 15; drop
+    // them to read the order the vendor accepted.
+    let mut seen = std::collections::HashSet::new();
+    let accepted: Vec<usize> = accepted
+        .into_iter()
+        .filter(|i| ![0, 5, 10, 15].contains(i) || !seen.insert(*i))
+        .collect();
+    assert_eq!(accepted, (0..20).collect::<Vec<_>>());
+}
+
+/// A request backing off after a failure waits in its lane: it counts in
+/// the queue, and a shutdown ends it at once instead of after its backoff.
+#[tokio::test(start_paused = true)]
+async fn a_request_backing_off_waits_in_its_lane() {
+    let server = vendor_failing_first(502, 1, "GET").await;
+    let retry = callshaper::RetryPolicy {
+        backoff: callshaper::Backoff::new(Duration::from_secs(60), Duration::from_secs(60)),
+        ..Default::default()
+    };
+    let shaper = shaper(10).retry(retry).build().unwrap();
+    let call = tokio::spawn(shaper.get(format!("{}/op", server.uri())).send());
+    while sent(&server).await == 0 {
+        tokio::task::yield_now().await;
+    }
+    // Let the 502 come back and the request re-enter, without moving the
+    // clock past any backoff.
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(shaper.lanes()[0].queued, 1, "backing off in the queue");
+
+    let stopped = tokio::time::Instant::now();
+    shaper.shutdown();
+    let outcome = call.await.unwrap();
+    assert!(matches!(outcome, Err(Error::Shutdown)), "{outcome:?}");
+    assert!(
+        stopped.elapsed() < Duration::from_millis(10),
+        "{:?}",
+        stopped.elapsed()
+    );
+    assert_eq!(sent(&server).await, 1);
+}

@@ -76,7 +76,12 @@ impl<R: Release> Dispatcher<R> {
             cost: ticket.cost,
             turn: ticket.turn,
         };
-        self.queue.insert(ticket.priority, ticket.seq, waiting);
+        match ticket.not_before {
+            Some(until) => self
+                .queue
+                .defer(until, ticket.priority, ticket.seq, waiting),
+            None => self.queue.insert(ticket.priority, ticket.seq, waiting),
+        }
     }
 
     /// Release at most one turn; false once the lane is closed.
@@ -87,9 +92,16 @@ impl<R: Release> Dispatcher<R> {
         while let Ok(ticket) = self.tickets.try_recv() {
             self.file(ticket);
         }
+        // Retries whose backoff is over are filed by their old numbers. A
+        // head held back is held back for them too, so only an otherwise
+        // empty queue waits for the next backoff to end.
+        let backoff_ends = self.queue.promote(Instant::now());
         let Some((head, waiting)) = self.queue.head() else {
             self.engine.stand_down(&self.shared);
-            return self.wait_for_work().await;
+            return match backoff_ends {
+                Some(at) => self.or_new_ticket(sleep_until(at)).await,
+                None => self.wait_for_work().await,
+            };
         };
         if waiting.turn.is_closed() {
             // Its caller left, and counted itself out then.

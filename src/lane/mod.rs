@@ -53,6 +53,7 @@ use crate::meters::{Meters, Rate};
 use crate::observability::LaneMetrics;
 use crate::retry::RetryBudget;
 use crate::store::{Remote, StoreMode};
+use crate::time::later;
 
 /// Permission to send one request now. Dropping it frees the lane's
 /// in-flight slot, if the lane has a cap.
@@ -92,6 +93,8 @@ struct Ticket {
     seq: u64,
     cost: u64,
     priority: Priority,
+    /// A retry backing off: filed by its number only then.
+    not_before: Option<Instant>,
     turn: oneshot::Sender<Answer>,
 }
 
@@ -288,20 +291,27 @@ impl Lane {
     }
 
     /// Put a released request back in the queue with its old number, so it
-    /// goes before everything that came after it.
-    pub(crate) fn reenter(&self, place: &mut Place) -> Result<(), Error> {
+    /// goes before everything that came after it; after a failure, not
+    /// before its `backoff` is over, which it waits out in the queue (see
+    /// `queue.rs`).
+    pub(crate) fn reenter(&self, place: &mut Place, backoff: Duration) -> Result<(), Error> {
+        let now = Instant::now();
+        let not_before = (!backoff.is_zero()).then(|| later(now, backoff));
         if let Some(&(deadline, max_wait)) = place.deadline.as_deref() {
-            let release = self.paused_until().unwrap_or_else(Instant::now);
+            let paused = self.paused_until().unwrap_or(now);
+            let release = paused.max(not_before.unwrap_or(now));
             if release > deadline {
                 return Err(Error::WouldExceedMaxWait {
                     lane: self.shared.key.clone(),
-                    predicted: release.saturating_duration_since(Instant::now()),
+                    predicted: release.saturating_duration_since(now),
                     max_wait,
                 });
             }
         }
         self.shared.waiting.fetch_add(1, Ordering::SeqCst);
-        let (ticket, waiter) = Waiter::ticket(&self.shared, place.seq, place.cost, place.priority);
+        let (mut ticket, waiter) =
+            Waiter::ticket(&self.shared, place.seq, place.cost, place.priority);
+        ticket.not_before = not_before;
         self.send(ticket, waiter, &mut place.slot)
     }
 

@@ -10,8 +10,15 @@
 //! Interactive requests go first; when both classes wait, every
 //! `batch_share`-th release goes to the oldest batch request, so batch work
 //! keeps at least `1 / batch_share` of a busy lane and never starves.
+//!
+//! A request retried after a failure waits out its backoff *in* the queue,
+//! set aside until its time: it counts as waiting all along (queue bound,
+//! predictions, shutdown), blocks nobody meanwhile, and when its backoff
+//! ends it is filed by its old number, ahead of everyone who came after it.
 
 use std::collections::{BTreeMap, VecDeque};
+
+use tokio::time::Instant;
 
 use super::Priority;
 
@@ -21,6 +28,8 @@ use super::Priority;
 pub(super) struct Queue<T> {
     interactive: Front<T>,
     batch: Front<T>,
+    /// Retries backing off, by the end of their backoff and number.
+    deferred: BTreeMap<(Instant, u64), (Priority, T)>,
     /// Interactive releases since the last batch one, while batch waited.
     since_batch: u32,
     batch_share: u32,
@@ -59,6 +68,7 @@ impl<T: Costed> Queue<T> {
         Self {
             interactive: Front::default(),
             batch: Front::default(),
+            deferred: BTreeMap::new(),
             since_batch: 0,
             batch_share,
         }
@@ -67,6 +77,26 @@ impl<T: Costed> Queue<T> {
     /// File a request under its class and number.
     pub(super) fn insert(&mut self, class: Priority, seq: u64, waiting: T) {
         self.front_mut(class).insert(seq, waiting);
+    }
+
+    /// Set a request aside until `until`, then file it under its class and
+    /// number.
+    pub(super) fn defer(&mut self, until: Instant, class: Priority, seq: u64, waiting: T) {
+        self.deferred.insert((until, seq), (class, waiting));
+    }
+
+    /// File every request whose backoff has ended by `now`; the end of the
+    /// next backoff, if one is left.
+    pub(super) fn promote(&mut self, now: Instant) -> Option<Instant> {
+        while let Some(entry) = self.deferred.first_entry() {
+            let &(until, seq) = entry.key();
+            if until > now {
+                return Some(until);
+            }
+            let (class, waiting) = entry.remove();
+            self.insert(class, seq, waiting);
+        }
+        None
     }
 
     /// The request that goes next, if any.
@@ -109,10 +139,15 @@ impl<T: Costed> Queue<T> {
     }
 
     /// Take every request out, oldest first within each class, interactive
-    /// first.
+    /// first, then those backing off.
     pub(super) fn drain(&mut self) -> Vec<T> {
         let mut all = self.interactive.drain();
         all.extend(self.batch.drain());
+        all.extend(
+            std::mem::take(&mut self.deferred)
+                .into_values()
+                .map(|(_, w)| w),
+        );
         all
     }
 
@@ -312,6 +347,26 @@ mod tests {
     }
 
     #[test]
+    fn a_retry_backs_off_aside_then_goes_before_everyone_after_it() {
+        let t0 = Instant::now();
+        let later = t0 + std::time::Duration::from_millis(30);
+        let mut queue = Queue::new(5);
+        for seq in [2, 3] {
+            queue.insert(Priority::Interactive, seq, seq);
+        }
+        // 1 failed and backs off until `later`: the others go meanwhile.
+        queue.defer(later, Priority::Interactive, 1, 1);
+        assert_eq!(queue.promote(t0), Some(later));
+        let (head, _) = queue.head().unwrap();
+        assert_eq!(head.seq, 2);
+        queue.take(head);
+        queue.insert(Priority::Interactive, 4, 4);
+        // Its backoff over, it is first again.
+        assert_eq!(queue.promote(later), None);
+        assert_eq!(release_all(&mut queue), [1, 3, 4]);
+    }
+
+    #[test]
     fn drain_takes_everyone_oldest_first() {
         let mut queue = Queue::new(5);
         // Each request's cost is its number, to tell them apart.
@@ -323,7 +378,8 @@ mod tests {
         ] {
             queue.insert(class, seq, seq);
         }
-        assert_eq!(queue.drain(), [3, 4, 5, 2]);
+        queue.defer(Instant::now(), Priority::Interactive, 1, 1);
+        assert_eq!(queue.drain(), [3, 4, 5, 2, 1]);
         assert!(queue.head().is_none());
     }
 }

@@ -44,6 +44,7 @@ impl Waiter {
             seq,
             cost,
             priority,
+            not_before: None,
             turn: tx,
         };
         let waiter = Self {

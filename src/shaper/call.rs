@@ -83,7 +83,8 @@ impl Shaper {
                 Err(_) => Verdict::Failed,
             };
             let headroom = lane.policy().headroom;
-            match (verdict, outcome) {
+            // How long the request waits, in its lane, before it goes again.
+            let backoff = match (verdict, outcome) {
                 (Verdict::Done, outcome) => {
                     lane.succeeded();
                     if let Some(pause) = throttle::spent(&signals, headroom) {
@@ -128,6 +129,8 @@ impl Shaper {
                         .into());
                     }
                     request = next;
+                    // The lane's pause is the wait.
+                    Duration::ZERO
                 }
                 (_, outcome) => {
                     failures += 1;
@@ -172,11 +175,11 @@ impl Shaper {
                         ?backoff,
                         "retrying a failed request"
                     );
-                    tokio::time::sleep(backoff).await;
                     request = next;
+                    backoff
                 }
-            }
-            lane.reenter(&mut place)?;
+            };
+            lane.reenter(&mut place, backoff)?;
         }
     }
 

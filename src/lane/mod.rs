@@ -329,7 +329,7 @@ impl Lane {
             }
         };
         let outcome = match place.deadline.as_deref().copied() {
-            None => waiter.answer().await,
+            None => waiter.await,
             // Boxed: a timer is large, and most requests have no deadline;
             // this keeps every queued request without one small.
             Some((deadline, max_wait)) => {
@@ -348,7 +348,7 @@ impl Lane {
     ) -> Result<Turn, Error> {
         tokio::select! {
             biased;
-            turn = waiter.answer() => return turn,
+            turn = &mut *waiter => return turn,
             () = sleep_until(deadline) => {}
         }
         // A release due at the deadline itself is woken in the same tick:

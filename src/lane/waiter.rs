@@ -14,8 +14,11 @@
 //! leaving closes its channel before it looks for an answer: from then on
 //! no answer can arrive, so the two sides never both count it out.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::task::{Context, Poll, ready};
 
 use tokio::sync::oneshot;
 use tokio::sync::oneshot::error::TryRecvError;
@@ -54,13 +57,6 @@ impl Waiter {
         (ticket, waiter)
     }
 
-    /// Wait for the dispatcher's answer.
-    pub(super) async fn answer(&mut self) -> Result<Turn, Error> {
-        let answer = (&mut self.answer).await;
-        self.ended(answer.is_ok());
-        answered(answer.ok())
-    }
-
     /// The answer if it has come: `Ok(None)` when it has not, `Err` when
     /// the lane closed without one.
     pub(super) fn try_answer(&mut self) -> Result<Option<Turn>, Error> {
@@ -95,6 +91,18 @@ impl Waiter {
         {
             lane.waiting.fetch_sub(1, Ordering::SeqCst);
         }
+    }
+}
+
+/// Waiting for the dispatcher's answer. A plain future rather than an
+/// `async fn`: every queued request holds one, so it stays one pointer.
+impl Future for Waiter {
+    type Output = Result<Turn, Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let answer = ready!(Pin::new(&mut self.answer).poll(cx));
+        self.ended(answer.is_ok());
+        Poll::Ready(answered(answer.ok()))
     }
 }
 

@@ -23,22 +23,28 @@
 //!
 //! A vendor with a dialect of its own needs no fork: give the shaper a
 //! [`Dialect`] (any `Fn(&HeaderMap, SystemTime, &mut Signals)` is one).
+//!
+//! | file | what it owns |
+//! |---|---|
+//! | `mod.rs` | [`Signals`], [`Limit`], [`Dimension`], the [`Dialect`] trait, [`retry_after`] |
+//! | `dialects.rs` | the built-in readers, one per vendor family |
+//! | `formats.rs` | the value formats: numbers, dates, Go durations, RFC 3339, structured fields |
+
+mod dialects;
+mod formats;
 
 use std::time::{Duration, SystemTime};
 
-use reqwest::header::{HeaderMap, HeaderValue, RETRY_AFTER};
+use reqwest::header::{HeaderMap, RETRY_AFTER};
 
+use self::dialects::BUILT_IN;
+use self::formats::{http_date, number, seconds};
 use crate::meters::Rate;
 
 /// The largest pause a header can express here; anything larger saturates
 /// to it. A hundred years is far past any sensible `max_pause`, and adding
 /// it to an `Instant` cannot overflow.
 pub const LONGEST: Duration = crate::time::FAR;
-
-/// Epoch seconds below this are read as "seconds from now": some vendors
-/// send a delta in `x-ratelimit-reset`, and no epoch second this small is a
-/// real reset time (it is in 1973).
-const EPOCH_FLOOR: u64 = 100_000_000;
 
 /// Everything a response said about the vendor's limits.
 ///
@@ -219,17 +225,6 @@ where
     }
 }
 
-type Reader = fn(&HeaderMap, SystemTime, &mut Signals);
-
-const BUILT_IN: &[Reader] = &[
-    retry_after_dialects,
-    github,
-    openai,
-    anthropic,
-    ietf,
-    shopify,
-];
-
 /// How long the vendor asked us to wait, if it said so in a form we read.
 ///
 /// ```
@@ -260,339 +255,10 @@ pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     http_date(value, now)
 }
 
-fn retry_after_dialects(headers: &HeaderMap, now: SystemTime, signals: &mut Signals) {
-    if let Some(pause) = retry_after(headers, now) {
-        signals.retry_after = Some(pause);
-    }
-}
-
-/// GitHub (`x-ratelimit-*`) and X (`x-rate-limit-*`): reset in epoch seconds.
-fn github(headers: &HeaderMap, now: SystemTime, signals: &mut Signals) {
-    for prefix in ["x-ratelimit", "x-rate-limit"] {
-        let get = |field: &str| headers.get(format!("{prefix}-{field}").as_str());
-        let limit = get("limit").and_then(integer);
-        let remaining = get("remaining").and_then(integer);
-        let reset = get("reset").and_then(|v| epoch_or_delta(v, now));
-        fill(signals, Dimension::Requests, limit, remaining, reset);
-    }
-}
-
-/// OpenAI: `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`.
-fn openai(headers: &HeaderMap, _now: SystemTime, signals: &mut Signals) {
-    for (suffix, dimension) in [
-        ("requests", Dimension::Requests),
-        ("tokens", Dimension::Tokens),
-    ] {
-        let get = |field: &str| headers.get(format!("x-ratelimit-{field}-{suffix}").as_str());
-        let limit = get("limit").and_then(integer);
-        let remaining = get("remaining").and_then(integer);
-        let reset = get("reset").and_then(go_duration);
-        fill(signals, dimension, limit, remaining, reset);
-    }
-}
-
-/// Anthropic: `anthropic-ratelimit-<dimension>-{limit,remaining,reset}`,
-/// reset as an RFC 3339 timestamp.
-fn anthropic(headers: &HeaderMap, now: SystemTime, signals: &mut Signals) {
-    for (part, dimension) in [
-        ("requests", Dimension::Requests),
-        ("tokens", Dimension::Tokens),
-        ("input-tokens", Dimension::InputTokens),
-        ("output-tokens", Dimension::OutputTokens),
-    ] {
-        let get = |field: &str| headers.get(format!("anthropic-ratelimit-{part}-{field}").as_str());
-        let limit = get("limit").and_then(integer);
-        let remaining = get("remaining").and_then(integer);
-        let reset = get("reset").and_then(|v| rfc3339(v, now));
-        fill(signals, dimension, limit, remaining, reset);
-    }
-}
-
-/// The IETF httpapi draft: `RateLimit-Policy` and `RateLimit` structured
-/// fields (several named policies), and the older
-/// `RateLimit-Limit/-Remaining/-Reset` trio.
-fn ietf(headers: &HeaderMap, _now: SystemTime, signals: &mut Signals) {
-    for value in headers.get_all("ratelimit-policy") {
-        for (name, params) in sf_list(value) {
-            let entry = signals.limit_mut(Dimension::Policy(name));
-            for (key, val) in params {
-                match key {
-                    "q" => entry.limit = val.parse().ok().or(entry.limit),
-                    "w" => {
-                        entry.window = val.parse().ok().map(Duration::from_secs).or(entry.window)
-                    }
-                    _ => {}
-                }
-            }
-        }
-    }
-    for value in headers.get_all("ratelimit") {
-        for (name, params) in sf_list(value) {
-            let entry = signals.limit_mut(Dimension::Policy(name));
-            for (key, val) in params {
-                match key {
-                    "r" => entry.remaining = val.parse().ok().or(entry.remaining),
-                    "t" => entry.reset = val.parse().ok().map(Duration::from_secs).or(entry.reset),
-                    _ => {}
-                }
-            }
-        }
-    }
-    let get = |field: &str| headers.get(format!("ratelimit-{field}").as_str());
-    let limit = get("limit").and_then(integer);
-    let remaining = get("remaining").and_then(integer);
-    let reset = get("reset").and_then(integer).map(Duration::from_secs);
-    fill(signals, Dimension::Requests, limit, remaining, reset);
-}
-
-/// Shopify REST: `X-Shopify-Shop-Api-Call-Limit: used/capacity`.
-fn shopify(headers: &HeaderMap, _now: SystemTime, signals: &mut Signals) {
-    let Some(text) = headers
-        .get("x-shopify-shop-api-call-limit")
-        .and_then(|v| v.to_str().ok())
-    else {
-        return;
-    };
-    let Some((used, capacity)) = text.trim().split_once('/') else {
-        return;
-    };
-    let (Ok(used), Ok(capacity)) = (used.trim().parse::<u64>(), capacity.trim().parse::<u64>())
-    else {
-        return;
-    };
-    let entry = signals.limit_mut(Dimension::Requests);
-    entry.limit = Some(capacity);
-    entry.remaining = Some(capacity.saturating_sub(used));
-}
-
-fn fill(
-    signals: &mut Signals,
-    dimension: Dimension,
-    limit: Option<u64>,
-    remaining: Option<u64>,
-    reset: Option<Duration>,
-) {
-    if limit.is_none() && remaining.is_none() && reset.is_none() {
-        return;
-    }
-    let entry = signals.limit_mut(dimension);
-    entry.limit = limit.or(entry.limit);
-    entry.remaining = remaining.or(entry.remaining);
-    entry.reset = reset.or(entry.reset);
-}
-
-/// An RFC 8941 list, simplified to what rate-limit headers use: comma
-/// separated members, each a string or token followed by `;key=value`
-/// parameters. Members that don't fit are skipped.
-fn sf_list(value: &HeaderValue) -> Vec<(String, Vec<(&str, &str)>)> {
-    let Ok(text) = value.to_str() else {
-        return Vec::new();
-    };
-    let mut members = Vec::new();
-    for member in split_outside_quotes(text, ',') {
-        let mut parts = split_outside_quotes(member, ';').into_iter();
-        let Some(name) = parts.next().map(str::trim) else {
-            continue;
-        };
-        let name = name
-            .strip_prefix('"')
-            .and_then(|n| n.strip_suffix('"'))
-            .unwrap_or(name);
-        if name.is_empty() {
-            continue;
-        }
-        let params = parts
-            .filter_map(|p| {
-                let (key, val) = p.split_once('=')?;
-                Some((key.trim(), val.trim()))
-            })
-            .collect();
-        members.push((name.to_owned(), params));
-    }
-    members
-}
-
-fn split_outside_quotes(text: &str, separator: char) -> Vec<&str> {
-    let mut parts = Vec::new();
-    let mut quoted = false;
-    let mut start = 0;
-    for (i, c) in text.char_indices() {
-        match c {
-            '"' => quoted = !quoted,
-            c if c == separator && !quoted => {
-                parts.push(&text[start..i]);
-                start = i + c.len_utf8();
-            }
-            _ => {}
-        }
-    }
-    parts.push(&text[start..]);
-    parts
-}
-
-/// A decimal number (`3`, `1.5`, `-2`), with surrounding whitespace.
-/// Rejects what `f64::from_str` would accept but no vendor means, such as
-/// `inf`, `NaN` or `1e9`.
-fn number(value: &HeaderValue) -> Option<f64> {
-    let text = value.to_str().ok()?.trim();
-    let digits = text.strip_prefix('-').unwrap_or(text);
-    let (whole, fraction) = digits.split_once('.').unwrap_or((digits, ""));
-    let all_digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
-    if whole.is_empty() || !all_digits(whole) || !all_digits(fraction) {
-        return None;
-    }
-    text.parse().ok()
-}
-
-fn integer(value: &HeaderValue) -> Option<u64> {
-    value.to_str().ok()?.trim().parse().ok()
-}
-
-fn seconds(secs: f64) -> Duration {
-    if secs <= 0.0 {
-        Duration::ZERO
-    } else {
-        Duration::try_from_secs_f64(secs).map_or(LONGEST, |d| d.min(LONGEST))
-    }
-}
-
-fn until(at: SystemTime, now: SystemTime) -> Duration {
-    at.duration_since(now)
-        .unwrap_or(Duration::ZERO)
-        .min(LONGEST)
-}
-
-fn http_date(value: &HeaderValue, now: SystemTime) -> Option<Duration> {
-    let date = httpdate::parse_http_date(value.to_str().ok()?.trim()).ok()?;
-    Some(until(date, now))
-}
-
-/// Epoch seconds (GitHub, X), or seconds from now when the value is too
-/// small to be an epoch second.
-fn epoch_or_delta(value: &HeaderValue, now: SystemTime) -> Option<Duration> {
-    let secs = number(value)?;
-    if secs < EPOCH_FLOOR as f64 {
-        return Some(seconds(secs));
-    }
-    let at = SystemTime::UNIX_EPOCH.checked_add(seconds(secs))?;
-    Some(until(at, now))
-}
-
-/// A Go duration as OpenAI sends it: `6m0s`, `1.5s`, `17ms`, `1h2m3.5s`.
-fn go_duration(value: &HeaderValue) -> Option<Duration> {
-    let mut rest = value.to_str().ok()?.trim();
-    if rest.is_empty() {
-        return None;
-    }
-    let mut total = 0.0f64;
-    while !rest.is_empty() {
-        let split = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        let (amount, tail) = rest.split_at(split);
-        let amount: f64 = amount.parse().ok()?;
-        let unit_end = tail
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(tail.len());
-        let (unit, tail) = tail.split_at(unit_end);
-        let scale = match unit {
-            "h" => 3600.0,
-            "m" => 60.0,
-            "s" => 1.0,
-            "ms" => 1e-3,
-            "us" | "µs" => 1e-6,
-            "ns" => 1e-9,
-            _ => return None,
-        };
-        total += amount * scale;
-        rest = tail;
-    }
-    Some(seconds(total))
-}
-
-/// An RFC 3339 timestamp (`2024-06-10T12:00:30Z`, `...30.5+02:00`), as a
-/// time from `now`.
-fn rfc3339(value: &HeaderValue, now: SystemTime) -> Option<Duration> {
-    let text = value.to_str().ok()?.trim();
-    let bytes = text.as_bytes();
-    if bytes.len() < 20 || !bytes.is_ascii() {
-        return None;
-    }
-    let field = |range: std::ops::Range<usize>| -> Option<i64> {
-        let s = text.get(range)?;
-        s.bytes()
-            .all(|b| b.is_ascii_digit())
-            .then(|| s.parse().ok())?
-    };
-    let (year, month, day) = (field(0..4)?, field(5..7)?, field(8..10)?);
-    let (hour, minute, second) = (field(11..13)?, field(14..16)?, field(17..19)?);
-    if bytes[4] != b'-' || bytes[7] != b'-' || !matches!(bytes[10], b'T' | b't' | b' ') {
-        return None;
-    }
-    if bytes[13] != b':' || bytes[16] != b':' {
-        return None;
-    }
-    if !(1..=12).contains(&month)
-        || !(1..=31).contains(&day)
-        || hour > 23
-        || minute > 59
-        || second > 60
-    {
-        return None;
-    }
-    let mut rest = &text[19..];
-    let mut fraction = 0.0;
-    if let Some(after_dot) = rest.strip_prefix('.') {
-        let digits = after_dot
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(after_dot.len());
-        if digits == 0 {
-            return None;
-        }
-        fraction = format!("0.{}", &after_dot[..digits]).parse().ok()?;
-        rest = &after_dot[digits..];
-    }
-    let offset = match rest {
-        "Z" | "z" => 0,
-        _ => {
-            let sign = match rest.as_bytes().first()? {
-                b'+' => 1,
-                b'-' => -1,
-                _ => return None,
-            };
-            if rest.len() != 6 || rest.as_bytes()[3] != b':' {
-                return None;
-            }
-            let h: i64 = rest[1..3].parse().ok()?;
-            let m: i64 = rest[4..6].parse().ok()?;
-            sign * (h * 3600 + m * 60)
-        }
-    };
-    let epoch =
-        days_from_civil(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second - offset;
-    let at = if epoch >= 0 {
-        SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(epoch as u64))?
-    } else {
-        SystemTime::UNIX_EPOCH.checked_sub(Duration::from_secs(epoch.unsigned_abs()))?
-    };
-    let at = at.checked_add(Duration::from_secs_f64(fraction))?;
-    Some(until(at, now))
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's
-/// `days_from_civil`).
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let year = if month <= 2 { year - 1 } else { year };
-    let era = year.div_euclid(400);
-    let year_of_era = year - era * 400;
-    let month_index = (month + 9) % 12;
-    let day_of_year = (153 * month_index + 2) / 5 + day - 1;
-    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
-    era * 146_097 + day_of_era - 719_468
-}
-
 #[cfg(test)]
 mod tests {
+    use reqwest::header::HeaderValue;
+
     use super::*;
 
     type Pairs<'a> = &'a [(&'static str, &'a [u8])];

@@ -1,0 +1,142 @@
+//! The built-in dialects: each reads one vendor family's headers into
+//! [`Signals`], ignoring whatever it cannot read.
+
+use std::time::{Duration, SystemTime};
+
+use reqwest::header::HeaderMap;
+
+use super::formats::{epoch_or_delta, go_duration, integer, rfc3339, sf_list};
+use super::{Dimension, Signals, retry_after};
+
+pub(super) type Reader = fn(&HeaderMap, SystemTime, &mut Signals);
+
+/// Every built-in dialect, in the order they read a response.
+pub(super) const BUILT_IN: &[Reader] = &[
+    retry_after_dialects,
+    github,
+    openai,
+    anthropic,
+    ietf,
+    shopify,
+];
+
+fn retry_after_dialects(headers: &HeaderMap, now: SystemTime, signals: &mut Signals) {
+    if let Some(pause) = retry_after(headers, now) {
+        signals.retry_after = Some(pause);
+    }
+}
+
+/// GitHub (`x-ratelimit-*`) and X (`x-rate-limit-*`): reset in epoch seconds.
+fn github(headers: &HeaderMap, now: SystemTime, signals: &mut Signals) {
+    for prefix in ["x-ratelimit", "x-rate-limit"] {
+        let get = |field: &str| headers.get(format!("{prefix}-{field}").as_str());
+        let limit = get("limit").and_then(integer);
+        let remaining = get("remaining").and_then(integer);
+        let reset = get("reset").and_then(|v| epoch_or_delta(v, now));
+        fill(signals, Dimension::Requests, limit, remaining, reset);
+    }
+}
+
+/// OpenAI: `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`.
+fn openai(headers: &HeaderMap, _now: SystemTime, signals: &mut Signals) {
+    for (suffix, dimension) in [
+        ("requests", Dimension::Requests),
+        ("tokens", Dimension::Tokens),
+    ] {
+        let get = |field: &str| headers.get(format!("x-ratelimit-{field}-{suffix}").as_str());
+        let limit = get("limit").and_then(integer);
+        let remaining = get("remaining").and_then(integer);
+        let reset = get("reset").and_then(go_duration);
+        fill(signals, dimension, limit, remaining, reset);
+    }
+}
+
+/// Anthropic: `anthropic-ratelimit-<dimension>-{limit,remaining,reset}`,
+/// reset as an RFC 3339 timestamp.
+fn anthropic(headers: &HeaderMap, now: SystemTime, signals: &mut Signals) {
+    for (part, dimension) in [
+        ("requests", Dimension::Requests),
+        ("tokens", Dimension::Tokens),
+        ("input-tokens", Dimension::InputTokens),
+        ("output-tokens", Dimension::OutputTokens),
+    ] {
+        let get = |field: &str| headers.get(format!("anthropic-ratelimit-{part}-{field}").as_str());
+        let limit = get("limit").and_then(integer);
+        let remaining = get("remaining").and_then(integer);
+        let reset = get("reset").and_then(|v| rfc3339(v, now));
+        fill(signals, dimension, limit, remaining, reset);
+    }
+}
+
+/// The IETF httpapi draft: `RateLimit-Policy` and `RateLimit` structured
+/// fields (several named policies), and the older
+/// `RateLimit-Limit/-Remaining/-Reset` trio.
+fn ietf(headers: &HeaderMap, _now: SystemTime, signals: &mut Signals) {
+    for value in headers.get_all("ratelimit-policy") {
+        for (name, params) in sf_list(value) {
+            let entry = signals.limit_mut(Dimension::Policy(name));
+            for (key, val) in params {
+                match key {
+                    "q" => entry.limit = val.parse().ok().or(entry.limit),
+                    "w" => {
+                        entry.window = val.parse().ok().map(Duration::from_secs).or(entry.window)
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    for value in headers.get_all("ratelimit") {
+        for (name, params) in sf_list(value) {
+            let entry = signals.limit_mut(Dimension::Policy(name));
+            for (key, val) in params {
+                match key {
+                    "r" => entry.remaining = val.parse().ok().or(entry.remaining),
+                    "t" => entry.reset = val.parse().ok().map(Duration::from_secs).or(entry.reset),
+                    _ => {}
+                }
+            }
+        }
+    }
+    let get = |field: &str| headers.get(format!("ratelimit-{field}").as_str());
+    let limit = get("limit").and_then(integer);
+    let remaining = get("remaining").and_then(integer);
+    let reset = get("reset").and_then(integer).map(Duration::from_secs);
+    fill(signals, Dimension::Requests, limit, remaining, reset);
+}
+
+/// Shopify REST: `X-Shopify-Shop-Api-Call-Limit: used/capacity`.
+fn shopify(headers: &HeaderMap, _now: SystemTime, signals: &mut Signals) {
+    let Some(text) = headers
+        .get("x-shopify-shop-api-call-limit")
+        .and_then(|v| v.to_str().ok())
+    else {
+        return;
+    };
+    let Some((used, capacity)) = text.trim().split_once('/') else {
+        return;
+    };
+    let (Ok(used), Ok(capacity)) = (used.trim().parse::<u64>(), capacity.trim().parse::<u64>())
+    else {
+        return;
+    };
+    let entry = signals.limit_mut(Dimension::Requests);
+    entry.limit = Some(capacity);
+    entry.remaining = Some(capacity.saturating_sub(used));
+}
+
+fn fill(
+    signals: &mut Signals,
+    dimension: Dimension,
+    limit: Option<u64>,
+    remaining: Option<u64>,
+    reset: Option<Duration>,
+) {
+    if limit.is_none() && remaining.is_none() && reset.is_none() {
+        return;
+    }
+    let entry = signals.limit_mut(dimension);
+    entry.limit = limit.or(entry.limit);
+    entry.remaining = remaining.or(entry.remaining);
+    entry.reset = reset.or(entry.reset);
+}

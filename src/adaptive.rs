@@ -22,6 +22,8 @@
 
 /// The knobs of adaptive pacing.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(default, deny_unknown_fields))]
 pub struct Adaptive {
     /// Multiplicative decrease per throttle (0 < β < 1). Default 0.7.
     pub decrease: f64,

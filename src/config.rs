@@ -23,26 +23,35 @@
 //! Each vendor is matched by `host`; a request to a host no vendor names
 //! goes under `[defaults] quotas`, or, without them, ends with
 //! [`Error::NoQuota`](crate::Error::NoQuota). Durations are strings such as
-//! `250ms`, `1s`, `1m`, `1h30m`, `1d`. Algorithms: `leaky_bucket`,
-//! `token_bucket` (with `capacity`), `fixed_window`, `sliding_log`,
-//! `sliding_window`; `unit` is `requests` (default) or `cost`. Keys:
-//! `origin`, `shared`, `tag`, or `{ header = "x-api-key" }`.
+//! `250ms`, `1.5s`, `1m`, `1 minute`, `1h30m`, `1d`. Algorithms:
+//! `leaky_bucket`, `token_bucket` (with `capacity`), `fixed_window`,
+//! `sliding_log`, `sliding_window`; `unit` is `requests` (default) or
+//! `cost`. Keys: `origin`, `shared`, `tag`, or `{ header = "x-api-key" }`.
+//!
+//! The file is read into the crate's own types ([`Quota`], [`RetryPolicy`],
+//! [`Backoff`], [`Adaptive`], [`StoreFailure`], [`LaneKey`]), which are
+//! serde types with the `serde` feature: what a file can say is what the
+//! builder can, and the two cannot drift apart.
 //!
 //! Every error names the field at fault and the problem, e.g.
-//! `` invalid `vendors.llm.quotas[1].per`: "1 minute" is not a duration (try "1s", "500ms", "1m") ``.
+//! `` invalid `vendors.llm.quotas[1].per`: "soon" is not a duration (try "1s", "1.5s", "500ms", "1min") ``.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use reqwest::Method;
-use reqwest::header::HeaderName;
 use serde::Deserialize;
 
+use crate::Shaper;
+use crate::adaptive::Adaptive;
 use crate::error::ConfigError;
-use crate::meters::{Algorithm, Quota, Rate, Unit};
+use crate::lane::LanePolicy;
+use crate::meters::Quota;
+use crate::retry::{Backoff, RetryPolicy};
 use crate::route::{LaneKey, Level, Route};
 use crate::shaper::ShaperBuilder;
-use crate::{RetryPolicy, Shaper};
+use crate::store::StoreFailure;
+use crate::time::human;
 
 /// A whole shaper, as a file declares it.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -56,61 +65,45 @@ pub struct ShaperConfig {
     pub vendors: BTreeMap<String, VendorConfig>,
 }
 
-/// How every lane behaves.
+/// How every lane behaves: each field is optional and, when given, does
+/// what the [`ShaperBuilder`] method of the same name does.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Defaults {
     /// Quotas for hosts no vendor names (none: such requests are refused).
     #[serde(default)]
-    pub quotas: Vec<QuotaConfig>,
+    pub quotas: Vec<Quota>,
     /// See [`LanePolicy::headroom`](crate::LanePolicy::headroom).
-    pub headroom: Option<Dur>,
+    #[serde(default, with = "human::option")]
+    pub headroom: Option<Duration>,
     /// See [`LanePolicy::max_wait`](crate::LanePolicy::max_wait).
-    pub max_wait: Option<Dur>,
+    #[serde(default, with = "human::option")]
+    pub max_wait: Option<Duration>,
     /// See [`LanePolicy::max_pause`](crate::LanePolicy::max_pause).
-    pub max_pause: Option<Dur>,
+    #[serde(default, with = "human::option")]
+    pub max_pause: Option<Duration>,
     /// See [`LanePolicy::queue_capacity`](crate::LanePolicy::queue_capacity).
     pub queue_capacity: Option<usize>,
     /// See [`LanePolicy::max_in_flight`](crate::LanePolicy::max_in_flight).
     pub max_in_flight: Option<usize>,
     /// See [`LanePolicy::idle_timeout`](crate::LanePolicy::idle_timeout).
-    pub idle_timeout: Option<Dur>,
-    /// Retry limits.
-    pub retry: Option<RetryConfig>,
+    #[serde(default, with = "human::option")]
+    pub idle_timeout: Option<Duration>,
+    /// The pause after a throttle that says nothing usable, e.g.
+    /// `{ base = "1s", cap = "1m" }`; see
+    /// [`LanePolicy::fallback`](crate::LanePolicy::fallback).
+    pub fallback_pause: Option<Backoff>,
+    /// Adaptive pacing: `{}` for the defaults, or e.g. `{ decrease = 0.5 }`;
+    /// see [`LanePolicy::adaptive`](crate::LanePolicy::adaptive).
+    pub adaptive: Option<Adaptive>,
+    /// See [`LanePolicy::batch_share`](crate::LanePolicy::batch_share).
+    pub batch_share: Option<u32>,
+    /// Retry limits, backoff and budget; fields left out keep
+    /// [`RetryPolicy`]'s defaults.
+    pub retry: Option<RetryPolicy>,
     /// With a shared store: `"open"` or `"closed"` (the default); see
-    /// [`StoreFailure`](crate::StoreFailure).
-    pub on_store_failure: Option<FailureConfig>,
-}
-
-/// What lanes do when the shared store fails.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FailureConfig {
-    /// Serve from a local share of the quota.
-    Open,
-    /// Refuse with a typed error.
-    Closed,
-}
-
-impl From<FailureConfig> for crate::StoreFailure {
-    fn from(failure: FailureConfig) -> Self {
-        match failure {
-            FailureConfig::Open => Self::Open,
-            FailureConfig::Closed => Self::Closed,
-        }
-    }
-}
-
-/// Retry limits; see [`RetryPolicy`].
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RetryConfig {
-    /// Sends per failing request, the first included.
-    pub max_attempts: Option<u32>,
-    /// Throttled answers one request may receive.
-    pub max_throttles: Option<u32>,
-    /// Retry failures of POST and PATCH too.
-    pub retry_non_idempotent: Option<bool>,
+    /// [`StoreFailure`].
+    pub on_store_failure: Option<StoreFailure>,
 }
 
 /// One vendor.
@@ -121,10 +114,10 @@ pub struct VendorConfig {
     pub host: String,
     /// The vendor's quotas, per key (one lane per origin unless `key` says
     /// otherwise).
-    pub quotas: Vec<QuotaConfig>,
+    pub quotas: Vec<Quota>,
     /// Where the vendor lane's key comes from (default `origin`).
     #[serde(default)]
-    pub key: Option<KeyConfig>,
+    pub key: Option<LaneKey>,
     /// Quotas per tenant or API key, under the vendor's.
     #[serde(default)]
     pub levels: Vec<LevelConfig>,
@@ -132,7 +125,7 @@ pub struct VendorConfig {
     #[serde(default)]
     pub routes: Vec<RouteConfig>,
     /// This vendor's choice when the shared store fails.
-    pub on_store_failure: Option<FailureConfig>,
+    pub on_store_failure: Option<StoreFailure>,
 }
 
 /// A family of quotas, one set per key.
@@ -142,9 +135,9 @@ pub struct LevelConfig {
     /// Names the level's lanes.
     pub name: String,
     /// Where the key comes from.
-    pub key: KeyConfig,
+    pub key: LaneKey,
     /// The quotas of each key.
-    pub quotas: Vec<QuotaConfig>,
+    pub quotas: Vec<Quota>,
 }
 
 /// An endpoint with quotas of its own.
@@ -158,106 +151,9 @@ pub struct RouteConfig {
     /// Only paths matching this pattern (see [`Route::path`]).
     pub path: Option<String>,
     /// The route's quotas.
-    pub quotas: Vec<QuotaConfig>,
+    pub quotas: Vec<Quota>,
     /// This endpoint's choice when the shared store fails.
-    pub on_store_failure: Option<FailureConfig>,
-}
-
-/// Where a key comes from.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum KeyConfig {
-    /// `origin`: scheme, host and port.
-    Origin,
-    /// `shared`: one for all.
-    Shared,
-    /// `tag`: the request's [`Tag`](crate::Tag).
-    Tag,
-    /// `{ header = "x-api-key" }`: a header's value.
-    Header(String),
-}
-
-/// One quota.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct QuotaConfig {
-    /// The algorithm.
-    pub algorithm: AlgorithmName,
-    /// How many per `per` (for a token bucket: the refill).
-    pub count: u32,
-    /// The window.
-    pub per: Dur,
-    /// A token bucket's burst.
-    pub capacity: Option<u64>,
-    /// What it counts.
-    #[serde(default)]
-    pub unit: UnitName,
-}
-
-/// An algorithm's name in a file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[allow(missing_docs)]
-pub enum AlgorithmName {
-    LeakyBucket,
-    TokenBucket,
-    FixedWindow,
-    SlidingLog,
-    SlidingWindow,
-}
-
-/// A unit's name in a file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[allow(missing_docs)]
-pub enum UnitName {
-    #[default]
-    Requests,
-    Cost,
-}
-
-/// A duration written like `250ms`, `1s`, `1m`, `1h30m`, `1d`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Dur(pub Duration);
-
-impl<'de> Deserialize<'de> for Dur {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        parse_duration(&text).map(Dur).ok_or_else(|| {
-            serde::de::Error::custom(format!(
-                "{text:?} is not a duration (try \"1s\", \"500ms\", \"1m\")"
-            ))
-        })
-    }
-}
-
-fn parse_duration(text: &str) -> Option<Duration> {
-    let mut rest = text.trim();
-    if rest.is_empty() {
-        return None;
-    }
-    let mut total = Duration::ZERO;
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let amount: u64 = rest[..digits].parse().ok()?;
-        rest = &rest[digits..];
-        let unit = rest
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let scale = match &rest[..unit] {
-            "ms" => Duration::from_millis(1),
-            "s" => Duration::from_secs(1),
-            "m" => Duration::from_secs(60),
-            "h" => Duration::from_secs(3600),
-            "d" => Duration::from_secs(86_400),
-            _ => return None,
-        };
-        total = total.checked_add(scale.checked_mul(u32::try_from(amount).ok()?)?)?;
-        rest = &rest[unit..];
-    }
-    Some(total)
+    pub on_store_failure: Option<StoreFailure>,
 }
 
 impl ShaperConfig {
@@ -267,7 +163,7 @@ impl ShaperConfig {
             .map_err(|e| ConfigError::new("(file)", e.to_string().trim().to_owned()))?;
         serde_path_to_error::deserialize(deserializer).map_err(|e| {
             let field = e.path().to_string();
-            ConfigError::new(field, e.into_inner().message().to_owned())
+            ConfigError::at(&field, e.into_inner().message())
         })
     }
 
@@ -276,7 +172,7 @@ impl ShaperConfig {
         let mut deserializer = serde_json::Deserializer::from_str(text);
         serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
             let field = e.path().to_string();
-            ConfigError::new(field, e.into_inner().to_string())
+            ConfigError::at(&field, &e.into_inner().to_string())
         })
     }
 
@@ -284,43 +180,12 @@ impl ShaperConfig {
     /// then build.
     pub fn builder(&self) -> Result<ShaperBuilder, ConfigError> {
         let d = &self.defaults;
-        let mut builder = Shaper::builder();
-        for (i, quota) in d.quotas.iter().enumerate() {
-            builder = builder.quota(
-                quota
-                    .quota()
-                    .map_err(|e| e.within(&format!("defaults.quotas[{i}]")))?,
-            );
-        }
-        if let Some(Dur(headroom)) = d.headroom {
-            builder = builder.headroom(headroom);
-        }
-        if let Some(Dur(max_wait)) = d.max_wait {
-            builder = builder.max_wait(max_wait);
-        }
-        if let Some(Dur(max_pause)) = d.max_pause {
-            builder = builder.max_pause(max_pause);
-        }
-        if let Some(capacity) = d.queue_capacity {
-            builder = builder.queue_capacity(capacity);
-        }
-        if let Some(n) = d.max_in_flight {
-            builder = builder.max_in_flight(n);
-        }
-        if let Some(Dur(idle)) = d.idle_timeout {
-            builder = builder.idle_timeout(idle);
-        }
+        let mut builder = Shaper::builder().policy(d.policy());
         if let Some(failure) = d.on_store_failure {
-            builder = builder.on_store_failure(failure.into());
+            builder = builder.on_store_failure(failure);
         }
         if let Some(retry) = &d.retry {
-            let defaults = RetryPolicy::default();
-            builder = builder.retry(RetryPolicy {
-                max_attempts: retry.max_attempts.unwrap_or(defaults.max_attempts),
-                max_throttles: retry.max_throttles.unwrap_or(defaults.max_throttles),
-                retry_non_idempotent: retry.retry_non_idempotent.unwrap_or(false),
-                ..defaults
-            });
+            builder = builder.retry(retry.clone());
         }
         for (name, vendor) in &self.vendors {
             for route in vendor
@@ -339,24 +204,51 @@ impl ShaperConfig {
     }
 }
 
+impl Defaults {
+    /// The lane policy: the defaults, with what the file says over them.
+    fn policy(&self) -> LanePolicy {
+        let mut policy = LanePolicy::with_quotas(self.quotas.iter().copied());
+        // Exhaustive on purpose: a new `LanePolicy` field does not compile
+        // here until the file format has it too.
+        let LanePolicy {
+            quotas: _,
+            headroom,
+            queue_capacity,
+            max_wait,
+            max_in_flight,
+            max_pause,
+            fallback,
+            idle_timeout,
+            adaptive,
+            batch_share,
+        } = &mut policy;
+        *headroom = self.headroom.unwrap_or(*headroom);
+        *queue_capacity = self.queue_capacity.unwrap_or(*queue_capacity);
+        *max_wait = self.max_wait.or(*max_wait);
+        *max_in_flight = self.max_in_flight.or(*max_in_flight);
+        *max_pause = self.max_pause.unwrap_or(*max_pause);
+        *fallback = self.fallback_pause.unwrap_or(*fallback);
+        *idle_timeout = self.idle_timeout.unwrap_or(*idle_timeout);
+        *adaptive = self.adaptive.or(*adaptive);
+        *batch_share = self.batch_share.unwrap_or(*batch_share);
+        policy
+    }
+}
+
 impl VendorConfig {
     /// The vendor as routes: one per endpoint, then one for the rest of
     /// the host; each goes through the endpoint's quotas (if any), the
     /// levels, then the vendor's quotas, and nothing shaper-wide.
     fn routes(&self, name: &str) -> Result<Vec<Route>, ConfigError> {
         let quotas = quotas_of(&self.quotas)?;
-        let key = match &self.key {
-            Some(key) => key.key().map_err(|e| e.within("key"))?,
-            None => LaneKey::Origin,
-        };
+        let key = self.key.clone().unwrap_or(LaneKey::Origin);
         let mut levels = Vec::with_capacity(self.levels.len() + 1);
         for (i, level) in self.levels.iter().enumerate() {
-            let within = |e: ConfigError| e.within(&format!("levels[{i}]"));
-            let level_key = level.key.key().map_err(|e| within(e.within("key")))?;
-            let level_quotas = quotas_of(&level.quotas).map_err(within)?;
+            let level_quotas =
+                quotas_of(&level.quotas).map_err(|e| e.within(&format!("levels[{i}]")))?;
             levels.push(Level::new(
                 format!("{name}.{}", level.name),
-                level_key,
+                level.key.clone(),
                 level_quotas,
             ));
         }
@@ -392,93 +284,23 @@ impl VendorConfig {
                 shaped = shaped.quota(quota);
             }
             if let Some(failure) = route.on_store_failure.or(self.on_store_failure) {
-                shaped = shaped.on_store_failure(failure.into());
+                shaped = shaped.on_store_failure(failure);
             }
             routes.push(levels.iter().cloned().fold(shaped, Route::level));
         }
         let mut rest = Route::new(name).host(&self.host).alone();
         if let Some(failure) = self.on_store_failure {
-            rest = rest.on_store_failure(failure.into());
+            rest = rest.on_store_failure(failure);
         }
         routes.push(levels.into_iter().fold(rest, Route::level));
         Ok(routes)
     }
 }
 
-fn quotas_of(configs: &[QuotaConfig]) -> Result<Vec<Quota>, ConfigError> {
-    if configs.is_empty() {
+/// A level's quotas: at least one (each was checked as it was read).
+fn quotas_of(quotas: &[Quota]) -> Result<Vec<Quota>, ConfigError> {
+    if quotas.is_empty() {
         return Err(ConfigError::new("quotas", "at least one quota is needed"));
     }
-    configs
-        .iter()
-        .enumerate()
-        .map(|(i, quota)| quota.quota().map_err(|e| e.within(&format!("quotas[{i}]"))))
-        .collect()
-}
-
-impl QuotaConfig {
-    fn quota(&self) -> Result<Quota, ConfigError> {
-        let rate = Rate::new(self.count, self.per.0);
-        let algorithm = match (self.algorithm, self.capacity) {
-            (AlgorithmName::TokenBucket, Some(capacity)) => Algorithm::TokenBucket {
-                capacity,
-                refill: rate,
-            },
-            (AlgorithmName::TokenBucket, None) => {
-                return Err(ConfigError::new(
-                    "capacity",
-                    "a token bucket needs its burst capacity",
-                ));
-            }
-            (_, Some(_)) => {
-                return Err(ConfigError::new(
-                    "capacity",
-                    "only a token bucket has a capacity",
-                ));
-            }
-            (AlgorithmName::LeakyBucket, None) => Algorithm::LeakyBucket(rate),
-            (AlgorithmName::FixedWindow, None) => Algorithm::FixedWindow(rate),
-            (AlgorithmName::SlidingLog, None) => Algorithm::SlidingLog(rate),
-            (AlgorithmName::SlidingWindow, None) => Algorithm::SlidingWindow(rate),
-        };
-        let unit = match self.unit {
-            UnitName::Requests => Unit::Requests,
-            UnitName::Cost => Unit::Cost,
-        };
-        let quota = Quota { algorithm, unit };
-        quota.validate()?;
-        Ok(quota)
-    }
-}
-
-impl KeyConfig {
-    fn key(&self) -> Result<LaneKey, ConfigError> {
-        Ok(match self {
-            Self::Origin => LaneKey::Origin,
-            Self::Shared => LaneKey::Shared,
-            Self::Tag => LaneKey::Tag,
-            Self::Header(name) => {
-                LaneKey::Header(HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
-                    ConfigError::new("header", format!("{name:?} is not a header name"))
-                })?)
-            }
-        })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_read_like_people_write_them() {
-        let d = |s| parse_duration(s);
-        assert_eq!(d("250ms"), Some(Duration::from_millis(250)));
-        assert_eq!(d("1m"), Some(Duration::from_secs(60)));
-        assert_eq!(d("1h30m"), Some(Duration::from_secs(5400)));
-        assert_eq!(d("1d"), Some(Duration::from_secs(86_400)));
-        for bad in ["", "1", "1 minute", "m", "1.5s", "-1s", "99999999999h"] {
-            assert_eq!(d(bad), None, "{bad}");
-        }
-    }
+    Ok(quotas.to_vec())
 }

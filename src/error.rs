@@ -160,6 +160,21 @@ impl ConfigError {
         }
     }
 
+    /// A problem serde found at `path`. A value checked as it was read
+    /// (a [`Quota`](crate::Quota)) reports its own field, which goes under
+    /// the path: `vendors.llm.quotas[0]` and "invalid `capacity`: ..."
+    /// make `vendors.llm.quotas[0].capacity`.
+    #[cfg(feature = "config")]
+    pub(crate) fn at(path: &str, message: &str) -> Self {
+        let nested = message
+            .strip_prefix("invalid `")
+            .and_then(|rest| rest.split_once("`: "));
+        match nested {
+            Some((field, problem)) => Self::new(field, problem).within(path),
+            None => Self::new(path, message),
+        }
+    }
+
     /// The same problem, with the field's path under `prefix`.
     pub(crate) fn within(self, prefix: &str) -> Self {
         Self {

@@ -34,8 +34,11 @@ use tokio::time::Instant;
 
 use crate::time::later;
 
-/// Retry limits and per-request backoff.
+/// Retry limits and per-request backoff. In a file, every field is
+/// optional and defaults as below.
 #[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(default, deny_unknown_fields))]
 pub struct RetryPolicy {
     /// Sends allowed for a request that keeps failing (500, 502, 504, 408,
     /// transport errors), the first one included.
@@ -70,12 +73,15 @@ impl Default for RetryPolicy {
 /// request sees at most 1.2 times our traffic plus a trickle, instead of
 /// `max_attempts` times.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(default, deny_unknown_fields))]
 pub struct RetryBudget {
     /// Retries allowed per request sent. Default 0.2.
     pub ratio: f64,
     /// Retries allowed per second whatever the traffic. Default 10.
     pub min_per_sec: u32,
     /// The window the budget is counted over. Default 10 s.
+    #[cfg_attr(feature = "serde", serde(with = "crate::time::human"))]
     pub ttl: Duration,
 }
 
@@ -156,10 +162,14 @@ impl Ledger {
 
 /// Exponential backoff: the `n`th wait is drawn from `base * 2^n`, capped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
 pub struct Backoff {
     /// The first step.
+    #[cfg_attr(feature = "serde", serde(with = "crate::time::human"))]
     pub base: Duration,
     /// No step is longer than this.
+    #[cfg_attr(feature = "serde", serde(with = "crate::time::human"))]
     pub cap: Duration,
 }
 

@@ -77,6 +77,32 @@ impl LaneKey {
     }
 }
 
+/// In a file: `"origin"`, `"shared"`, `"tag"`, or `{ header = "x-api-key" }`
+/// (a [`Custom`](LaneKey::Custom) key is code, not data).
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for LaneKey {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "snake_case", deny_unknown_fields)]
+        enum Declared {
+            Origin,
+            Shared,
+            Tag,
+            Header(String),
+        }
+        Ok(match Declared::deserialize(deserializer)? {
+            Declared::Origin => Self::Origin,
+            Declared::Shared => Self::Shared,
+            Declared::Tag => Self::Tag,
+            Declared::Header(name) => {
+                Self::Header(HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+                    serde::de::Error::custom(format!("{name:?} is not a header name"))
+                })?)
+            }
+        })
+    }
+}
+
 impl fmt::Debug for LaneKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

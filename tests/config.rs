@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use callshaper::testing::{HoldClock, Vendor};
-use callshaper::{Error, ShaperConfig};
+use callshaper::{Adaptive, Backoff, Error, Quota, RetryPolicy, ShaperConfig};
 use common::{SECOND, join_all};
 
 const VENDORS: &str = include_str!("../examples/vendors.toml");
@@ -101,7 +101,7 @@ fn the_same_config_reads_from_json() {
         ] } }
     }"#;
     let config = ShaperConfig::from_json(json).unwrap();
-    assert_eq!(config.vendors["sms"].quotas[0].count, 10);
+    assert_eq!(config.vendors["sms"].quotas[0].rate().count, 10);
     config.build().unwrap();
 }
 
@@ -115,7 +115,7 @@ fn a_malformed_config_names_the_field_and_the_problem() {
         (
             with(
                 r#"count = 90000, per = "1m""#,
-                r#"count = 90000, per = "1 minute""#,
+                r#"count = 90000, per = "soon""#,
             ),
             "vendors.llm.quotas[1].per",
             "not a duration",
@@ -166,4 +166,113 @@ fn a_malformed_config_names_the_field_and_the_problem() {
         assert_eq!(error.field, field, "{error}");
         assert!(error.problem.contains(problem), "{error}");
     }
+}
+
+/// Every lane setting the builder has, the retry policy and the durations
+/// people write, read from a file into the crate's own types.
+#[test]
+fn every_setting_reads_from_a_file() {
+    let toml = r#"
+        [defaults]
+        quotas = [{ algorithm = "leaky_bucket", count = 10, per = "1 second" }]
+        headroom = "2.5ms"
+        max_wait = "1.5s"
+        idle_timeout = "2 minutes"
+        fallback_pause = { base = "500ms", cap = "30s" }
+        adaptive = { decrease = 0.5 }
+        batch_share = 7
+        retry = { max_attempts = 5, backoff = { base = "50ms", cap = "2s" }, budget = { ratio = 0.1 } }
+    "#;
+    let config = ShaperConfig::from_toml(toml).unwrap();
+    let d = &config.defaults;
+    assert_eq!(d.quotas, [Quota::leaky_bucket(10, SECOND)]);
+    assert_eq!(d.headroom, Some(Duration::from_micros(2_500)));
+    assert_eq!(d.max_wait, Some(Duration::from_millis(1_500)));
+    assert_eq!(d.idle_timeout, Some(Duration::from_secs(120)));
+    assert_eq!(
+        d.fallback_pause,
+        Some(Backoff::new(
+            Duration::from_millis(500),
+            Duration::from_secs(30)
+        ))
+    );
+    let adaptive = Adaptive {
+        decrease: 0.5,
+        ..Adaptive::default()
+    };
+    assert_eq!(d.adaptive, Some(adaptive));
+    let retry = d.retry.clone().unwrap();
+    let defaults = RetryPolicy::default();
+    assert_eq!(retry.max_attempts, 5);
+    assert_eq!(
+        retry.max_throttles, defaults.max_throttles,
+        "left out: default"
+    );
+    assert_eq!(
+        retry.backoff,
+        Backoff::new(Duration::from_millis(50), Duration::from_secs(2))
+    );
+    assert_eq!(retry.budget.ratio, 0.1);
+    assert_eq!(retry.budget.min_per_sec, defaults.budget.min_per_sec);
+
+    let builder = config.builder().unwrap();
+    let shown = format!("{builder:?}");
+    for setting in ["batch_share: 7", "decrease: 0.5", "max_attempts: 5"] {
+        assert!(shown.contains(setting), "{setting} in {shown}");
+    }
+    config.build().unwrap();
+}
+
+/// The settings types are serde types: a quota writes as the flat table a
+/// file declares and reads back the same, and is checked as it is read.
+#[test]
+fn settings_types_round_trip_and_are_checked_as_read() {
+    let quota = Quota::token_bucket(10, 1, Duration::from_millis(1_500)).per_cost();
+    let json = serde_json::to_string(&quota).unwrap();
+    assert_eq!(
+        json,
+        r#"{"algorithm":"token_bucket","count":1,"per":"1.5s","capacity":10,"unit":"cost"}"#
+    );
+    assert_eq!(serde_json::from_str::<Quota>(&json).unwrap(), quota);
+
+    let retry = RetryPolicy::default();
+    let json = serde_json::to_string(&retry).unwrap();
+    assert_eq!(serde_json::from_str::<RetryPolicy>(&json).unwrap(), retry);
+
+    for (bad, problem) in [
+        (
+            r#"{"algorithm":"leaky_bucket","count":0,"per":"1s"}"#,
+            "count",
+        ),
+        (
+            r#"{"algorithm":"leaky_bucket","count":1,"per":"400 days"}"#,
+            "per",
+        ),
+        (
+            r#"{"algorithm":"sliding_log","count":1,"per":"1s","capacity":3}"#,
+            "capacity",
+        ),
+        (
+            r#"{"algorithm":"leaky_bucket","count":1,"per":"-1s"}"#,
+            "not a duration",
+        ),
+    ] {
+        let error = serde_json::from_str::<Quota>(bad)
+            .expect_err(bad)
+            .to_string();
+        assert!(error.contains(problem), "{bad}: {error}");
+    }
+}
+
+/// A lane's snapshot serves as JSON, durations as text.
+#[tokio::test(start_paused = true)]
+async fn a_lane_snapshot_serializes() {
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let shaper = common::shaper(10).build().unwrap();
+    shaper.get(vendor.uri()).send().await.unwrap();
+    let json = serde_json::to_value(&shaper.lanes()[0]).unwrap();
+    assert_eq!(json["released"], 1);
+    assert_eq!(json["queued"], 0);
+    assert_eq!(json["interval"], "100.5ms");
+    assert!(json["paused_for"].is_null());
 }

@@ -64,8 +64,10 @@ pub struct Turn {
     at: Instant,
 }
 
-/// What a lane is doing right now.
+/// What a lane is doing right now. With the `serde` feature it serializes
+/// (durations as text like `"1.5s"`), to serve it as JSON.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct LaneSnapshot {
     /// The lane's key.
@@ -73,6 +75,7 @@ pub struct LaneSnapshot {
     /// Requests waiting to be released (throttled ones included).
     pub queued: usize,
     /// Time left in the current pause, if any.
+    #[cfg_attr(feature = "serde", serde(with = "crate::time::human::option"))]
     pub paused_for: Option<Duration>,
     /// Turns handed out so far.
     pub released: u64,
@@ -80,6 +83,7 @@ pub struct LaneSnapshot {
     pub throttles: u64,
     /// The spacing between two requests now (slower than the policy's when
     /// the vendor announced a lower quota or adaptive pacing cut it).
+    #[cfg_attr(feature = "serde", serde(with = "crate::time::human"))]
     pub interval: Duration,
     /// A quota lower than the configured one that the vendor announced, and
     /// the lane now keeps to.

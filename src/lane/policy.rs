@@ -145,6 +145,8 @@ impl LanePolicy {
 
 /// Which class a request waits in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum Priority {
     /// Someone is waiting for the answer: goes first.
     #[default]

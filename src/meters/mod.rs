@@ -19,6 +19,8 @@
 //! A [`Quota`] declares one: an algorithm and what it counts ([`Unit`]:
 //! requests, or each request's cost, such as tokens).
 
+#[cfg(feature = "serde")]
+mod declared;
 mod fixed_window;
 mod leaky_bucket;
 mod sliding_log;
@@ -47,10 +49,13 @@ use crate::time::later;
 /// assert_eq!(rate.interval(Duration::ZERO), Duration::from_millis(100));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
 pub struct Rate {
     /// How many units the vendor accepts in one window.
     pub count: u32,
     /// The vendor's window.
+    #[cfg_attr(feature = "serde", serde(with = "crate::time::human"))]
     pub per: Duration,
 }
 
@@ -175,6 +180,8 @@ pub trait Meter: Send + fmt::Debug {
 
 /// What a meter counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum Unit {
     /// Each request counts one.
     #[default]
@@ -215,7 +222,17 @@ pub enum Algorithm {
 /// // An LLM vendor: 500 requests and 90,000 tokens per minute.
 /// let quotas = [Quota::leaky_bucket(500, minute), Quota::sliding_log(90_000, minute).per_cost()];
 /// ```
+///
+/// With the `serde` feature, a quota reads and writes as one flat table,
+/// as a config file declares it:
+/// `{ algorithm = "sliding_log", count = 90000, per = "1m", unit = "cost" }`
+/// (a token bucket adds `capacity`); it is checked as it is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(try_from = "declared::Declared", into = "declared::Declared")
+)]
 pub struct Quota {
     /// The algorithm.
     pub algorithm: Algorithm,

@@ -140,6 +140,12 @@ impl ShaperBuilder {
         self.edit(move |p| p.adaptive = Some(knobs))
     }
 
+    /// When interactive and batch requests both wait, one release in `n`
+    /// goes to batch (default 5).
+    pub fn batch_share(self, n: u32) -> Self {
+        self.edit(move |p| p.batch_share = n)
+    }
+
     /// Read a vendor's own header dialect too (see [`Dialect`]).
     pub fn dialect(mut self, dialect: impl Dialect) -> Self {
         self.dialects.push(Arc::new(dialect));
@@ -354,6 +360,7 @@ impl fmt::Debug for ShaperBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ShaperBuilder")
             .field("quotas", &self.quotas)
+            .field("policy", &self.policy)
             .field("retry", &self.retry)
             .finish_non_exhaustive()
     }

@@ -210,6 +210,8 @@ pub(crate) struct Reservation {
 /// fail-closed where going over the quota is worse than not calling (a
 /// vendor that bans keys, an API billed per overage).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 #[non_exhaustive]
 pub enum StoreFailure {
     /// Keep serving from a local lane at the quota divided by the fleet's
@@ -227,6 +229,11 @@ pub enum StoreFailure {
 
 /// Which state a lane's releases come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize),
+    serde(rename_all = "snake_case")
+)]
 #[non_exhaustive]
 pub enum StoreMode {
     /// The shared store: the fleet's quota.

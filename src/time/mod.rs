@@ -5,6 +5,9 @@
 //! replies. `Instant + Duration` panics on overflow, so every instant built
 //! from such a value goes through [`later`].
 
+#[cfg(feature = "serde")]
+pub(crate) mod human;
+
 use std::time::Duration;
 
 use tokio::time::Instant;

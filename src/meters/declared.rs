@@ -1,0 +1,92 @@
+//! A [`Quota`] as a file declares it: one flat table,
+//! `{ algorithm = "token_bucket", capacity = 10, count = 1, per = "1s", unit = "cost" }`,
+//! checked as it is read (feature `serde`).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Algorithm, Quota, Rate, Unit};
+use crate::error::ConfigError;
+
+/// The flat form of a [`Quota`].
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Declared {
+    algorithm: Name,
+    /// How many per `per` (for a token bucket: the refill).
+    count: u32,
+    #[serde(with = "crate::time::human")]
+    per: Duration,
+    /// A token bucket's burst.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    capacity: Option<u64>,
+    #[serde(default)]
+    unit: Unit,
+}
+
+#[derive(Clone, Copy, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Name {
+    LeakyBucket,
+    TokenBucket,
+    FixedWindow,
+    SlidingLog,
+    SlidingWindow,
+}
+
+impl TryFrom<Declared> for Quota {
+    type Error = ConfigError;
+
+    fn try_from(declared: Declared) -> Result<Self, ConfigError> {
+        let rate = Rate::new(declared.count, declared.per);
+        let algorithm = match (declared.algorithm, declared.capacity) {
+            (Name::TokenBucket, Some(capacity)) => Algorithm::TokenBucket {
+                capacity,
+                refill: rate,
+            },
+            (Name::TokenBucket, None) => {
+                return Err(ConfigError::new(
+                    "capacity",
+                    "a token bucket needs its burst capacity",
+                ));
+            }
+            (_, Some(_)) => {
+                return Err(ConfigError::new(
+                    "capacity",
+                    "only a token bucket has a capacity",
+                ));
+            }
+            (Name::LeakyBucket, None) => Algorithm::LeakyBucket(rate),
+            (Name::FixedWindow, None) => Algorithm::FixedWindow(rate),
+            (Name::SlidingLog, None) => Algorithm::SlidingLog(rate),
+            (Name::SlidingWindow, None) => Algorithm::SlidingWindow(rate),
+        };
+        let quota = Quota {
+            algorithm,
+            unit: declared.unit,
+        };
+        quota.validate()?;
+        Ok(quota)
+    }
+}
+
+impl From<Quota> for Declared {
+    fn from(quota: Quota) -> Self {
+        let rate = quota.rate();
+        let (algorithm, capacity) = match quota.algorithm {
+            Algorithm::LeakyBucket(_) => (Name::LeakyBucket, None),
+            Algorithm::TokenBucket { capacity, .. } => (Name::TokenBucket, Some(capacity)),
+            Algorithm::FixedWindow(_) => (Name::FixedWindow, None),
+            Algorithm::SlidingLog(_) => (Name::SlidingLog, None),
+            Algorithm::SlidingWindow(_) => (Name::SlidingWindow, None),
+        };
+        Self {
+            algorithm,
+            count: rate.count,
+            per: rate.per,
+            capacity,
+            unit: quota.unit,
+        }
+    }
+}

@@ -207,7 +207,7 @@ impl ShaperConfig {
 impl Defaults {
     /// The lane policy: the defaults, with what the file says over them.
     fn policy(&self) -> LanePolicy {
-        let mut policy = LanePolicy::with_quotas(self.quotas.iter().copied());
+        let mut policy = LanePolicy::with_quotas(self.quotas.iter().cloned());
         // Exhaustive on purpose: a new `LanePolicy` field does not compile
         // here until the file format has it too.
         let LanePolicy {

@@ -103,7 +103,7 @@ pub use adaptive::Adaptive;
 pub use config::ShaperConfig;
 pub use error::{ConfigError, Error};
 pub use lane::{Lane, LanePolicy, LaneSnapshot, Priority, Turn};
-pub use meters::{Algorithm, Meter, Quota, Rate, Unit};
+pub use meters::{Algorithm, CustomMeter, Meter, Quota, Rate, Unit};
 pub use retry::{Backoff, RetryBudget, RetryPolicy};
 pub use route::{Cost, LaneKey, Level, Route, Tag};
 pub use shaper::{MaxWait, RequestBuilder, Settle, Shaper, ShaperBuilder, Transport};

@@ -188,3 +188,94 @@ async fn settling_a_cost_gives_the_unused_part_back() {
     // Settled: one request interval (10 ms at 100/s), not the token window.
     common::settle_then_not(&shaper, &vendor, Duration::ZERO, Duration::from_millis(20)).await;
 }
+
+/// A meter of the user's own: at least `gap` between two releases, and
+/// nothing else. Written here as a user would, against the public trait.
+#[derive(Debug)]
+struct Spaced {
+    gap: Duration,
+    last: Option<tokio::time::Instant>,
+}
+
+impl callshaper::Meter for Spaced {
+    fn capacity(&self) -> u64 {
+        1
+    }
+
+    fn earliest(&self, _cost: u64, now: tokio::time::Instant) -> tokio::time::Instant {
+        self.last.map_or(now, |last| now.max(last + self.gap))
+    }
+
+    fn commit(&mut self, _cost: u64, now: tokio::time::Instant) {
+        self.last = Some(now);
+    }
+
+    fn settle(&mut self, _charged: u64, _actual: u64, _at: tokio::time::Instant) {}
+
+    fn is_idle(&self, now: tokio::time::Instant) -> bool {
+        self.last.is_none_or(|last| now >= last + self.gap)
+    }
+
+    fn interval(&self) -> Duration {
+        self.gap
+    }
+}
+
+fn spaced(gap: Duration) -> Quota {
+    // Declared faster than the meter allows, so only the meter itself can
+    // explain the gaps the vendor sees.
+    let rate = callshaper::Rate::new(100, SECOND);
+    Quota::custom(callshaper::meters::CustomMeter::new(
+        "spaced",
+        rate,
+        move |_headroom, _now| Box::new(Spaced { gap, last: None }),
+    ))
+}
+
+/// A user's own meter paces the lane as the built-in ones do, next to a
+/// built-in quota counting tokens.
+#[tokio::test(start_paused = true)]
+async fn a_users_own_meter_paces_the_lane() {
+    let gap = Duration::from_millis(250);
+    let vendor = run(spaced(gap), Vendor::strict(4, SECOND), 12).await;
+    assert_eq!(vendor.throttled(), 0);
+    let arrivals: Vec<_> = vendor.arrivals().iter().map(|a| a.at).collect();
+    for pair in arrivals.windows(2) {
+        assert!(pair[1] - pair[0] >= gap, "{arrivals:?}");
+    }
+    assert!(*arrivals.last().unwrap() < 11 * gap + Duration::from_millis(50));
+
+    // Beside a tokens quota, each is enforced: the custom gap, and 100
+    // tokens a second.
+    let vendor = Vendor::strict(100, SECOND)
+        .also_cost(100, SECOND, "x-tokens")
+        .start()
+        .await;
+    let shaper = shaper(1)
+        .policy(LanePolicy::with_quotas([
+            spaced(Duration::from_millis(100)),
+            Quota::sliding_log(100, SECOND).per_cost(),
+        ]))
+        .build()
+        .unwrap();
+    let tasks: Vec<_> = (0..4)
+        .map(|i| {
+            let call = shaper
+                .get(format!("{}/r/{i}", vendor.uri()))
+                .header("x-tokens", "50")
+                .cost(50)
+                .send();
+            tokio::spawn(call)
+        })
+        .collect();
+    for outcome in join_all(tasks).await {
+        assert_eq!(outcome.unwrap().status(), 200);
+    }
+    let at: Vec<_> = vendor.arrivals().iter().map(|a| a.at).collect();
+    assert!(
+        at[1] - at[0] >= Duration::from_millis(100),
+        "the gap: {at:?}"
+    );
+    assert!(at[2] >= SECOND, "the tokens' window: {at:?}");
+    assert_eq!(vendor.throttled(), 0);
+}

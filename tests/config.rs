@@ -276,3 +276,20 @@ async fn a_lane_snapshot_serializes() {
     assert_eq!(json["interval"], "100.5ms");
     assert!(json["paused_for"].is_null());
 }
+
+/// A custom meter is code, not data: serializing it is an error, not a
+/// silent stand-in.
+#[test]
+fn a_custom_meter_does_not_serialize() {
+    let rate = callshaper::Rate::new(10, SECOND);
+    let custom = Quota::custom(callshaper::meters::CustomMeter::new(
+        "mine",
+        rate,
+        move |headroom, _| Box::new(callshaper::meters::LeakyBucket::new(rate, headroom)),
+    ));
+    let error = serde_json::to_string(&custom).expect_err("code, not data");
+    assert!(
+        error.to_string().contains("`mine` is a custom meter"),
+        "{error}"
+    );
+}

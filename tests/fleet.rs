@@ -334,6 +334,7 @@ async fn every_meter_behaves_the_same_in_memory_and_on_redis() {
     for (name, quota, vendor) in table {
         for on_redis in [false, true] {
             let url = redis.url();
+            let quota = quota.clone();
             runs.push(tokio::spawn(async move {
                 let vendor = vendor().start().await;
                 // A burst opens new connections and lands late; what comes
@@ -677,4 +678,24 @@ async fn admission_on_a_shared_store_predicts_the_fleets_pace() {
         .count();
     assert!(refused >= 1, "a wait past max_wait is refused");
     assert_eq!(vendor.throttled(), 0);
+}
+
+/// A custom meter runs in one process: with a shared store, `build()`
+/// refuses it with a typed error instead of leaving it unenforced.
+#[tokio::test]
+async fn a_custom_meter_is_refused_with_a_store() {
+    let redis = RedisServer::start();
+    let store = RedisStore::connect(&redis.url()).await.unwrap();
+    let rate = callshaper::Rate::new(10, SECOND);
+    let custom = Quota::custom(callshaper::meters::CustomMeter::new(
+        "mine",
+        rate,
+        move |headroom, _| Box::new(callshaper::meters::LeakyBucket::new(rate, headroom)),
+    ));
+    let refused = Shaper::builder()
+        .quota(custom)
+        .store(store)
+        .build()
+        .expect_err("a custom meter cannot live in Redis");
+    assert_eq!(refused.field, "levels.vendor.quotas", "{refused}");
 }

@@ -650,7 +650,7 @@ mod tests {
         ] {
             let policy = LanePolicy {
                 headroom: Duration::ZERO,
-                ..LanePolicy::with_quotas([quota])
+                ..LanePolicy::with_quotas([quota.clone()])
             };
             let lane = Lane::new("t", policy).unwrap();
             let max_wait = Some(Duration::from_secs(5));

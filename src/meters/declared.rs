@@ -71,8 +71,10 @@ impl TryFrom<Declared> for Quota {
     }
 }
 
-impl From<Quota> for Declared {
-    fn from(quota: Quota) -> Self {
+impl TryFrom<&Quota> for Declared {
+    type Error = ConfigError;
+
+    fn try_from(quota: &Quota) -> Result<Self, ConfigError> {
         let rate = quota.rate();
         let (algorithm, capacity) = match quota.algorithm {
             Algorithm::LeakyBucket(_) => (Name::LeakyBucket, None),
@@ -80,13 +82,28 @@ impl From<Quota> for Declared {
             Algorithm::FixedWindow(_) => (Name::FixedWindow, None),
             Algorithm::SlidingLog(_) => (Name::SlidingLog, None),
             Algorithm::SlidingWindow(_) => (Name::SlidingWindow, None),
+            Algorithm::Custom(ref meter) => {
+                return Err(ConfigError::new(
+                    "algorithm",
+                    format!("`{}` is a custom meter: code, not data", meter.name()),
+                ));
+            }
         };
-        Self {
+        Ok(Self {
             algorithm,
             count: rate.count,
             per: rate.per,
             capacity,
             unit: quota.unit,
-        }
+        })
+    }
+}
+
+/// A built-in quota writes as its flat table; a custom meter is refused.
+impl Serialize for Quota {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        Declared::try_from(self)
+            .map_err(serde::ser::Error::custom)?
+            .serialize(serializer)
     }
 }

@@ -17,8 +17,12 @@
 //! | [`SlidingWindow`] | near-exact | three numbers | holds under a steady backlog |
 //!
 //! A [`Quota`] declares one: an algorithm and what it counts ([`Unit`]:
-//! requests, or each request's cost, such as tokens).
+//! requests, or each request's cost, such as tokens). An algorithm of your
+//! own is a [`Meter`] implementation, declared with [`Quota::custom`] and
+//! used like the built-in ones (in memory; a shared store knows only the
+//! built-in ones).
 
+mod custom;
 #[cfg(feature = "serde")]
 mod declared;
 mod fixed_window;
@@ -32,6 +36,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+pub use custom::{CustomMeter, MakeMeter};
 pub use fixed_window::FixedWindow;
 pub use leaky_bucket::LeakyBucket;
 pub use sliding_log::SlidingLog;
@@ -193,7 +198,7 @@ pub enum Unit {
 
 /// An algorithm and its numbers. Non-exhaustive: a new algorithm is not a
 /// breaking change.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Algorithm {
     /// [`LeakyBucket`]: smooth, no burst.
@@ -211,6 +216,8 @@ pub enum Algorithm {
     SlidingLog(Rate),
     /// [`SlidingWindow`] (the sliding window counter).
     SlidingWindow(Rate),
+    /// Your own [`Meter`], in memory only.
+    Custom(CustomMeter),
 }
 
 /// One limit of a lane: an algorithm, and what it counts.
@@ -227,11 +234,11 @@ pub enum Algorithm {
 /// as a config file declares it:
 /// `{ algorithm = "sliding_log", count = 90000, per = "1m", unit = "cost" }`
 /// (a token bucket adds `capacity`); it is checked as it is read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(
     feature = "serde",
-    derive(serde::Serialize, serde::Deserialize),
-    serde(try_from = "declared::Declared", into = "declared::Declared")
+    derive(serde::Deserialize),
+    serde(try_from = "declared::Declared")
 )]
 pub struct Quota {
     /// The algorithm.
@@ -271,6 +278,16 @@ impl Quota {
         Self::new(Algorithm::SlidingLog(Rate::new(count, per)))
     }
 
+    /// A meter of your own (see [`CustomMeter`]).
+    pub fn custom(meter: CustomMeter) -> Self {
+        Self::new(Algorithm::Custom(meter))
+    }
+
+    /// True for a meter of the user's own, which no shared store can hold.
+    pub(crate) fn is_custom(&self) -> bool {
+        matches!(self.algorithm, Algorithm::Custom(_))
+    }
+
     /// A sliding window counter: `count` in any window of `per`, nearly.
     pub fn sliding_window(count: u32, per: Duration) -> Self {
         Self::new(Algorithm::SlidingWindow(Rate::new(count, per)))
@@ -279,12 +296,12 @@ impl Quota {
     /// One of `n` equal shares of this quota (counts and capacity divided,
     /// rounded down, at least 1): what one instance of a fleet of `n` may
     /// use on its own.
-    pub(crate) fn share(self, n: u32) -> Self {
+    pub(crate) fn share(&self, n: u32) -> Self {
         if n <= 1 {
-            return self;
+            return self.clone();
         }
         let part = |count: u32| (count / n).max(1);
-        let algorithm = match self.algorithm {
+        let algorithm = match self.algorithm.clone() {
             Algorithm::LeakyBucket(r) => Algorithm::LeakyBucket(Rate::new(part(r.count), r.per)),
             Algorithm::TokenBucket { capacity, refill } => Algorithm::TokenBucket {
                 capacity: (capacity / u64::from(n)).max(1),
@@ -295,8 +312,13 @@ impl Quota {
             Algorithm::SlidingWindow(r) => {
                 Algorithm::SlidingWindow(Rate::new(part(r.count), r.per))
             }
+            // Shares are for a store's fallback, and no store holds one.
+            custom @ Algorithm::Custom(_) => custom,
         };
-        Self { algorithm, ..self }
+        Self {
+            algorithm,
+            unit: self.unit,
+        }
     }
 
     /// Count each request's cost (tokens) instead of requests.
@@ -313,6 +335,7 @@ impl Quota {
             | Algorithm::SlidingLog(rate)
             | Algorithm::SlidingWindow(rate)
             | Algorithm::TokenBucket { refill: rate, .. } => rate,
+            Algorithm::Custom(ref meter) => meter.rate(),
         }
     }
 
@@ -334,6 +357,7 @@ impl Quota {
             Algorithm::FixedWindow(rate) => Box::new(FixedWindow::new(rate, headroom, now)),
             Algorithm::SlidingLog(rate) => Box::new(SlidingLog::new(rate, headroom)),
             Algorithm::SlidingWindow(rate) => Box::new(SlidingWindow::new(rate, headroom, now)),
+            Algorithm::Custom(ref meter) => meter.meter(headroom, now),
         }
     }
 }

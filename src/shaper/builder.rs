@@ -292,6 +292,13 @@ impl ShaperBuilder {
             }
             .validate()
             .map_err(|e| e.within(&format!("levels.{name}")))?;
+            if self.store.is_some() && level.quotas.iter().any(Quota::is_custom) {
+                return Err(ConfigError::new(
+                    format!("levels.{name}.quotas"),
+                    "a custom meter runs in this process only: with a shared store, \
+                     use the built-in algorithms",
+                ));
+            }
         }
         if self.retry.max_attempts == 0 {
             return Err(ConfigError::new("max_attempts", "must be at least 1"));

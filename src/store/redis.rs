@@ -449,6 +449,9 @@ fn spec(quota: &Quota, headroom: Duration) -> [i64; 5] {
         Algorithm::FixedWindow(rate) => (3, u64::from(rate.count)),
         Algorithm::SlidingLog(rate) => (4, u64::from(rate.count)),
         Algorithm::SlidingWindow(rate) => (5, u64::from(rate.count)),
+        // `ShaperBuilder::build` refuses a custom meter with a store; were
+        // one to come this far, the fleet keeps to its declared rate.
+        Algorithm::Custom(ref meter) => (1, u64::from(meter.rate().count)),
     };
     let rate = quota.rate();
     let unit = match quota.unit {

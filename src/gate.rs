@@ -229,6 +229,37 @@ impl Gate {
         true
     }
 
+    /// Whether this gate's own releases explain a vendor saying `used` of
+    /// its `limit` are spent, for a request released at `released`: the
+    /// vendor allows at least what the gate keeps to (so the meters keep
+    /// the lane within it), and the gate released at least `used` in the
+    /// window that ends with that request. Then "nothing left" is the lane
+    /// at full quota, which its meters already pace; otherwise somebody
+    /// else spends the quota, or the vendor counts less than declared.
+    ///
+    /// With `ledger` false (a fleet on a shared store, whose releases this
+    /// process does not see), the first condition alone decides: the
+    /// store's meters keep the fleet within the quota.
+    pub(crate) fn explains(&self, limit: u64, used: u64, released: Instant, ledger: bool) -> bool {
+        let Some(declared) = self.request_rate else {
+            return false;
+        };
+        // A quota the vendor announced and the lane now keeps to counts as
+        // declared.
+        let pace = lock(&self.pace).learned.unwrap_or(declared);
+        if limit < u64::from(pace.count) {
+            return false;
+        }
+        if !ledger {
+            return true;
+        }
+        let window = declared.per.saturating_add(self.headroom);
+        let since = released.checked_sub(window).unwrap_or(released);
+        lock(&self.meters)
+            .released_since(since)
+            .is_some_and(|ours| ours >= used)
+    }
+
     /// The spacing of the declared request rate, if any.
     pub(crate) fn request_interval(&self) -> Option<Duration> {
         self.request_rate.map(|rate| rate.interval(self.headroom))

@@ -7,9 +7,10 @@
 //! top) and answers the rest with 429,
 //! `Retry-After`, `X-RateLimit-Limit/-Remaining/-Reset` and
 //! `Cache-Control: no-store`, like a real gateway. Accepted requests carry
-//! `X-RateLimit-Limit/-Remaining` but no reset: in a sliding window "reset"
-//! is only "when the oldest request leaves", and whole epoch seconds would
-//! make a client that honors `remaining: 0` wait up to a second too long. It can also be told to
+//! `X-RateLimit-Limit/-Remaining/-Reset` too, as gateways send them: the
+//! reset in whole seconds, rounded up (seconds until the oldest request
+//! leaves a sliding window, or the bucket is full again; the window's end
+//! in epoch seconds for a fixed window). It can also be told to
 //! throttle everything for a while. Its arrival log answers the question a
 //! quota test asks: "were there ever more than N arrivals in a window W?".
 //!
@@ -199,6 +200,25 @@ impl Quota {
         }
     }
 
+    /// `x-ratelimit-reset` as gateways send it: whole seconds rounded up
+    /// until the oldest request leaves the sliding window, or the bucket is
+    /// full; a fixed window's end as an epoch second, as GitHub does.
+    fn reset(&self, now: Instant, start: Instant) -> u64 {
+        let until = match &self.counting {
+            Counting::Sliding(accepted) => accepted.front().map_or(Duration::ZERO, |&(at, _)| {
+                (at + self.window).saturating_duration_since(now)
+            }),
+            Counting::Fixed(..) => {
+                return epoch_secs_after(window_end(start, self.window, now) - now);
+            }
+            Counting::Bucket(tokens, _, per_second) => {
+                let missing = (self.limit as f64 - tokens).max(0.0);
+                Duration::from_secs_f64(missing / per_second)
+            }
+        };
+        until.as_secs() + u64::from(until.subsec_nanos() > 0)
+    }
+
     fn remaining(&self) -> u64 {
         match &self.counting {
             Counting::Sliding(accepted) => self
@@ -300,8 +320,8 @@ impl Vendor {
         self
     }
 
-    /// Throttle without saying anything: a bare 429, no `Retry-After`, no
-    /// rate-limit headers, as some vendors do.
+    /// Say nothing about the quota, as Stripe does: no rate-limit headers
+    /// on any answer, and a bare 429 without `Retry-After`.
     pub fn silent(self) -> Self {
         self.state().silent = true;
         self
@@ -451,13 +471,13 @@ impl Respond for Vendor {
                     quota.charge(c, now);
                 }
                 let first = &state.quotas[0];
-                let mut template = ResponseTemplate::new(200)
-                    .insert_header("x-ratelimit-limit", limit)
-                    .insert_header("x-ratelimit-remaining", first.remaining().to_string());
-                if let Counting::Fixed(..) = first.counting {
-                    let reset = window_end(start, first.window, now) - now;
-                    let reset = epoch_secs_after(reset).to_string();
-                    template = template.insert_header("x-ratelimit-reset", reset);
+                let mut template = ResponseTemplate::new(200);
+                if !state.silent {
+                    let reset = first.reset(now, start).to_string();
+                    template = template
+                        .insert_header("x-ratelimit-limit", limit)
+                        .insert_header("x-ratelimit-remaining", first.remaining().to_string())
+                        .insert_header("x-ratelimit-reset", reset);
                 }
                 (200, template)
             }

@@ -237,7 +237,7 @@ fn spaced(gap: Duration) -> Quota {
 #[tokio::test(start_paused = true)]
 async fn a_users_own_meter_paces_the_lane() {
     let gap = Duration::from_millis(250);
-    let vendor = run(spaced(gap), Vendor::strict(4, SECOND), 12).await;
+    let vendor = run(spaced(gap), Vendor::strict(100, SECOND), 12).await;
     assert_eq!(vendor.throttled(), 0);
     let arrivals: Vec<_> = vendor.arrivals().iter().map(|a| a.at).collect();
     for pair in arrivals.windows(2) {

@@ -113,8 +113,8 @@ async fn a_plain_403_goes_back_to_the_caller_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn an_announced_lower_quota_slows_the_lane() {
-    // Without the announcement, 10/s at a 5/s vendor is refused...
-    let quiet = Vendor::strict(5, SECOND).start().await;
+    // A vendor that says nothing of its quota refuses 10/s at 5/s...
+    let quiet = Vendor::strict(5, SECOND).silent().start().await;
     let shaper_quiet = shaper(10).build().unwrap();
     burst(&shaper_quiet, &quiet.uri(), 30).await;
     assert!(
@@ -122,7 +122,7 @@ async fn an_announced_lower_quota_slows_the_lane() {
         "the test needs a vendor that would refuse"
     );
 
-    // ... with it, the lane keeps to 5/s after the first response.
+    // ... one announcing its policy is kept to, from the first response.
     let vendor = Vendor::strict(5, SECOND).announcing_policy().start().await;
     let shaper = shaper(10).build().unwrap();
 

@@ -419,6 +419,18 @@ impl Lane {
         self.shared.vendor().succeeded();
     }
 
+    /// Whether the lane's own releases explain a vendor saying `used` of
+    /// its `limit` are spent (see [`Gate::explains`]). On a shared store
+    /// the fleet's releases are not known here: its store's meters are
+    /// trusted instead.
+    pub(crate) fn explains(&self, limit: u64, used: u64, released: Instant) -> bool {
+        let ledger = self.shared.remote.is_none();
+        self.shared
+            .gates
+            .iter()
+            .any(|gate| gate.explains(limit, used, released, ledger))
+    }
+
     /// The vendor announced its quota; see [`Gate::learn`]. True when this
     /// changed the pace.
     pub(crate) fn learn(&self, announced: Rate) -> bool {

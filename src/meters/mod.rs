@@ -27,6 +27,7 @@ mod custom;
 mod declared;
 mod fixed_window;
 mod leaky_bucket;
+mod releases;
 mod sliding_log;
 mod sliding_window;
 mod token_bucket;
@@ -43,6 +44,7 @@ pub use sliding_log::SlidingLog;
 pub use sliding_window::SlidingWindow;
 pub use token_bucket::TokenBucket;
 
+use self::releases::Releases;
 use crate::error::ConfigError;
 use crate::time::later;
 
@@ -373,10 +375,17 @@ pub(crate) struct Meters {
     pace: Option<LeakyBucket>,
     /// The last release, so a new pace counts from it.
     last: Option<Instant>,
+    /// Releases over the request quota's window, when there is one.
+    releases: Option<Releases>,
 }
 
 impl Meters {
     pub(crate) fn new(quotas: &[Quota], headroom: Duration, now: Instant) -> Self {
+        let requests = quotas.iter().filter(|q| q.unit == Unit::Requests);
+        let releases = requests
+            .map(Quota::rate)
+            .max_by_key(|rate| rate.per)
+            .map(|rate| Releases::new(rate.per.saturating_add(headroom), u64::from(rate.count)));
         Self {
             meters: quotas
                 .iter()
@@ -384,7 +393,14 @@ impl Meters {
                 .collect(),
             pace: None,
             last: None,
+            releases,
         }
+    }
+
+    /// Releases at or after `since`, within the longest request window
+    /// (`None` when no quota counts requests).
+    pub(crate) fn released_since(&self, since: Instant) -> Option<u64> {
+        self.releases.as_ref().map(|r| r.since(since))
     }
 
     fn units(unit: Unit, cost: u64) -> u64 {
@@ -422,6 +438,9 @@ impl Meters {
         }
         if let Some(pace) = &mut self.pace {
             pace.commit(1, now);
+        }
+        if let Some(releases) = &mut self.releases {
+            releases.record(now);
         }
         self.last = Some(now);
     }

@@ -87,7 +87,7 @@ impl Shaper {
             let backoff = match (verdict, outcome) {
                 (Verdict::Done, outcome) => {
                     lane.succeeded();
-                    if let Some(pause) = throttle::spent(&signals, headroom) {
+                    if let Some(pause) = throttle::spent(&lane, &signals, charged_at, headroom) {
                         lane.pause_for(pause.padded);
                         tracing::info!(
                             lane = lane.key(),

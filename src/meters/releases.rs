@@ -1,0 +1,79 @@
+//! The lane's own ledger: when its gate released requests, over the last
+//! window of its request quota. A vendor's `remaining` is news only where
+//! these releases do not explain it (see the crate's `throttle` module).
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// Release instants within the last `window`, at most `cap` of them.
+#[derive(Debug)]
+pub(crate) struct Releases {
+    window: Duration,
+    cap: usize,
+    at: VecDeque<Instant>,
+}
+
+/// The most releases a ledger keeps: past that it answers "at least this
+/// many", which explains any vendor count up to it.
+const MOST: usize = 4_096;
+
+impl Releases {
+    /// A ledger over `window`, for a quota of `count` requests in it.
+    pub(crate) fn new(window: Duration, count: u64) -> Self {
+        Self {
+            window,
+            cap: usize::try_from(count).unwrap_or(MOST).clamp(1, MOST),
+            at: VecDeque::new(),
+        }
+    }
+
+    pub(crate) fn record(&mut self, now: Instant) {
+        while self
+            .at
+            .front()
+            .is_some_and(|&at| at + self.window <= now || self.at.len() >= self.cap)
+        {
+            self.at.pop_front();
+        }
+        self.at.push_back(now);
+    }
+
+    /// Releases at or after `since`; a full ledger counts as "all it can
+    /// hold".
+    pub(crate) fn since(&self, since: Instant) -> u64 {
+        let counted = self.at.iter().rev().take_while(|&&at| at >= since).count();
+        u64::try_from(counted).unwrap_or(u64::MAX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_releases_in_the_window_and_forgets_older_ones() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut releases = Releases::new(Duration::from_secs(1), 10);
+        for i in 0..5 {
+            releases.record(t0 + ms(100 * i));
+        }
+        assert_eq!(releases.since(t0), 5);
+        assert_eq!(releases.since(t0 + ms(250)), 2);
+        releases.record(t0 + ms(1_150));
+        // The first two left the window; the rest still count.
+        assert_eq!(releases.since(t0), 4);
+    }
+
+    #[test]
+    fn holds_at_most_its_quota() {
+        let t0 = Instant::now();
+        let mut releases = Releases::new(Duration::from_secs(1), 3);
+        for i in 0..10 {
+            releases.record(t0 + Duration::from_millis(i));
+        }
+        assert_eq!(releases.since(t0), 3);
+    }
+}

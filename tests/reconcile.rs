@@ -1,0 +1,70 @@
+//! A vendor's signal is news only where it disagrees with what the lane
+//! knows. Against a gateway that sends `x-ratelimit-limit/-remaining/-reset`
+//! (whole seconds, rounded up) on every answer, a lane at the vendor's
+//! quota uses all of it; when somebody else spends part of the quota, the
+//! lane pauses before the vendor has to say 429.
+
+mod common;
+
+use std::time::Duration;
+
+use callshaper::testing::{RetryAfter, Vendor};
+use common::{SECOND, burst, shaper};
+use tokio::time::Instant;
+
+/// `n` requests through a lane of `rate`/s against a strict gateway of the
+/// same quota: how long they take, and the 429s.
+async fn at_full_quota(rate: u32, n: usize, throttle_for: Option<Duration>) -> (Duration, usize) {
+    let vendor = Vendor::strict(rate as usize, SECOND).start().await;
+    if let Some(period) = throttle_for {
+        vendor.throttle_for(period, RetryAfter::Seconds(2));
+    }
+    let shaper = shaper(rate).build().unwrap();
+    let started = Instant::now();
+    for outcome in burst(&shaper, &vendor.uri(), n).await {
+        assert_eq!(outcome.unwrap().status(), 200);
+    }
+    assert!(vendor.max_in_any_window(SECOND) <= rate as usize);
+    (started.elapsed(), vendor.throttled())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lane_at_the_vendors_quota_uses_all_of_it() {
+    // 60 at 10/s: 59 intervals of 100.5 ms, not a second's pause per window.
+    let (took, throttled) = at_full_quota(10, 60, None).await;
+    assert_eq!(throttled, 0);
+    assert!(took <= Duration::from_millis(6_100), "{took:?}");
+
+    // 1,000 at 200/s.
+    let (took, throttled) = at_full_quota(200, 1_000, None).await;
+    assert_eq!(throttled, 0);
+    assert!(took <= Duration::from_millis(5_050), "{took:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_a_throttle_the_lane_resumes_at_full_quota() {
+    // 100 at 20/s, the vendor throttling everything for its first 2 s:
+    // one pause of 2 s, then 4.95 s of releases.
+    let (took, throttled) = at_full_quota(20, 100, Some(Duration::from_millis(10))).await;
+    assert_eq!(throttled, 1);
+    assert!(took <= Duration::from_millis(7_100), "{took:?}");
+}
+
+/// Another consumer spends half the quota first: the lane's own releases
+/// do not explain the vendor's "0 left", so it pauses until the reset
+/// instead of meeting a 429.
+#[tokio::test(start_paused = true)]
+async fn a_quota_spent_by_someone_else_pauses_the_lane_before_a_429() {
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let other = reqwest::Client::new();
+    for _ in 0..5 {
+        let response = callshaper::testing::hold_clock(other.get(vendor.uri()).send()).await;
+        assert_eq!(response.unwrap().status(), 200);
+    }
+    let shaper = shaper(10).build().unwrap();
+    for outcome in burst(&shaper, &vendor.uri(), 20).await {
+        assert_eq!(outcome.unwrap().status(), 200);
+    }
+    assert_eq!(vendor.throttled(), 0);
+    assert!(vendor.max_in_any_window(SECOND) <= 10);
+}

@@ -77,6 +77,9 @@ struct Pace {
     learned: Option<Rate>,
     /// Adaptive pacing's share of the request rate.
     aimd: Option<Aimd>,
+    /// When the last refused request had been released: releases before
+    /// it were not all accepted.
+    refused_at: Option<Instant>,
 }
 
 impl Gate {
@@ -112,6 +115,7 @@ impl Gate {
             pace: Mutex::new(Pace {
                 learned: None,
                 aimd,
+                refused_at: None,
             }),
             ledger: Mutex::new(Ledger::new(settings.budget)),
             throttle_streak: AtomicU32::new(0),
@@ -227,6 +231,42 @@ impl Gate {
         pace.learned = Some(announced);
         self.repace(&pace);
         true
+    }
+
+    /// The vendor refused a request this gate released at `released` (a
+    /// 429, or "nothing left" its releases don't explain), saying its
+    /// limit is `limit` if it did. Learn the quota the vendor really
+    /// allows: its limit, else the releases it accepted in the window
+    /// before the refusal (those since the previous refusal, if one was in
+    /// the window), over the declared window; never faster than the pace
+    /// already kept. Only a refusal late enough in the window
+    /// tells the vendor's window is the declared one: one early in it
+    /// (a lane declared 1,000 a minute against a vendor counting 10 a
+    /// second) says its window is shorter, and the pause until its reset
+    /// is the answer. The quota learned, if the pace changed.
+    pub(crate) fn refused(&self, limit: Option<u64>, released: Instant) -> Option<Rate> {
+        let declared = self.request_rate?;
+        let window = declared.per.saturating_add(self.headroom);
+        let mut since = released.checked_sub(window).unwrap_or(released);
+        let pace = {
+            let mut pace = lock(&self.pace);
+            let previous = pace.refused_at;
+            pace.refused_at = Some(previous.map_or(released, |p| p.max(released)));
+            if let Some(previous) = previous {
+                since = since.max(later(previous, Duration::from_nanos(1)));
+            }
+            pace.learned.unwrap_or(declared)
+        };
+        let (accepted, first) = lock(&self.meters).released_between(since, released)?;
+        let count = limit.unwrap_or(accepted);
+        if count == 0 || count >= u64::from(pace.count) {
+            return None;
+        }
+        if released.saturating_duration_since(first?) < window / 4 {
+            return None;
+        }
+        let rate = Rate::new(u32::try_from(count).ok()?, declared.per);
+        self.learn(rate).then_some(rate)
     }
 
     /// Whether this gate's own releases explain a vendor saying `used` of

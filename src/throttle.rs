@@ -113,6 +113,31 @@ pub(crate) fn spent(
     })
 }
 
+/// The vendor refused a request the lane released at `released`: a 429
+/// (or GitHub's throttling 403), or a final answer with nothing left that
+/// the lane's releases don't explain. The lane learns the quota the vendor
+/// really allows (see `Gate::refused`), so one refusal, not one per
+/// window, tells a lane declared too fast.
+pub(crate) fn refused(lane: &Lane, status: StatusCode, signals: &Signals, released: Instant) {
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        // An overloaded vendor, not a quota.
+        return;
+    }
+    if status.is_success() && signals.request_limit().is_none() {
+        // "Nothing left" without a limit: somebody else may have spent it;
+        // the pause answers it, and only a refusal teaches.
+        return;
+    }
+    if let Some(learned) = lane.refused(signals.request_limit(), released) {
+        tracing::warn!(
+            lane = lane.key(),
+            declared = ?lane.policy().request_rate(),
+            ?learned,
+            "the vendor refused the lane below its declared quota; the lane keeps to what it accepted"
+        );
+    }
+}
+
 /// True when every exhausted limit counts requests, says its size, and
 /// `explains(limit, used)` (the lane's ledger) accounts for it. A token
 /// limit is always news: the lane's cost is an estimate until settled.

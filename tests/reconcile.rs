@@ -68,3 +68,45 @@ async fn a_quota_spent_by_someone_else_pauses_the_lane_before_a_429() {
     assert_eq!(vendor.throttled(), 0);
     assert!(vendor.max_in_any_window(SECOND) <= 10);
 }
+
+/// Told 15/s at a vendor that really allows 10/s: the first refusal
+/// teaches the lane the real quota, so it loses one window, not one per
+/// window. From a gateway stating its limit (the lane keeps to it before
+/// any 429), and from a vendor saying nothing but a bare 429 (the lane
+/// keeps to what the vendor accepted before refusing).
+#[tokio::test(start_paused = true)]
+async fn a_lane_declared_too_fast_learns_the_real_quota_from_the_first_refusal() {
+    for silent in [false, true] {
+        let mut vendor = Vendor::strict(10, SECOND);
+        if silent {
+            vendor = vendor.silent();
+        }
+        let vendor = vendor.start().await;
+        let shaper = shaper(15).build().unwrap();
+        for outcome in burst(&shaper, &vendor.uri(), 60).await {
+            assert_eq!(outcome.unwrap().status(), 200);
+        }
+        let accepted: Vec<Duration> = vendor
+            .arrivals()
+            .iter()
+            .filter(|a| a.status == 200)
+            .map(|a| a.at)
+            .collect();
+        // After the first window and its pause, 50 requests at 10/s: 49
+        // intervals of 100.5 ms; at least 90 % of the quota means at most
+        // 5.47 s.
+        let rest = accepted[59] - accepted[10];
+        let throttled = vendor.throttled();
+        assert!(throttled <= 2, "silent: {silent}: {throttled} × 429");
+        assert!(
+            rest <= Duration::from_millis(5_470),
+            "silent: {silent}: {rest:?}"
+        );
+        assert!(vendor.max_in_any_window(SECOND) <= 11, "silent: {silent}");
+        assert_eq!(
+            shaper.lanes()[0].learned,
+            Some(callshaper::Rate::new(10, SECOND)),
+            "silent: {silent}"
+        );
+    }
+}

@@ -235,10 +235,11 @@ async fn the_retry_budget_bounds_the_load_on_a_failing_vendor() {
 }
 
 /// A vendor that says nothing but a bare 429 and really allows 2/3 of
-/// what the client was told: adaptive pacing finds the real rate and is
-/// throttled far less often than a fixed-rate lane.
+/// what the client was told: the first refusal teaches the lane what the
+/// vendor accepted, with or without adaptive pacing, so 300 requests meet
+/// one or two 429s, not one per window.
 #[tokio::test(start_paused = true)]
-async fn adaptive_pacing_spends_fewer_throttles_on_a_silent_vendor() {
+async fn a_silent_vendor_costs_one_refusal_with_or_without_adaptive_pacing() {
     let mut throttles = Vec::new();
     for adaptive in [false, true] {
         let vendor = Vendor::strict(10, SECOND).silent().start().await;
@@ -254,7 +255,7 @@ async fn adaptive_pacing_spends_fewer_throttles_on_a_silent_vendor() {
     }
     let (fixed, adaptive) = (throttles[0], throttles[1]);
     assert!(
-        adaptive * 2 < fixed,
+        fixed <= 2 && adaptive <= 2,
         "fixed-rate lane: {fixed} 429s, adaptive: {adaptive}"
     );
 }

@@ -442,6 +442,15 @@ impl Lane {
         learned
     }
 
+    /// The vendor refused a request released at `released`; see
+    /// [`Gate::refused`]. The quota learned, if the pace changed.
+    pub(crate) fn refused(&self, limit: Option<u64>, released: Instant) -> Option<Rate> {
+        let learned = self.shared.vendor().refused(limit, released)?;
+        let per_second = f64::from(learned.count) / learned.per.as_secs_f64();
+        self.shared.metrics.learned(per_second);
+        Some(learned)
+    }
+
     /// A failed request is tried again.
     pub(crate) fn retried(&self) {
         self.shared.metrics.retried();

@@ -397,6 +397,16 @@ impl Meters {
         }
     }
 
+    /// Releases at or after `since` and before `until`, and the first of
+    /// them (`None` when no quota counts requests).
+    pub(crate) fn released_between(
+        &self,
+        since: Instant,
+        until: Instant,
+    ) -> Option<(u64, Option<Instant>)> {
+        self.releases.as_ref().map(|r| r.between(since, until))
+    }
+
     /// Releases at or after `since`, within the longest request window
     /// (`None` when no quota counts requests).
     pub(crate) fn released_since(&self, since: Instant) -> Option<u64> {

@@ -40,6 +40,15 @@ impl Releases {
         self.at.push_back(now);
     }
 
+    /// Releases at or after `since` and before `until`, and the first of
+    /// them.
+    pub(crate) fn between(&self, since: Instant, until: Instant) -> (u64, Option<Instant>) {
+        let mut inside = self.at.iter().filter(|&&at| at >= since && at < until);
+        let first = inside.next().copied();
+        let count = u64::try_from(inside.count()).unwrap_or(u64::MAX);
+        (count + u64::from(first.is_some()), first)
+    }
+
     /// Releases at or after `since`; a full ledger counts as "all it can
     /// hold".
     pub(crate) fn since(&self, since: Instant) -> u64 {
@@ -62,6 +71,11 @@ mod tests {
         }
         assert_eq!(releases.since(t0), 5);
         assert_eq!(releases.since(t0 + ms(250)), 2);
+        assert_eq!(
+            releases.between(t0 + ms(50), t0 + ms(400)),
+            (3, Some(t0 + ms(100)))
+        );
+        assert_eq!(releases.between(t0 + ms(450), t0 + ms(900)), (0, None));
         releases.record(t0 + ms(1_150));
         // The first two left the window; the rest still count.
         assert_eq!(releases.since(t0), 4);

@@ -89,6 +89,9 @@ impl Shaper {
                     lane.succeeded();
                     if let Some(pause) = throttle::spent(&lane, &signals, charged_at, headroom) {
                         lane.pause_for(pause.padded);
+                        if let Ok(response) = &outcome {
+                            throttle::refused(&lane, response.status(), &signals, charged_at);
+                        }
                         tracing::info!(
                             lane = lane.key(),
                             reset = ?pause.asked,
@@ -102,6 +105,7 @@ impl Shaper {
                     throttles += 1;
                     let pause = throttle::throttled(&lane, &signals, headroom);
                     lane.pause_for(pause.padded);
+                    throttle::refused(&lane, response.status(), &signals, charged_at);
                     tracing::warn!(
                         lane = lane.key(),
                         status = response.status().as_u16(),

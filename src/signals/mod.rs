@@ -161,6 +161,16 @@ impl Signals {
             .any(|l| l.remaining == Some(0) && l.dimension != Dimension::Tokens)
     }
 
+    /// The smallest request limit the vendor stated, if any (a token
+    /// limit is not one).
+    pub fn request_limit(&self) -> Option<u64> {
+        self.limits
+            .iter()
+            .filter(|l| matches!(l.dimension, Dimension::Requests | Dimension::Policy(_)))
+            .filter_map(|l| l.limit)
+            .min()
+    }
+
     /// When to come back: the explicit hint, else the reset of an exhausted
     /// limit.
     pub fn pause_hint(&self) -> Option<Duration> {

@@ -3,7 +3,7 @@
 //! Two kinds of trouble, handled at two depths (which answer is which is
 //! decided in one place, the crate's `throttle` module):
 //!
-//! - **Throttles** (429, 503, and a 403 that carries `Retry-After` or a
+//! - **Throttles** (429, 503, 529, and a 403 that carries `Retry-After` or a
 //!   used-up request limit, as GitHub sends): the vendor says the *lane* is
 //!   too fast. The
 //!   whole lane pauses (see [`Lane::pause_for`](crate::lane)); the request
@@ -43,7 +43,7 @@ pub struct RetryPolicy {
     /// Sends allowed for a request that keeps failing (500, 502, 504, 408,
     /// transport errors), the first one included.
     pub max_attempts: u32,
-    /// Throttled answers (429, 503) one request may receive before it gives
+    /// Throttled answers (429, 503, 529) one request may receive before it gives
     /// up with [`Error::RetriesExhausted`](crate::Error::RetriesExhausted).
     pub max_throttles: u32,
     /// Exponential backoff between failed attempts of one request.

@@ -9,7 +9,7 @@
 //! says for how long and why ([`Pause`], [`Cause`]); the request's loop
 //! (`shaper/call.rs`) applies it.
 //!
-//! - **Throttles:** 429 and 503, and a 403 that carries `Retry-After` or a
+//! - **Throttles:** 429, 503 and 529, and a 403 that carries `Retry-After` or a
 //!   used-up request limit (as GitHub sends). The pause is the vendor's
 //!   hint plus the headroom (the vendor's clock and ours are not the same
 //!   clock), else the vendor gate's fallback, which grows with each
@@ -47,9 +47,16 @@ pub(crate) enum Verdict {
     Failed,
 }
 
-/// Statuses that mean "the lane is too fast".
+/// Statuses that mean "the lane is too fast": 429, and the overloaded
+/// vendor's 503 and 529 (Anthropic's "overloaded").
 pub(crate) fn is_throttle(status: StatusCode) -> bool {
-    status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE
+    status == StatusCode::TOO_MANY_REQUESTS || is_overload(status)
+}
+
+/// A vendor that is overloaded, not a quota the lane is over: it pauses
+/// the lane but teaches it no quota.
+fn is_overload(status: StatusCode) -> bool {
+    status == StatusCode::SERVICE_UNAVAILABLE || status.as_u16() == 529
 }
 
 /// What to do with a response, from its status and what its headers said.
@@ -119,8 +126,7 @@ pub(crate) fn spent(
 /// really allows (see `Gate::refused`), so one refusal, not one per
 /// window, tells a lane declared too fast.
 pub(crate) fn refused(lane: &Lane, status: StatusCode, signals: &Signals, released: Instant) {
-    if status == StatusCode::SERVICE_UNAVAILABLE {
-        // An overloaded vendor, not a quota.
+    if is_overload(status) {
         return;
     }
     if status.is_success() && signals.request_limit().is_none() {
@@ -182,6 +188,8 @@ mod tests {
         let verdict = |status| classify(status, &none);
         assert_eq!(verdict(StatusCode::TOO_MANY_REQUESTS), Verdict::Throttled);
         assert_eq!(verdict(StatusCode::SERVICE_UNAVAILABLE), Verdict::Throttled);
+        let overloaded = StatusCode::from_u16(529).unwrap();
+        assert_eq!(verdict(overloaded), Verdict::Throttled, "Anthropic's overload");
         assert_eq!(verdict(StatusCode::BAD_GATEWAY), Verdict::Failed);
         assert_eq!(verdict(StatusCode::NOT_IMPLEMENTED), Verdict::Done);
         assert_eq!(verdict(StatusCode::FORBIDDEN), Verdict::Done, "a plain 403");

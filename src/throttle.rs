@@ -189,7 +189,11 @@ mod tests {
         assert_eq!(verdict(StatusCode::TOO_MANY_REQUESTS), Verdict::Throttled);
         assert_eq!(verdict(StatusCode::SERVICE_UNAVAILABLE), Verdict::Throttled);
         let overloaded = StatusCode::from_u16(529).unwrap();
-        assert_eq!(verdict(overloaded), Verdict::Throttled, "Anthropic's overload");
+        assert_eq!(
+            verdict(overloaded),
+            Verdict::Throttled,
+            "Anthropic's overload"
+        );
         assert_eq!(verdict(StatusCode::BAD_GATEWAY), Verdict::Failed);
         assert_eq!(verdict(StatusCode::NOT_IMPLEMENTED), Verdict::Done);
         assert_eq!(verdict(StatusCode::FORBIDDEN), Verdict::Done, "a plain 403");

@@ -47,7 +47,9 @@ fn openai(headers: &HeaderMap, _now: SystemTime, signals: &mut Signals) {
         let limit = get("limit").and_then(integer);
         let remaining = get("remaining").and_then(integer);
         let reset = get("reset").and_then(go_duration);
-        fill(signals, dimension, limit, remaining, reset);
+        if fill(signals, dimension.clone(), limit, remaining, reset) {
+            refills(signals, &dimension);
+        }
     }
 }
 
@@ -64,7 +66,21 @@ fn anthropic(headers: &HeaderMap, now: SystemTime, signals: &mut Signals) {
         let limit = get("limit").and_then(integer);
         let remaining = get("remaining").and_then(integer);
         let reset = get("reset").and_then(|v| rfc3339(v, now));
-        fill(signals, dimension, limit, remaining, reset);
+        if fill(signals, dimension.clone(), limit, remaining, reset) {
+            refills(signals, &dimension);
+        }
+    }
+}
+
+/// The limit of `dimension`, if read, is a token bucket: its reset is when
+/// it is full again.
+fn refills(signals: &mut Signals, dimension: &Dimension) {
+    if let Some(limit) = signals
+        .limits
+        .iter_mut()
+        .find(|l| l.dimension == *dimension)
+    {
+        limit.refills = true;
     }
 }
 
@@ -125,18 +141,20 @@ fn shopify(headers: &HeaderMap, _now: SystemTime, signals: &mut Signals) {
     entry.remaining = Some(capacity.saturating_sub(used));
 }
 
+/// Merge what a dialect read of one limit; false when it read nothing.
 fn fill(
     signals: &mut Signals,
     dimension: Dimension,
     limit: Option<u64>,
     remaining: Option<u64>,
     reset: Option<Duration>,
-) {
+) -> bool {
     if limit.is_none() && remaining.is_none() && reset.is_none() {
-        return;
+        return false;
     }
     let entry = signals.limit_mut(dimension);
     entry.limit = limit.or(entry.limit);
     entry.remaining = remaining.or(entry.remaining);
     entry.reset = reset.or(entry.reset);
+    true
 }

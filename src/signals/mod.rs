@@ -78,6 +78,12 @@ pub struct Limit {
     pub reset: Option<Duration>,
     /// The window the quota is counted over, when the vendor says so.
     pub window: Option<Duration>,
+    /// The reset is when the limit is *whole* again, and it refills unit by
+    /// unit before that (a token bucket: OpenAI, Anthropic). With nothing
+    /// left, the next unit comes after about `reset / limit`, not `reset`.
+    /// False when the reset is a window's end or the next unit (GitHub,
+    /// gateways, IETF `t`).
+    pub refills: bool,
 }
 
 impl Limit {
@@ -88,6 +94,17 @@ impl Limit {
             remaining: None,
             reset: None,
             window: None,
+            refills: false,
+        }
+    }
+
+    /// How long until the vendor accepts again, with nothing left: the
+    /// reset, or one unit's share of it for a limit that refills.
+    fn next_unit(&self) -> Option<Duration> {
+        let reset = self.reset?;
+        match self.limit.filter(|&limit| self.refills && limit > 1) {
+            Some(limit) => Some(reset / u32::try_from(limit).unwrap_or(u32::MAX)),
+            None => Some(reset),
         }
     }
 }
@@ -143,13 +160,16 @@ impl Signals {
             .and_then(|l| l.remaining)
     }
 
-    /// The longest reset among limits with nothing left: until then the
-    /// vendor will refuse us, whatever the status of this response.
+    /// How long the vendor will refuse us, whatever the status of this
+    /// response: the longest wait among limits with nothing left, each the
+    /// reset, or for a limit that [`refills`](Limit::refills), one unit's
+    /// share of it (OpenAI's "6m0s" token reset does not mean six idle
+    /// minutes).
     pub fn exhausted_for(&self) -> Option<Duration> {
         self.limits
             .iter()
             .filter(|l| l.remaining == Some(0))
-            .filter_map(|l| l.reset)
+            .filter_map(Limit::next_unit)
             .max()
     }
 
@@ -356,6 +376,20 @@ mod tests {
             remaining,
             reset,
             window: None,
+            refills: false,
+        }
+    }
+
+    /// A limit of a token bucket (OpenAI, Anthropic).
+    fn refilling(
+        dimension: Dimension,
+        limit_: Option<u64>,
+        remaining: Option<u64>,
+        reset: Option<Duration>,
+    ) -> Limit {
+        Limit {
+            refills: true,
+            ..limit(dimension, limit_, remaining, reset)
         }
     }
 
@@ -441,8 +475,8 @@ mod tests {
                 Signals {
                     retry_after: None,
                     limits: vec![
-                        limit(Dimension::Requests, Some(60), Some(59), Some(secs(1))),
-                        limit(
+                        refilling(Dimension::Requests, Some(60), Some(59), Some(secs(1))),
+                        refilling(
                             Dimension::Tokens,
                             Some(150_000),
                             Some(149_984),
@@ -462,13 +496,13 @@ mod tests {
                 Signals {
                     retry_after: Some(Duration::from_millis(1500)),
                     limits: vec![
-                        limit(
+                        refilling(
                             Dimension::Requests,
                             None,
                             Some(0),
                             Some(Duration::from_millis(1500)),
                         ),
-                        limit(
+                        refilling(
                             Dimension::Tokens,
                             None,
                             None,
@@ -501,14 +535,14 @@ mod tests {
                 Signals {
                     retry_after: Some(secs(20)),
                     limits: vec![
-                        limit(Dimension::Requests, Some(50), Some(0), Some(secs(820))),
-                        limit(
+                        refilling(Dimension::Requests, Some(50), Some(0), Some(secs(820))),
+                        refilling(
                             Dimension::InputTokens,
                             Some(40_000),
                             Some(39_000),
                             Some(Duration::from_millis(500)),
                         ),
-                        limit(Dimension::OutputTokens, None, None, Some(Duration::ZERO)),
+                        refilling(Dimension::OutputTokens, None, None, Some(Duration::ZERO)),
                     ],
                 },
             ),
@@ -608,6 +642,32 @@ mod tests {
         assert_eq!(signals.exhausted_for(), Some(Duration::from_secs(2)));
         assert_eq!(signals.pause_hint(), Some(Duration::from_secs(2)));
         assert!(!signals.requests_exhausted(), "only tokens ran out");
+    }
+
+    /// Anthropic at 50 RPM with nothing left and its bucket full again in
+    /// 60 s: the next request goes in 1.2 s, not 60 s.
+    #[test]
+    fn a_refilling_limit_waits_for_one_unit_not_the_full_reset() {
+        let signals = Signals {
+            retry_after: None,
+            limits: vec![refilling(
+                Dimension::Requests,
+                Some(50),
+                Some(0),
+                Some(Duration::from_secs(60)),
+            )],
+        };
+        assert_eq!(signals.exhausted_for(), Some(Duration::from_millis(1_200)));
+        let window_end = Signals {
+            retry_after: None,
+            limits: vec![limit(
+                Dimension::Requests,
+                Some(50),
+                Some(0),
+                Some(Duration::from_secs(60)),
+            )],
+        };
+        assert_eq!(window_end.exhausted_for(), Some(Duration::from_secs(60)));
     }
 
     #[test]

@@ -235,16 +235,24 @@ impl Gate {
 
     /// The vendor refused a request this gate released at `released` (a
     /// 429, or "nothing left" its releases don't explain), saying its
-    /// limit is `limit` if it did. Learn the quota the vendor really
+    /// limit is `limit` and its reset `reset` if it did. Learn the quota the vendor really
     /// allows: its limit, else the releases it accepted in the window
     /// before the refusal (those since the previous refusal, if one was in
     /// the window), over the declared window; never faster than the pace
-    /// already kept. Only a refusal late enough in the window
-    /// tells the vendor's window is the declared one: one early in it
-    /// (a lane declared 1,000 a minute against a vendor counting 10 a
-    /// second) says its window is shorter, and the pause until its reset
-    /// is the answer. The quota learned, if the pace changed.
-    pub(crate) fn refused(&self, limit: Option<u64>, released: Instant) -> Option<Rate> {
+    /// already kept. Only a vendor whose window looks like the declared one
+    /// teaches: its reset between a quarter of the window and the window
+    /// (give or take a rounded-up second), or without a reset, a refusal at
+    /// least a quarter into the lane's window. A lane declared 1,000 a
+    /// minute against a vendor counting 10 a second hears a reset of a
+    /// second, and one declared 10 a second against 3 per 2 s hears two:
+    /// the vendor's window is not the declared one, and the pause until
+    /// its reset is the answer. The quota learned, if the pace changed.
+    pub(crate) fn refused(
+        &self,
+        limit: Option<u64>,
+        reset: Option<Duration>,
+        released: Instant,
+    ) -> Option<Rate> {
         let declared = self.request_rate?;
         let window = declared.per.saturating_add(self.headroom);
         let mut since = released.checked_sub(window).unwrap_or(released);
@@ -262,7 +270,14 @@ impl Gate {
         if count == 0 || count >= u64::from(pace.count) {
             return None;
         }
-        if released.saturating_duration_since(first?) < window / 4 {
+        let looks_declared = match reset {
+            Some(reset) => {
+                let rounding = (window / 10).min(Duration::from_secs(1));
+                reset >= window / 4 && reset <= window.saturating_add(rounding)
+            }
+            None => released.saturating_duration_since(first?) >= window / 4,
+        };
+        if !looks_declared {
             return None;
         }
         let rate = Rate::new(u32::try_from(count).ok()?, declared.per);

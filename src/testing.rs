@@ -26,9 +26,12 @@
 
 #[cfg(feature = "redis")]
 mod redis;
+mod style;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisCluster, RedisServer};
+pub use self::style::Style;
+use self::style::{Said, epoch_secs_after};
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -130,7 +133,7 @@ struct State {
     log: Vec<Arrival>,
     forced: Option<(Instant, RetryAfter)>,
     announce_policy: bool,
-    silent: bool,
+    style: Style,
 }
 
 impl Quota {
@@ -200,23 +203,27 @@ impl Quota {
         }
     }
 
-    /// `x-ratelimit-reset` as gateways send it: whole seconds rounded up
-    /// until the oldest request leaves the sliding window, or the bucket is
-    /// full; a fixed window's end as an epoch second, as GitHub does.
-    fn reset(&self, now: Instant, start: Instant) -> u64 {
-        let until = match &self.counting {
+    /// What the vendor says of this quota: until the oldest request
+    /// leaves the sliding window, the fixed window ends, or the bucket is
+    /// full again.
+    fn said(&self, now: Instant, start: Instant) -> Said {
+        let reset = match &self.counting {
             Counting::Sliding(accepted) => accepted.front().map_or(Duration::ZERO, |&(at, _)| {
                 (at + self.window).saturating_duration_since(now)
             }),
-            Counting::Fixed(..) => {
-                return epoch_secs_after(window_end(start, self.window, now) - now);
-            }
+            Counting::Fixed(..) => window_end(start, self.window, now) - now,
             Counting::Bucket(tokens, _, per_second) => {
                 let missing = (self.limit as f64 - tokens).max(0.0);
                 Duration::from_secs_f64(missing / per_second)
             }
         };
-        until.as_secs() + u64::from(until.subsec_nanos() > 0)
+        Said {
+            limit: self.limit,
+            remaining: self.remaining(),
+            window: self.window,
+            reset,
+            fixed: matches!(self.counting, Counting::Fixed(..)),
+        }
     }
 
     fn remaining(&self) -> u64 {
@@ -272,6 +279,56 @@ impl Vendor {
         })
     }
 
+    /// A generic API gateway: a strict sliding window, speaking
+    /// [`Style::Gateway`] (the same as [`strict`](Self::strict)).
+    pub fn gateway(limit: usize, window: Duration) -> Self {
+        Self::strict(limit, window)
+    }
+
+    /// GitHub's REST API: `limit` per fixed `window` (5,000 an hour for a
+    /// user), refused with a 403 ([`Style::GitHub`]).
+    pub fn github(limit: usize, window: Duration) -> Self {
+        Self::fixed_window(limit, window).speaking(Style::GitHub)
+    }
+
+    /// OpenAI: `rpm` requests a minute, replenished continuously (a bucket
+    /// of `rpm` refilled `rpm` a minute), speaking [`Style::OpenAi`].
+    pub fn openai(rpm: u32) -> Self {
+        let minute = Duration::from_secs(60);
+        Self::token_bucket(rpm as usize, rpm, minute).speaking(Style::OpenAi)
+    }
+
+    /// Anthropic: `rpm` requests a minute as a token bucket, speaking
+    /// [`Style::Anthropic`].
+    pub fn anthropic(rpm: u32) -> Self {
+        let minute = Duration::from_secs(60);
+        Self::token_bucket(rpm as usize, rpm, minute).speaking(Style::Anthropic)
+    }
+
+    /// A vendor following the IETF draft: `limit` per fixed `window`,
+    /// speaking [`Style::Ietf`].
+    pub fn ietf(limit: usize, window: Duration) -> Self {
+        Self::fixed_window(limit, window).speaking(Style::Ietf)
+    }
+
+    /// Shopify's REST Admin API: a leaky bucket of 40 leaking 2 a second,
+    /// speaking [`Style::Shopify`].
+    pub fn shopify() -> Self {
+        Self::token_bucket(40, 2, Duration::from_secs(1)).speaking(Style::Shopify)
+    }
+
+    /// Discord: `limit` per fixed `window` per bucket, speaking
+    /// [`Style::Discord`].
+    pub fn discord(limit: usize, window: Duration) -> Self {
+        Self::fixed_window(limit, window).speaking(Style::Discord)
+    }
+
+    /// Stripe: a strict sliding window that says nothing, a bare 429
+    /// ([`Style::Silent`]).
+    pub fn stripe(limit: usize, window: Duration) -> Self {
+        Self::strict(limit, window).silent()
+    }
+
     /// A vendor with one quota, counting as `counting` (given the vendor's
     /// start) says.
     fn with(limit: usize, window: Duration, counting: impl FnOnce(Instant) -> Counting) -> Self {
@@ -293,7 +350,7 @@ impl Vendor {
                     log: Vec::new(),
                     forced: None,
                     announce_policy: false,
-                    silent: false,
+                    style: Style::Gateway,
                 }),
             }),
             server: None,
@@ -323,7 +380,12 @@ impl Vendor {
     /// Say nothing about the quota, as Stripe does: no rate-limit headers
     /// on any answer, and a bare 429 without `Retry-After`.
     pub fn silent(self) -> Self {
-        self.state().silent = true;
+        self.speaking(Style::Silent)
+    }
+
+    /// Speak like `style` (by default a [`Style::Gateway`]).
+    pub fn speaking(self, style: Style) -> Self {
+        self.state().style = style;
         self
     }
 
@@ -452,34 +514,16 @@ impl Respond for Vendor {
             .zip(&costs)
             .filter_map(|(q, &c)| q.check(c, now, start).err())
             .max();
-        let first = &state.quotas[0];
-        let limit = first.limit.to_string();
         let (status, mut template) = match (forced, refused) {
             (Some(hint), _) => (429, with_hint(ResponseTemplate::new(429), &hint)),
-            (None, Some(_)) if state.silent => (429, ResponseTemplate::new(429)),
-            (None, Some(wait)) => {
-                let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
-                let template = ResponseTemplate::new(429)
-                    .insert_header("retry-after", secs.to_string())
-                    .insert_header("x-ratelimit-limit", limit)
-                    .insert_header("x-ratelimit-remaining", "0")
-                    .insert_header("x-ratelimit-reset", epoch_secs_after(wait).to_string());
-                (429, template)
-            }
-            (None, None) => {
-                for (quota, &c) in state.quotas.iter_mut().zip(&costs) {
-                    quota.charge(c, now);
+            (None, refused) => {
+                if refused.is_none() {
+                    for (quota, &c) in state.quotas.iter_mut().zip(&costs) {
+                        quota.charge(c, now);
+                    }
                 }
-                let first = &state.quotas[0];
-                let mut template = ResponseTemplate::new(200);
-                if !state.silent {
-                    let reset = first.reset(now, start).to_string();
-                    template = template
-                        .insert_header("x-ratelimit-limit", limit)
-                        .insert_header("x-ratelimit-remaining", first.remaining().to_string())
-                        .insert_header("x-ratelimit-reset", reset);
-                }
-                (200, template)
+                let said = state.quotas[0].said(now, start);
+                state.style.answer(&said, refused)
             }
         };
         if state.announce_policy {
@@ -520,15 +564,6 @@ fn with_hint(template: ResponseTemplate, hint: &RetryAfter) -> ResponseTemplate 
         RetryAfter::Raw(raw) => template.insert_header("retry-after", raw.as_str()),
         RetryAfter::Omitted => template,
     }
-}
-
-/// The wall-clock epoch second `after` from now (rounded up), as GitHub's
-/// `x-ratelimit-reset` gives it.
-fn epoch_secs_after(after: Duration) -> u64 {
-    let reset = SystemTime::now() + after;
-    reset
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() + u64::from(d.subsec_nanos() > 0))
 }
 
 /// A [`Transport`] that keeps tokio's paused test clock still while an

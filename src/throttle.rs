@@ -134,7 +134,8 @@ pub(crate) fn refused(lane: &Lane, status: StatusCode, signals: &Signals, releas
         // the pause answers it, and only a refusal teaches.
         return;
     }
-    if let Some(learned) = lane.refused(signals.request_limit(), released) {
+    let (limit, reset) = (signals.request_limit(), signals.request_reset());
+    if let Some(learned) = lane.refused(limit, reset, released) {
         tracing::warn!(
             lane = lane.key(),
             declared = ?lane.policy().request_rate(),

@@ -444,8 +444,13 @@ impl Lane {
 
     /// The vendor refused a request released at `released`; see
     /// [`Gate::refused`]. The quota learned, if the pace changed.
-    pub(crate) fn refused(&self, limit: Option<u64>, released: Instant) -> Option<Rate> {
-        let learned = self.shared.vendor().refused(limit, released)?;
+    pub(crate) fn refused(
+        &self,
+        limit: Option<u64>,
+        reset: Option<Duration>,
+        released: Instant,
+    ) -> Option<Rate> {
+        let learned = self.shared.vendor().refused(limit, reset, released)?;
         let per_second = f64::from(learned.count) / learned.per.as_secs_f64();
         self.shared.metrics.learned(per_second);
         Some(learned)

@@ -377,6 +377,9 @@ pub(crate) struct Meters {
     last: Option<Instant>,
     /// Releases over the request quota's window, when there is one.
     releases: Option<Releases>,
+    /// Lateness a pace forgives (half the headroom, as the declared
+    /// buckets).
+    slack: Duration,
 }
 
 impl Meters {
@@ -394,6 +397,7 @@ impl Meters {
             pace: None,
             last: None,
             releases,
+            slack: headroom / 2,
         }
     }
 
@@ -499,7 +503,7 @@ impl Meters {
             (None, pace) => *pace = None,
             (Some(interval), Some(pace)) => pace.set_interval(interval),
             (Some(interval), pace @ None) => {
-                let mut bucket = LeakyBucket::with_interval(interval);
+                let mut bucket = LeakyBucket::with_interval(interval, self.slack);
                 if let Some(last) = self.last {
                     bucket.commit(1, last);
                 }

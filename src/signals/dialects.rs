@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime};
 
 use reqwest::header::HeaderMap;
 
-use super::formats::{epoch_or_delta, go_duration, integer, rfc3339, sf_list};
+use super::formats::{epoch_or_delta, go_duration, integer, number, rfc3339, seconds, sf_list};
 use super::{Dimension, Signals, retry_after};
 
 pub(super) type Reader = fn(&HeaderMap, SystemTime, &mut Signals);
@@ -26,13 +26,18 @@ fn retry_after_dialects(headers: &HeaderMap, now: SystemTime, signals: &mut Sign
     }
 }
 
-/// GitHub (`x-ratelimit-*`) and X (`x-rate-limit-*`): reset in epoch seconds.
+/// GitHub (`x-ratelimit-*`) and X (`x-rate-limit-*`): reset in epoch
+/// seconds. Discord adds `x-ratelimit-reset-after` (seconds with
+/// milliseconds), which needs no clock of ours and wins.
 fn github(headers: &HeaderMap, now: SystemTime, signals: &mut Signals) {
     for prefix in ["x-ratelimit", "x-rate-limit"] {
         let get = |field: &str| headers.get(format!("{prefix}-{field}").as_str());
         let limit = get("limit").and_then(integer);
         let remaining = get("remaining").and_then(integer);
-        let reset = get("reset").and_then(|v| epoch_or_delta(v, now));
+        let reset = get("reset-after")
+            .and_then(number)
+            .map(seconds)
+            .or_else(|| get("reset").and_then(|v| epoch_or_delta(v, now)));
         fill(signals, Dimension::Requests, limit, remaining, reset);
     }
 }

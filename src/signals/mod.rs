@@ -11,7 +11,7 @@
 //! | OpenAI and others | `retry-after-ms` | milliseconds |
 //! | AWS | `x-amz-retry-after` | milliseconds |
 //! | gRPC | `grpc-retry-pushback-ms` | milliseconds |
-//! | GitHub, X | `x-ratelimit-{limit,remaining,reset,used}`, X's `x-rate-limit-*` | reset = epoch seconds (a small value is read as seconds from now) |
+//! | GitHub, X, Discord | `x-ratelimit-{limit,remaining,reset,used}`, X's `x-rate-limit-*`, Discord's `x-ratelimit-reset-after` | reset = epoch seconds (a small value is read as seconds from now); reset-after = seconds with milliseconds |
 //! | OpenAI | `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` | reset = a duration such as `6m0s`, `1.5s`, `17ms` |
 //! | Anthropic | `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}` | reset = RFC 3339 timestamp |
 //! | IETF httpapi draft | `RateLimit-Policy: "p";q=100;w=60`, `RateLimit: "p";r=50;t=30`, and the older `RateLimit-Limit/-Remaining/-Reset` | structured fields; `t` = seconds until reset |
@@ -184,11 +184,19 @@ impl Signals {
     /// The smallest request limit the vendor stated, if any (a token
     /// limit is not one).
     pub fn request_limit(&self) -> Option<u64> {
+        self.request_limits().filter_map(|l| l.limit).min()
+    }
+
+    /// The longest reset of a request limit, as the vendor stated it (a
+    /// window's end, or a bucket full again).
+    pub fn request_reset(&self) -> Option<Duration> {
+        self.request_limits().filter_map(|l| l.reset).max()
+    }
+
+    fn request_limits(&self) -> impl Iterator<Item = &Limit> {
         self.limits
             .iter()
             .filter(|l| matches!(l.dimension, Dimension::Requests | Dimension::Policy(_)))
-            .filter_map(|l| l.limit)
-            .min()
     }
 
     /// When to come back: the explicit hint, else the reset of an exhausted

@@ -72,6 +72,21 @@ pub enum Error {
         max_pause: Duration,
     },
 
+    /// The vendor said the account is out of credit or past a spending cap
+    /// (OpenAI's `insufficient_quota`): no pause brings that back. This
+    /// request, every one waiting in the vendor's lanes, and every new one
+    /// for the next `max_pause` end with this at once; then one request
+    /// goes to see whether credit is back.
+    #[error("vendor refused lane `{lane}`: out of credit ({status}): {body}")]
+    OutOfCredit {
+        /// The lane that was refused.
+        lane: String,
+        /// The vendor's status.
+        status: StatusCode,
+        /// The vendor's answer, at most its first 4 KiB.
+        body: String,
+    },
+
     /// The vendor kept answering with a retryable status until the retry
     /// limits ran out.
     #[error("gave up after {attempts} attempts; last status {last_status}")]

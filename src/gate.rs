@@ -15,7 +15,7 @@
 //! lane that shares it.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -66,6 +66,20 @@ pub(crate) struct Gate {
     turn: Arc<Notify>,
     /// Where a shared gate is registered, to leave the map when dropped.
     registry: Option<(Weak<GateMap>, String)>,
+    /// The vendor said no pause helps (out of credit): until then, every
+    /// request ends at once. The flag spares the hot path a lock.
+    stopped: Mutex<Option<(Instant, Arc<Stop>)>>,
+    is_stopped: AtomicBool,
+    /// Wakes the dispatchers of every lane under this gate when it stops,
+    /// so their waiting requests end within the round trip that said so.
+    stopping: Notify,
+}
+
+/// Why a gate refuses everything for a while, as the vendor said it.
+#[derive(Debug)]
+pub(crate) struct Stop {
+    pub(crate) status: u16,
+    pub(crate) body: String,
 }
 
 /// A lane waiting at a gate: since when, and which lane.
@@ -123,6 +137,38 @@ impl Gate {
             queue: Mutex::new(BTreeSet::new()),
             turn: Arc::new(Notify::new()),
             registry,
+            stopped: Mutex::new(None),
+            is_stopped: AtomicBool::new(false),
+            stopping: Notify::new(),
+        }
+    }
+
+    /// Notified when the gate stops.
+    pub(crate) fn stopping(&self) -> &Notify {
+        &self.stopping
+    }
+
+    /// Refuse every request for `period` from now: the vendor said no pause
+    /// helps.
+    pub(crate) fn stop_for(&self, period: Duration, stop: Stop) {
+        *lock(&self.stopped) = Some((later(Instant::now(), period), Arc::new(stop)));
+        self.is_stopped.store(true, Ordering::Release);
+        self.stopping.notify_waiters();
+    }
+
+    /// Why the gate refuses everything now, if it does.
+    pub(crate) fn stopped(&self) -> Option<Arc<Stop>> {
+        if !self.is_stopped.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut stopped = lock(&self.stopped);
+        match &*stopped {
+            Some((until, stop)) if *until > Instant::now() => Some(stop.clone()),
+            _ => {
+                *stopped = None;
+                self.is_stopped.store(false, Ordering::Release);
+                None
+            }
         }
     }
 

@@ -153,3 +153,51 @@ async fn negative_or_past_hints_mean_now_and_end_at_max_throttles() {
         assert!(vendor.max_in_any_window(SECOND) <= 10);
     }
 }
+
+/// OpenAI's 429 for an account out of credit: no pause brings credit back.
+/// The request, everyone queued behind it and every new request end at
+/// once with a typed error; after `max_pause`, one request goes to see.
+#[tokio::test(start_paused = true)]
+async fn an_account_out_of_credit_ends_every_request_at_once() {
+    let server = wiremock::MockServer::start().await;
+    let body = r#"{"error":{"message":"You exceeded your current quota, please check your plan and billing details.","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}"#;
+    wiremock::Mock::given(wiremock::matchers::any())
+        .respond_with(
+            wiremock::ResponseTemplate::new(429)
+                .insert_header("content-type", "application/json")
+                .set_body_string(body),
+        )
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&server)
+        .await;
+    wiremock::Mock::given(wiremock::matchers::any())
+        .respond_with(wiremock::ResponseTemplate::new(200))
+        .mount(&server)
+        .await;
+    let shaper = shaper(1)
+        .max_pause(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let started = tokio::time::Instant::now();
+
+    let outcomes = burst(&shaper, &server.uri(), 5).await;
+
+    for outcome in &outcomes {
+        match outcome {
+            Err(Error::OutOfCredit { status, body, .. }) => {
+                assert_eq!(status.as_u16(), 429);
+                assert!(body.contains("insufficient_quota"));
+            }
+            other => panic!("expected OutOfCredit, got {other:?}"),
+        }
+    }
+    assert_eq!(started.elapsed(), Duration::ZERO, "all at once");
+    let later = shaper.get(server.uri()).send().await;
+    assert!(matches!(later, Err(Error::OutOfCredit { .. })), "{later:?}");
+    assert_eq!(server.received_requests().await.unwrap().len(), 1);
+
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    let after = shaper.get(server.uri()).send().await.unwrap();
+    assert_eq!(after.status(), 200, "credit back: served again");
+}

@@ -32,6 +32,10 @@ impl Lane {
         max_wait: Option<Duration>,
     ) -> Result<Place, Error> {
         let shared = &self.shared;
+        if let Some(stop) = shared.stopped() {
+            shared.metrics.refused();
+            return Err(shared.out_of_credit(&stop));
+        }
         let too_costly = shared.gates.iter().filter_map(|g| g.too_costly(cost)).min();
         if let Some(capacity) = too_costly {
             shared.metrics.refused();

@@ -17,6 +17,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 use super::queue::{Costed, Head, Queue};
 use super::release::{Blocked, Release, Step};
 use super::{Answer, OnIdle, Shared, Ticket, Turn};
+use crate::error::Error;
 
 /// A waiting ticket, as the dispatcher holds it.
 pub(super) struct Waiting {
@@ -92,6 +93,20 @@ impl<R: Release> Dispatcher<R> {
         while let Ok(ticket) = self.tickets.try_recv() {
             self.file(ticket);
         }
+        if !self.queue.is_empty()
+            && let Some(stop) = self.shared.stopped()
+        {
+            // The vendor said no pause helps: nobody waits for it.
+            self.engine.stand_down(&self.shared);
+            let shared = &self.shared;
+            let mut ready = Ready {
+                shared,
+                queue: &mut self.queue,
+                permit: None,
+            };
+            ready.refuse_all(|| shared.out_of_credit(&stop));
+            return true;
+        }
         // Retries whose backoff is over are filed by their old numbers. A
         // head held back is held back for them too, so only an otherwise
         // empty queue waits for the next backoff to end.
@@ -159,9 +174,27 @@ impl<R: Release> Dispatcher<R> {
         open
     }
 
-    /// Wait for `until`, but come back early when a ticket arrives: a
-    /// returning request may belong before the current head.
+    /// Wait for `until`, but come back early when a ticket arrives (a
+    /// returning request may belong before the current head) or the
+    /// vendor's gate stops (nobody waits any more).
     async fn or_new_ticket(&mut self, until: impl Future<Output = ()>) -> bool {
+        let shared = self.shared.clone();
+        let stopping = shared.vendor().stopping().notified();
+        let mut stopping = std::pin::pin!(stopping);
+        // Listening before looking: a stop between the two is not missed.
+        // An empty queue has nobody to end: it waits for tickets only.
+        let anyone = !self.queue.is_empty();
+        stopping.as_mut().enable();
+        if anyone && shared.stopped().is_some() {
+            return true;
+        }
+        let stopping = async {
+            if anyone {
+                stopping.await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
         tokio::select! {
             biased;
             ticket = self.tickets.recv() => match ticket {
@@ -171,6 +204,7 @@ impl<R: Release> Dispatcher<R> {
                 }
                 Err(_) => false,
             },
+            () = stopping => true,
             () = until => true,
         }
     }
@@ -185,6 +219,19 @@ pub(super) struct Ready<'a> {
 }
 
 impl Ready<'_> {
+    /// End everyone waiting with `error`, at once.
+    pub(super) fn refuse_all(&mut self, error: impl Fn() -> Error) {
+        let shared = self.shared;
+        for waiting in self.queue.drain() {
+            // Counted out by whoever ended it: here if the refusal reached
+            // its caller, else by the caller as it left.
+            if waiting.turn.send(Err(Box::new(error()))).is_ok() {
+                shared.waiting.fetch_sub(1, Ordering::SeqCst);
+                shared.metrics.refused();
+            }
+        }
+    }
+
     /// Hand `head` its turn, charged at `now`, and count it; false if its
     /// caller left (its ticket is gone either way).
     pub(super) fn hand(&mut self, head: Head, now: Instant) -> bool {

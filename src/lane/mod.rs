@@ -48,7 +48,7 @@ pub use self::policy::{LanePolicy, Priority};
 use self::release::{Local, Reserved};
 use self::waiter::Waiter;
 use crate::error::{ConfigError, Error};
-use crate::gate::Gate;
+use crate::gate::{Gate, Stop};
 use crate::meters::{Meters, Rate};
 use crate::observability::LaneMetrics;
 use crate::retry::RetryBudget;
@@ -170,6 +170,21 @@ impl Shared {
     /// The vendor's gate: the broadest level's.
     fn vendor(&self) -> &Gate {
         self.gates.last().map_or(&self.gates[0], |gate| gate)
+    }
+
+    /// Why the lane's gates refuse everything now, if one does.
+    fn stopped(&self) -> Option<Arc<Stop>> {
+        self.gates.iter().find_map(|gate| gate.stopped())
+    }
+
+    /// The error a stopped gate ends requests with.
+    fn out_of_credit(&self, stop: &Stop) -> Error {
+        Error::OutOfCredit {
+            lane: self.key.clone(),
+            status: reqwest::StatusCode::from_u16(stop.status)
+                .unwrap_or(reqwest::StatusCode::TOO_MANY_REQUESTS),
+            body: stop.body.clone(),
+        }
     }
 
     /// The latest pause in force at `now` among the lane's gates.
@@ -440,6 +455,18 @@ impl Lane {
             self.shared.metrics.learned(per_second);
         }
         learned
+    }
+
+    /// The vendor said no pause helps (out of credit): end every request
+    /// of the vendor's lanes at once for `max_pause`, then let one through
+    /// to see.
+    pub(crate) fn stop(&self, status: u16, body: String) -> Error {
+        let stop = Stop { status, body };
+        let error = self.shared.out_of_credit(&stop);
+        self.shared
+            .vendor()
+            .stop_for(self.shared.policy.max_pause, stop);
+        error
     }
 
     /// The vendor refused a request released at `released`; see

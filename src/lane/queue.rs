@@ -151,6 +151,11 @@ impl<T: Costed> Queue<T> {
         all
     }
 
+    /// True when nobody waits, backing off included.
+    pub(super) fn is_empty(&self) -> bool {
+        self.interactive.is_empty() && self.batch.is_empty() && self.deferred.is_empty()
+    }
+
     /// The class whose oldest request goes next.
     fn next_class(&self) -> Option<Priority> {
         match (self.interactive.is_empty(), self.batch.is_empty()) {

@@ -125,10 +125,15 @@ impl Shaper {
                     let Some(next) = spare else {
                         return Ok(response);
                     };
+                    let status = response.status();
+                    // Going again: the answer's body is ours to read.
+                    if let Some(error) = throttle::out_of_credit(&lane, response).await {
+                        return Err(error.into());
+                    }
                     if throttles >= policy.max_throttles {
                         return Err(Error::RetriesExhausted {
                             attempts,
-                            last_status: response.status(),
+                            last_status: status,
                         }
                         .into());
                     }

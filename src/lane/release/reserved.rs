@@ -9,7 +9,6 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use tokio::time::Instant;
 
@@ -118,18 +117,11 @@ impl Reserved {
     fn refuse_all(&mut self, ready: &mut Ready<'_>) {
         let shared = ready.shared;
         self.stand_down(shared);
-        for waiting in ready.queue.drain() {
-            let error = Error::StoreUnavailable {
-                lane: shared.key.clone(),
-                source: self.remote.last_error(),
-            };
-            // Counted out by whoever ended it: here if the refusal reached
-            // its caller, else by the caller as it left.
-            if waiting.turn.send(Err(Box::new(error))).is_ok() {
-                shared.waiting.fetch_sub(1, Ordering::SeqCst);
-                shared.metrics.refused();
-            }
-        }
+        let remote = &self.remote;
+        ready.refuse_all(|| Error::StoreUnavailable {
+            lane: shared.key.clone(),
+            source: remote.last_error(),
+        });
     }
 
     /// Give back the slots this lane reserved and will not use.

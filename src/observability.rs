@@ -67,8 +67,10 @@ impl LaneMetrics {
         self.queue_depth.set(queued as f64);
     }
 
-    pub(crate) fn learned(&self, per_second: f64) {
-        self.learned_rate.set(per_second);
+    /// The lane now keeps to `rate`, reported in requests per second.
+    pub(crate) fn learned(&self, rate: crate::meters::Rate) {
+        self.learned_rate
+            .set(f64::from(rate.count) / rate.per.as_secs_f64());
     }
 
     pub(crate) fn waited(&self, wait: Duration) {
@@ -96,7 +98,7 @@ impl LaneMetrics {
 
     pub(crate) fn queued(&self, _queued: usize) {}
 
-    pub(crate) fn learned(&self, _per_second: f64) {}
+    pub(crate) fn learned(&self, _rate: crate::meters::Rate) {}
 
     pub(crate) fn waited(&self, _wait: Duration) {}
 }

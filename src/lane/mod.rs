@@ -451,8 +451,7 @@ impl Lane {
     pub(crate) fn learn(&self, announced: Rate) -> bool {
         let learned = self.shared.vendor().learn(announced);
         if learned {
-            let per_second = f64::from(announced.count) / announced.per.as_secs_f64();
-            self.shared.metrics.learned(per_second);
+            self.shared.metrics.learned(announced);
         }
         learned
     }
@@ -478,8 +477,7 @@ impl Lane {
         released: Instant,
     ) -> Option<Rate> {
         let learned = self.shared.vendor().refused(limit, reset, released)?;
-        let per_second = f64::from(learned.count) / learned.per.as_secs_f64();
-        self.shared.metrics.learned(per_second);
+        self.shared.metrics.learned(learned);
         Some(learned)
     }
 

@@ -54,7 +54,7 @@ pub(crate) struct Gate {
     headroom: Duration,
     max_pause: Duration,
     meters: Mutex<Meters>,
-    paused_until: Mutex<Option<Instant>>,
+    paused_until: Mutex<Option<(Instant, PauseCause)>>,
     pace: Mutex<Pace>,
     ledger: Mutex<Ledger>,
     throttle_streak: AtomicU32,
@@ -73,6 +73,29 @@ pub(crate) struct Gate {
     /// Wakes the dispatchers of every lane under this gate when it stops,
     /// so their waiting requests end within the round trip that said so.
     stopping: Notify,
+}
+
+/// Why a lane is paused, as [`LaneSnapshot`](crate::LaneSnapshot), the
+/// `tracing` events and the logs say it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize),
+    serde(rename_all = "snake_case")
+)]
+#[non_exhaustive]
+pub enum PauseCause {
+    /// A final answer said the quota is used up until a reset, and the
+    /// lane's own releases did not explain it.
+    Spent,
+    /// A throttle said when to come back (`Retry-After` or a reset).
+    Hinted,
+    /// A throttle said nothing usable: the growing fallback pause.
+    Unhinted,
+    /// Another instance of the fleet paused the vendor's quota.
+    Fleet,
+    /// The application called [`Lane::pause_for`](crate::Lane::pause_for).
+    Requested,
 }
 
 /// Why a gate refuses everything for a while, as the vendor said it.
@@ -219,17 +242,27 @@ impl Gate {
 
     /// The pause in force at `now`, if any.
     pub(crate) fn paused_until(&self, now: Instant) -> Option<Instant> {
-        let until = (*lock(&self.paused_until))?;
-        (until > now).then_some(until)
+        self.pause(now).map(|(until, _)| until)
     }
 
-    /// Pause for `pause` from now, clamped to `max_pause`; never backward.
-    pub(crate) fn pause_for(&self, pause: Duration) -> Instant {
+    /// The pause in force at `now` and why, if any.
+    pub(crate) fn pause(&self, now: Instant) -> Option<(Instant, PauseCause)> {
+        let pause = (*lock(&self.paused_until))?;
+        (pause.0 > now).then_some(pause)
+    }
+
+    /// Pause for `pause` from now, clamped to `max_pause`, because of
+    /// `cause`; never backward (a shorter pause keeps the longer one and
+    /// its cause).
+    pub(crate) fn pause_for(&self, pause: Duration, cause: PauseCause) -> Instant {
         let until = later(Instant::now(), pause.min(self.max_pause));
         let mut paused = lock(&self.paused_until);
-        let until = paused.map_or(until, |current| current.max(until));
-        *paused = Some(until);
-        until
+        let pause = match *paused {
+            Some(current) if current.0 >= until => current,
+            _ => (until, cause),
+        };
+        *paused = Some(pause);
+        pause.0
     }
 
     /// A throttle: the vendor's hint, else the fallback backoff, which grows

@@ -102,7 +102,7 @@ pub use adaptive::Adaptive;
 #[cfg(feature = "config")]
 pub use config::ShaperConfig;
 pub use error::{ConfigError, Error};
-pub use lane::{Lane, LanePolicy, LaneSnapshot, Priority, Turn};
+pub use lane::{Lane, LanePolicy, LaneSnapshot, PauseCause, Priority, Turn};
 pub use meters::{Algorithm, CustomMeter, Meter, Quota, Rate, Unit};
 pub use retry::{Backoff, RetryBudget, RetryPolicy};
 pub use route::{Cost, LaneKey, Level, Route, Tag};

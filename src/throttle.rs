@@ -6,7 +6,7 @@
 //! [`retry`](crate::retry)). A throttle, and a final answer whose headers
 //! say the quota is spent, pause the lane's gates, and with them every lane
 //! under the same vendor (and, on a shared store, the fleet). This module
-//! says for how long and why ([`Pause`], [`Cause`]); the request's loop
+//! says for how long and why ([`Pause`], [`PauseCause`]); the request's loop
 //! (`shaper/call.rs`) applies it.
 //!
 //! - **Throttles:** 429, 503 and 529, and a 403 that carries `Retry-After` or a
@@ -34,7 +34,7 @@ use reqwest::{Response, StatusCode};
 use tokio::time::Instant;
 
 use crate::error::Error;
-use crate::lane::Lane;
+use crate::lane::{Lane, PauseCause};
 use crate::signals::{Dimension, Signals};
 
 /// What to do with the outcome of one send.
@@ -79,17 +79,6 @@ pub(crate) fn classify(status: StatusCode, signals: &Signals) -> Verdict {
     }
 }
 
-/// Why a lane pauses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Cause {
-    /// A final answer said the quota is used up until a reset.
-    Spent,
-    /// A throttle said when to come back (`Retry-After` or a reset).
-    Hinted,
-    /// A throttle said nothing usable: the fallback backoff.
-    Unhinted,
-}
-
 /// A pause a response asks of the lane.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Pause {
@@ -98,7 +87,7 @@ pub(crate) struct Pause {
     /// What the lane pauses: `asked`, plus the headroom when the vendor's
     /// clock set it.
     pub(crate) padded: Duration,
-    pub(crate) cause: Cause,
+    pub(crate) cause: PauseCause,
 }
 
 /// A final answer whose headers say nothing is left until a reset, for a
@@ -117,7 +106,7 @@ pub(crate) fn spent(
     Some(Pause {
         asked: reset,
         padded: reset.saturating_add(headroom),
-        cause: Cause::Spent,
+        cause: PauseCause::Spent,
     })
 }
 
@@ -204,9 +193,9 @@ pub(crate) fn throttled(lane: &Lane, signals: &Signals, headroom: Duration) -> P
     let asked = lane.throttled(hint);
     let (padded, cause) = match hint {
         // The vendor's clock and ours are not the same clock.
-        Some(_) if !asked.is_zero() => (asked.saturating_add(headroom), Cause::Hinted),
-        Some(_) => (asked, Cause::Hinted),
-        None => (asked, Cause::Unhinted),
+        Some(_) if !asked.is_zero() => (asked.saturating_add(headroom), PauseCause::Hinted),
+        Some(_) => (asked, PauseCause::Hinted),
+        None => (asked, PauseCause::Unhinted),
     };
     Pause {
         asked,
@@ -260,7 +249,7 @@ mod tests {
         let pause = spent(&lane, &signals, now, headroom).expect("nothing left until the reset");
         assert_eq!(pause.asked, Duration::from_secs(2));
         assert_eq!(pause.padded, Duration::from_millis(2005));
-        assert_eq!(pause.cause, Cause::Spent);
+        assert_eq!(pause.cause, PauseCause::Spent);
     }
 
     /// The reconciliation table: what the vendor says is left, against what
@@ -341,9 +330,9 @@ mod tests {
         let pause = throttled(&lane, &hinted, headroom);
         assert_eq!(pause.asked, Duration::from_secs(3));
         assert_eq!(pause.padded, Duration::from_millis(3005));
-        assert_eq!(pause.cause, Cause::Hinted);
+        assert_eq!(pause.cause, PauseCause::Hinted);
         let pause = throttled(&lane, &Signals::default(), headroom);
-        assert_eq!(pause.cause, Cause::Unhinted);
+        assert_eq!(pause.cause, PauseCause::Unhinted);
         assert_eq!(
             pause.asked, pause.padded,
             "the fallback is ours: no padding"

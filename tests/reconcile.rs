@@ -62,7 +62,18 @@ async fn a_quota_spent_by_someone_else_pauses_the_lane_before_a_429() {
         assert_eq!(response.unwrap().status(), 200);
     }
     let shaper = shaper(10).build().unwrap();
-    for outcome in burst(&shaper, &vendor.uri(), 20).await {
+    let calls = tokio::spawn({
+        let (shaper, uri) = (shaper.clone(), vendor.uri());
+        async move { burst(&shaper, &uri, 20).await }
+    });
+    // Our fifth request goes at 402 ms and hears "0 left".
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    assert_eq!(
+        shaper.lanes()[0].pause_cause,
+        Some(callshaper::PauseCause::Spent),
+        "paused for the quota someone else spent"
+    );
+    for outcome in calls.await.unwrap() {
         assert_eq!(outcome.unwrap().status(), 200);
     }
     assert_eq!(vendor.throttled(), 0);

@@ -201,3 +201,31 @@ async fn an_account_out_of_credit_ends_every_request_at_once() {
     let after = shaper.get(server.uri()).send().await.unwrap();
     assert_eq!(after.status(), 200, "credit back: served again");
 }
+
+/// Every pause says why: a vendor's hint, or the fallback when it gave none.
+#[tokio::test(start_paused = true)]
+async fn a_lanes_snapshot_says_why_it_is_paused() {
+    for (hint, cause) in [
+        (RetryAfter::Seconds(5), callshaper::PauseCause::Hinted),
+        (RetryAfter::Omitted, callshaper::PauseCause::Unhinted),
+    ] {
+        let vendor = Vendor::strict(10, SECOND).start().await;
+        vendor.throttle_for(Duration::from_millis(1), hint);
+        let shaper = shaper(10).build().unwrap();
+        let call = tokio::spawn(shaper.get(vendor.uri()).send());
+        for _ in 0..100_000 {
+            if shaper
+                .lanes()
+                .first()
+                .is_some_and(|l| l.paused_for.is_some())
+            {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        let lane = &shaper.lanes()[0];
+        assert_eq!(lane.pause_cause, Some(cause), "{lane:?}");
+        assert_eq!(call.await.unwrap().unwrap().status(), 200);
+        assert_eq!(shaper.lanes()[0].pause_cause, None, "the pause is over");
+    }
+}

@@ -48,6 +48,7 @@ pub use self::policy::{LanePolicy, Priority};
 use self::release::{Local, Reserved};
 use self::waiter::Waiter;
 use crate::error::{ConfigError, Error};
+pub use crate::gate::PauseCause;
 use crate::gate::{Gate, Stop};
 use crate::meters::{Meters, Rate};
 use crate::observability::LaneMetrics;
@@ -77,6 +78,8 @@ pub struct LaneSnapshot {
     /// Time left in the current pause, if any.
     #[cfg_attr(feature = "serde", serde(with = "crate::time::human::option"))]
     pub paused_for: Option<Duration>,
+    /// Why the lane is paused, if it is.
+    pub pause_cause: Option<PauseCause>,
     /// Turns handed out so far.
     pub released: u64,
     /// Throttled answers (429, 503) seen so far.
@@ -410,13 +413,18 @@ impl Lane {
     /// to `max_pause`. A pause only ever moves forward: a shorter one than
     /// the current leaves it as it is. Returns the instant the lane resumes.
     pub fn pause_for(&self, pause: Duration) -> Instant {
+        self.pause_because(pause, PauseCause::Requested)
+    }
+
+    /// [`pause_for`](Self::pause_for), saying why.
+    pub(crate) fn pause_because(&self, pause: Duration, cause: PauseCause) -> Instant {
         if let Some(remote) = &self.shared.remote {
             remote.pause(pause.min(self.shared.policy.max_pause));
         }
         let gates = &self.shared.gates;
         gates
             .iter()
-            .map(|gate| gate.pause_for(pause))
+            .map(|gate| gate.pause_for(pause, cause))
             .max()
             .unwrap_or_else(Instant::now)
     }
@@ -531,10 +539,18 @@ impl Lane {
     /// What the lane is doing right now.
     pub fn snapshot(&self) -> LaneSnapshot {
         let now = Instant::now();
+        // The latest pause among the gates, and its cause.
+        let pause = self
+            .shared
+            .gates
+            .iter()
+            .filter_map(|gate| gate.pause(now))
+            .max_by_key(|(until, _)| *until);
         LaneSnapshot {
             key: self.shared.key.clone(),
             queued: self.queued(),
-            paused_for: self.paused_until().map(|until| until - now),
+            paused_for: pause.map(|(until, _)| until - now),
+            pause_cause: pause.map(|(_, cause)| cause),
             released: self.shared.released.load(Ordering::Relaxed),
             throttles: self.shared.throttles.load(Ordering::Relaxed),
             interval: self
@@ -620,6 +636,7 @@ mod tests {
             now + Duration::from_secs(5)
         );
         assert_eq!(lane.snapshot().paused_for, Some(Duration::from_secs(5)));
+        assert_eq!(lane.snapshot().pause_cause, Some(PauseCause::Requested));
     }
 
     #[tokio::test(start_paused = true)]

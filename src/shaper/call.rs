@@ -88,7 +88,7 @@ impl Shaper {
                 (Verdict::Done, outcome) => {
                     lane.succeeded();
                     if let Some(pause) = throttle::spent(&lane, &signals, charged_at, headroom) {
-                        lane.pause_for(pause.padded);
+                        lane.pause_because(pause.padded, pause.cause);
                         if let Ok(response) = &outcome {
                             throttle::refused(&lane, response.status(), &signals, charged_at);
                         }
@@ -104,7 +104,7 @@ impl Shaper {
                 (Verdict::Throttled, Ok(response)) => {
                     throttles += 1;
                     let pause = throttle::throttled(&lane, &signals, headroom);
-                    lane.pause_for(pause.padded);
+                    lane.pause_because(pause.padded, pause.cause);
                     throttle::refused(&lane, response.status(), &signals, charged_at);
                     tracing::warn!(
                         lane = lane.key(),

@@ -16,7 +16,7 @@ use tokio::sync::oneshot;
 
 use super::remote::micros;
 use super::{Pending, Reservation, SharedStore, Store, StoreError, StoreLane, StoreSettings};
-use crate::gate::Gate;
+use crate::gate::{Gate, PauseCause};
 use crate::meters::{Algorithm, Quota, Unit};
 use crate::sync::{lock, shrink};
 
@@ -430,7 +430,7 @@ fn apply_pause(gates: &Registry, payload: &[u8]) {
         .map(|gates| gates.iter().filter_map(Weak::upgrade).collect())
         .unwrap_or_default();
     for gate in local {
-        gate.pause_for(Duration::from_micros(left));
+        gate.pause_for(Duration::from_micros(left), PauseCause::Fleet);
     }
 }
 

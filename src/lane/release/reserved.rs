@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use super::{Blocked, Local, Release, Step};
 use crate::error::Error;
+use crate::gate::PauseCause;
 use crate::lane::Shared;
 use crate::lane::dispatcher::Ready;
 use crate::lane::queue::Head;
@@ -93,7 +94,7 @@ impl Reserved {
             Ok(schedule) => {
                 remote.recovered(&shared.key);
                 if let Some(paused) = schedule.paused {
-                    shared.vendor().pause_for(paused);
+                    shared.vendor().pause_for(paused, PauseCause::Fleet);
                 }
                 let slots = schedule.slots.into_iter().zip(costs);
                 self.slots

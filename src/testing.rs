@@ -134,6 +134,8 @@ struct State {
     forced: Option<(Instant, RetryAfter)>,
     announce_policy: bool,
     style: Style,
+    /// How far the vendor's wall clock is from ours, ahead when positive.
+    clock_offset: i64,
 }
 
 impl Quota {
@@ -206,7 +208,7 @@ impl Quota {
     /// What the vendor says of this quota: until the oldest request
     /// leaves the sliding window, the fixed window ends, or the bucket is
     /// full again.
-    fn said(&self, now: Instant, start: Instant) -> Said {
+    fn said(&self, now: Instant, start: Instant, wall: SystemTime) -> Said {
         let reset = match &self.counting {
             Counting::Sliding(accepted) => accepted.front().map_or(Duration::ZERO, |&(at, _)| {
                 (at + self.window).saturating_duration_since(now)
@@ -223,6 +225,7 @@ impl Quota {
             window: self.window,
             reset,
             fixed: matches!(self.counting, Counting::Fixed(..)),
+            wall,
         }
     }
 
@@ -351,6 +354,7 @@ impl Vendor {
                     forced: None,
                     announce_policy: false,
                     style: Style::Gateway,
+                    clock_offset: 0,
                 }),
             }),
             server: None,
@@ -381,6 +385,14 @@ impl Vendor {
     /// on any answer, and a bare 429 without `Retry-After`.
     pub fn silent(self) -> Self {
         self.speaking(Style::Silent)
+    }
+
+    /// A vendor whose wall clock is `seconds` ahead of ours (behind when
+    /// negative): its `Date` header and every absolute time it sends (an
+    /// HTTP-date `Retry-After`, an epoch reset) are on that clock.
+    pub fn clock_off(self, seconds: i64) -> Self {
+        self.state().clock_offset = seconds;
+        self
     }
 
     /// Speak like `style` (by default a [`Style::Gateway`]).
@@ -514,18 +526,27 @@ impl Respond for Vendor {
             .zip(&costs)
             .filter_map(|(q, &c)| q.check(c, now, start).err())
             .max();
+        let offset = Duration::from_secs(state.clock_offset.unsigned_abs());
+        let wall = if state.clock_offset >= 0 {
+            SystemTime::now() + offset
+        } else {
+            SystemTime::now() - offset
+        };
         let (status, mut template) = match (forced, refused) {
-            (Some(hint), _) => (429, with_hint(ResponseTemplate::new(429), &hint)),
+            (Some(hint), _) => (429, with_hint(ResponseTemplate::new(429), &hint, wall)),
             (None, refused) => {
                 if refused.is_none() {
                     for (quota, &c) in state.quotas.iter_mut().zip(&costs) {
                         quota.charge(c, now);
                     }
                 }
-                let said = state.quotas[0].said(now, start);
+                let said = state.quotas[0].said(now, start, wall);
                 state.style.answer(&said, refused)
             }
         };
+        if state.clock_offset != 0 {
+            template = template.insert_header("date", httpdate::fmt_http_date(wall).as_str());
+        }
         if state.announce_policy {
             let first = &state.quotas[0];
             let policy = format!(
@@ -550,13 +571,13 @@ impl Respond for Vendor {
     }
 }
 
-fn with_hint(template: ResponseTemplate, hint: &RetryAfter) -> ResponseTemplate {
+fn with_hint(template: ResponseTemplate, hint: &RetryAfter, wall: SystemTime) -> ResponseTemplate {
     match hint {
         RetryAfter::Seconds(secs) => template.insert_header("retry-after", secs.to_string()),
         RetryAfter::HttpDate(ahead) => {
             // HTTP-dates have whole seconds: round up, so that a client
             // waiting until the date waits at least `ahead`.
-            let date = epoch_secs_after(Duration::from_secs(*ahead));
+            let date = epoch_secs_after(wall, Duration::from_secs(*ahead));
             let date = SystemTime::UNIX_EPOCH + Duration::from_secs(date);
             template.insert_header("retry-after", httpdate::fmt_http_date(date))
         }

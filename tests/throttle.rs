@@ -229,3 +229,25 @@ async fn a_lanes_snapshot_says_why_it_is_paused() {
         assert_eq!(shaper.lanes()[0].pause_cause, None, "the pause is over");
     }
 }
+
+/// A vendor whose clock is 2 s off sends its `Retry-After` as an HTTP-date
+/// on that clock: read against its `Date` header, the lane waits the 3 s
+/// it asked for, neither 5 s (ahead) nor 1 s and another 429 (behind).
+#[tokio::test(start_paused = true)]
+async fn a_vendor_with_a_skewed_clock_is_read_on_its_own_clock() {
+    for offset in [2, -2] {
+        let vendor = Vendor::strict(10, SECOND).clock_off(offset).start().await;
+        vendor.throttle_for(Duration::from_millis(1), RetryAfter::HttpDate(3));
+        let shaper = shaper(10).build().unwrap();
+        let response = shaper.get(vendor.uri()).send().await.unwrap();
+        assert_eq!(response.status(), 200, "offset {offset}");
+        let arrivals = vendor.arrivals();
+        assert_eq!(vendor.throttled(), 1, "offset {offset}: {arrivals:?}");
+        let waited = arrivals[1].at - arrivals[0].at;
+        // Whole seconds on the vendor's side: 3 s, up to a second more.
+        assert!(
+            waited >= Duration::from_millis(2_950) && waited <= Duration::from_millis(4_100),
+            "offset {offset}: waited {waited:?}"
+        );
+    }
+}

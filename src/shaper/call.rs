@@ -194,7 +194,7 @@ impl Shaper {
 
     /// Every dialect this shaper reads: the built-in ones, then the user's.
     fn read_signals(&self, headers: &reqwest::header::HeaderMap) -> Signals {
-        let now = SystemTime::now();
+        let now = crate::signals::vendor_clock(headers, SystemTime::now());
         let mut signals = Signals::parse(headers, now);
         for dialect in &self.inner.dialects {
             dialect.read(headers, now, &mut signals);

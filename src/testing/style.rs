@@ -54,6 +54,8 @@ pub(super) struct Said {
     pub(super) reset: Duration,
     /// True when `reset` is a fixed window's end.
     pub(super) fixed: bool,
+    /// The vendor's wall clock, which absolute times are written on.
+    pub(super) wall: SystemTime,
 }
 
 impl Style {
@@ -74,8 +76,8 @@ impl Style {
                 header("x-ratelimit-limit", limit);
                 header("x-ratelimit-remaining", remaining);
                 let reset = match refused {
-                    Some(wait) => epoch_secs_after(wait),
-                    None if said.fixed => epoch_secs_after(said.reset),
+                    Some(wait) => epoch_secs_after(said.wall, wait),
+                    None if said.fixed => epoch_secs_after(said.wall, said.reset),
                     None => whole_secs_up(said.reset),
                 };
                 header("x-ratelimit-reset", reset.to_string());
@@ -92,7 +94,7 @@ impl Style {
                 );
                 header(
                     "x-ratelimit-reset",
-                    epoch_secs_after(said.reset).to_string(),
+                    epoch_secs_after(said.wall, said.reset).to_string(),
                 );
                 header("x-ratelimit-resource", "core".to_owned());
             }
@@ -106,7 +108,7 @@ impl Style {
                 header("anthropic-ratelimit-requests-remaining", remaining);
                 header(
                     "anthropic-ratelimit-requests-reset",
-                    rfc3339_after(said.reset),
+                    rfc3339_after(said.wall, said.reset),
                 );
                 if let Some(wait) = refused {
                     header("retry-after", whole_secs_up(wait).to_string());
@@ -136,7 +138,7 @@ impl Style {
                 let after = refused.unwrap_or(said.reset);
                 header("x-ratelimit-limit", limit);
                 header("x-ratelimit-remaining", remaining);
-                header("x-ratelimit-reset", epoch_millis_after(after));
+                header("x-ratelimit-reset", epoch_millis_after(said.wall, after));
                 header(
                     "x-ratelimit-reset-after",
                     format!("{:.3}", after.as_secs_f64()),
@@ -162,18 +164,18 @@ pub(super) fn whole_secs_up(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
-/// The wall-clock epoch second `after` from now (rounded up), as GitHub's
+/// The epoch second `after` from `wall` (rounded up), as GitHub's
 /// `x-ratelimit-reset` gives it.
-pub(super) fn epoch_secs_after(after: Duration) -> u64 {
-    let reset = SystemTime::now() + after;
+pub(super) fn epoch_secs_after(wall: SystemTime, after: Duration) -> u64 {
+    let reset = wall + after;
     reset
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, whole_secs_up)
 }
 
 /// Discord's epoch with milliseconds, e.g. `1470173023.123`.
-fn epoch_millis_after(after: Duration) -> String {
-    let reset = (SystemTime::now() + after)
+fn epoch_millis_after(wall: SystemTime, after: Duration) -> String {
+    let reset = (wall + after)
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or_default();
     let millis = reset.as_millis() + u128::from(reset.subsec_nanos() % 1_000_000 > 0);
@@ -202,8 +204,8 @@ fn go_duration(d: Duration) -> String {
 
 /// An RFC 3339 instant `after` from now, in whole seconds (rounded up) and
 /// UTC, as Anthropic sends its resets.
-fn rfc3339_after(after: Duration) -> String {
-    let secs = epoch_secs_after(after);
+fn rfc3339_after(wall: SystemTime, after: Duration) -> String {
+    let secs = epoch_secs_after(wall, after);
     let days = i64::try_from(secs / 86_400).unwrap_or(0);
     let rest = secs % 86_400;
     let (year, month, day) = civil_from_days(days);

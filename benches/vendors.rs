@@ -123,6 +123,59 @@ fn main() {
             print_row(&case, declared, "governor + retry loop", governor);
         }
     }
+    rt.block_on(shared_quota());
+}
+
+/// A gateway of 100/s shared with a consumer we don't control, sending
+/// 30/s on its own: the lane, declared at the whole quota, should use what
+/// the other leaves (70/s) and meet few 429s.
+async fn shared_quota() {
+    const OURS: usize = 350;
+    let vendor = Vendor::gateway(100, SECOND).start().await;
+    let other = {
+        let uri = vendor.uri();
+        tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            let mut every = tokio::time::interval(SECOND / 30);
+            loop {
+                every.tick().await;
+                let _ = client.get(format!("{uri}/other")).send().await;
+            }
+        })
+    };
+    tokio::time::sleep(SECOND).await;
+    let shaper = Shaper::builder()
+        .rate(100, SECOND)
+        .build()
+        .expect("a valid shaper");
+    let started = Instant::now();
+    let calls: Vec<_> = (0..OURS)
+        .map(|i| tokio::spawn(shaper.get(format!("{}/r/{i}", vendor.uri())).send()))
+        .collect();
+    for call in calls {
+        let response = call.await.expect("a caller panicked").expect("a response");
+        assert!(response.status().is_success());
+    }
+    let took = started.elapsed();
+    other.abort();
+    let arrivals = vendor.arrivals();
+    let ours = |a: &&callshaper::testing::Arrival| a.path.starts_with("/r/");
+    let our_429 = arrivals
+        .iter()
+        .filter(ours)
+        .filter(|a| a.status == 429)
+        .count();
+    let their_429 = arrivals
+        .iter()
+        .filter(|a| !a.path.starts_with("/r/") && a.status == 429)
+        .count();
+    let left = (OURS - 1) as f64 / 70.0;
+    println!(
+        "\n  shared quota (a gateway of 100/s, another consumer at 30/s): callshaper declared 100/s sent {OURS} in {:.2} s, {:.1} % of the 70/s left; 429s: ours {our_429} ({:.1} % of our requests), the other's {their_429}",
+        took.as_secs_f64(),
+        left / took.as_secs_f64() * 100.0,
+        our_429 as f64 * 100.0 / OURS as f64,
+    );
 }
 
 struct Run {

@@ -70,9 +70,6 @@ pub(crate) struct Gate {
     /// request ends at once. The flag spares the hot path a lock.
     stopped: Mutex<Option<(Instant, Arc<Stop>)>>,
     is_stopped: AtomicBool,
-    /// Wakes the dispatchers of every lane under this gate when it stops,
-    /// so their waiting requests end within the round trip that said so.
-    stopping: Notify,
 }
 
 /// Why a lane is paused, as [`LaneSnapshot`](crate::LaneSnapshot), the
@@ -162,13 +159,7 @@ impl Gate {
             registry,
             stopped: Mutex::new(None),
             is_stopped: AtomicBool::new(false),
-            stopping: Notify::new(),
         }
-    }
-
-    /// Notified when the gate stops.
-    pub(crate) fn stopping(&self) -> &Notify {
-        &self.stopping
     }
 
     /// Refuse every request for `period` from now: the vendor said no pause
@@ -176,7 +167,6 @@ impl Gate {
     pub(crate) fn stop_for(&self, period: Duration, stop: Stop) {
         *lock(&self.stopped) = Some((later(Instant::now(), period), Arc::new(stop)));
         self.is_stopped.store(true, Ordering::Release);
-        self.stopping.notify_waiters();
     }
 
     /// Why the gate refuses everything now, if it does.

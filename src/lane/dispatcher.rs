@@ -174,27 +174,10 @@ impl<R: Release> Dispatcher<R> {
         open
     }
 
-    /// Wait for `until`, but come back early when a ticket arrives (a
-    /// returning request may belong before the current head) or the
-    /// vendor's gate stops (nobody waits any more).
+    /// Wait for `until`, but come back early when a ticket arrives: a
+    /// returning request may belong before the current head (and a lane
+    /// told to stop is woken by a ticket nobody waits for).
     async fn or_new_ticket(&mut self, until: impl Future<Output = ()>) -> bool {
-        let shared = self.shared.clone();
-        let stopping = shared.vendor().stopping().notified();
-        let mut stopping = std::pin::pin!(stopping);
-        // Listening before looking: a stop between the two is not missed.
-        // An empty queue has nobody to end: it waits for tickets only.
-        let anyone = !self.queue.is_empty();
-        stopping.as_mut().enable();
-        if anyone && shared.stopped().is_some() {
-            return true;
-        }
-        let stopping = async {
-            if anyone {
-                stopping.await;
-            } else {
-                std::future::pending::<()>().await;
-            }
-        };
         tokio::select! {
             biased;
             ticket = self.tickets.recv() => match ticket {
@@ -204,7 +187,6 @@ impl<R: Release> Dispatcher<R> {
                 }
                 Err(_) => false,
             },
-            () = stopping => true,
             () = until => true,
         }
     }

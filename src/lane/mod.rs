@@ -473,7 +473,26 @@ impl Lane {
         self.shared
             .vendor()
             .stop_for(self.shared.policy.max_pause, stop);
+        self.wake();
         error
+    }
+
+    /// Wake this lane's dispatcher now, with a ticket nobody waits for (it
+    /// is skipped, and counted nowhere): a stop ends its queue within the
+    /// round trip that said so. The vendor's other lanes see the stop at
+    /// their next step, at the latest when the pause that came with it
+    /// ends.
+    fn wake(&self) {
+        let (turn, _) = oneshot::channel();
+        let seq = self.shared.next_seq.fetch_add(1, Ordering::Relaxed);
+        // A closed lane has nothing to wake.
+        let _ = self.tickets.try_send(Ticket {
+            seq,
+            cost: 0,
+            priority: Priority::Interactive,
+            not_before: None,
+            turn,
+        });
     }
 
     /// The vendor refused a request released at `released`; see

@@ -1,0 +1,222 @@
+//! The lane's own tests: pauses, the fallback, priorities, admission's
+//! predictions, extreme values, and the queue depth under random drops.
+
+use super::*;
+use crate::meters::Quota;
+use crate::sync::lock;
+use std::sync::Mutex;
+
+fn policy() -> LanePolicy {
+    LanePolicy::new(Rate::new(10, Duration::from_secs(1)))
+}
+
+#[tokio::test(start_paused = true)]
+async fn pauses_only_move_forward_and_are_clamped() {
+    let lane = Lane::new(
+        "t",
+        LanePolicy {
+            max_pause: Duration::from_secs(5),
+            ..policy()
+        },
+    )
+    .unwrap();
+    let now = Instant::now();
+    assert_eq!(
+        lane.pause_for(Duration::from_secs(3)),
+        now + Duration::from_secs(3)
+    );
+    assert_eq!(
+        lane.pause_for(Duration::from_secs(1)),
+        now + Duration::from_secs(3)
+    );
+    assert_eq!(
+        lane.pause_for(Duration::from_secs(60)),
+        now + Duration::from_secs(5)
+    );
+    assert_eq!(lane.snapshot().paused_for, Some(Duration::from_secs(5)));
+    assert_eq!(lane.snapshot().pause_cause, Some(PauseCause::Requested));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_fallback_grows_per_throttle_and_resets_on_success() {
+    let lane = Lane::new("t", policy()).unwrap();
+    let floors: Vec<_> = (0..4).map(|_| lane.throttled(None)).collect();
+    for (n, pause) in floors.iter().enumerate() {
+        let ceiling = Duration::from_secs(1 << n);
+        assert!(
+            *pause >= ceiling / 2 && *pause <= ceiling,
+            "throttle {n}: {pause:?}"
+        );
+    }
+    lane.succeeded();
+    assert!(lane.throttled(None) <= Duration::from_secs(1));
+    assert_eq!(
+        lane.throttled(Some(Duration::from_secs(7))),
+        Duration::from_secs(7)
+    );
+    assert_eq!(lane.snapshot().throttles, 6);
+}
+
+#[tokio::test(start_paused = true)]
+async fn interactive_goes_first_and_batch_keeps_its_share() {
+    let lane = Lane::new("t", policy()).unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (i, priority) in (0..12).map(|i| {
+        (
+            i,
+            if i < 6 {
+                Priority::Batch
+            } else {
+                Priority::Interactive
+            },
+        )
+    }) {
+        let mut place = lane.enter(1, priority, None).unwrap();
+        let (lane, order) = (lane.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let _turn = lane.wait(&mut place).await.unwrap();
+            lock(&order).push(i);
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    // 0 went on the fast path; then interactive 6..12 first, with every
+    // fifth release given to the oldest batch request.
+    assert_eq!(*lock(&order), [0, 6, 7, 8, 9, 1, 10, 11, 2, 3, 4, 5]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cost_beyond_every_capacity_is_refused_at_once() {
+    let policy = LanePolicy::with_quotas([
+        Quota::leaky_bucket(10, Duration::from_secs(1)),
+        Quota::sliding_log(1000, Duration::from_secs(60)).per_cost(),
+    ]);
+    let lane = Lane::new("t", policy).unwrap();
+    assert!(lane.enter(1000, Priority::Interactive, None).is_ok());
+    match lane.enter(1001, Priority::Interactive, None) {
+        Err(Error::CostTooHigh { cost, capacity, .. }) => {
+            assert_eq!((cost, capacity), (1001, 1000))
+        }
+        Err(other) => panic!("expected CostTooHigh, got {other}"),
+        Ok(_) => panic!("expected CostTooHigh"),
+    }
+}
+
+/// Burst-capable meters predict a burst, not a trickle: a fixed window
+/// of 10 a minute admits ten at once and tells the eleventh a minute.
+#[tokio::test(start_paused = true)]
+async fn admission_predicts_waits_from_each_meters_shape() {
+    let minute = Duration::from_secs(60);
+    for quota in [
+        Quota::fixed_window(10, minute),
+        Quota::token_bucket(10, 10, minute),
+        Quota::sliding_log(10, minute),
+    ] {
+        let policy = LanePolicy {
+            headroom: Duration::ZERO,
+            ..LanePolicy::with_quotas([quota.clone()])
+        };
+        let lane = Lane::new("t", policy).unwrap();
+        let max_wait = Some(Duration::from_secs(5));
+        let mut places = Vec::new();
+        for _ in 0..10 {
+            places.push(
+                lane.enter(1, Priority::Interactive, max_wait)
+                    .expect("fits the burst"),
+            );
+        }
+        match lane.enter(1, Priority::Interactive, max_wait) {
+            Err(Error::WouldExceedMaxWait { predicted, .. }) => {
+                assert!(
+                    predicted >= Duration::from_secs(6),
+                    "{quota:?}: {predicted:?}"
+                );
+            }
+            Err(other) => panic!("{quota:?}: {other}"),
+            Ok(_) => panic!("{quota:?}: the eleventh fits no window"),
+        }
+    }
+}
+
+/// A caller's `max_wait` and `max_pause` at `Duration::MAX`: the
+/// instants built from them saturate instead of overflowing.
+#[tokio::test(start_paused = true)]
+async fn extreme_waits_and_pauses_do_not_panic() {
+    let day = Duration::from_secs(24 * 3600);
+    let policy = LanePolicy {
+        max_pause: Duration::MAX,
+        ..LanePolicy::new(Rate::new(1, day))
+    };
+    let lane = Lane::new("t", policy).unwrap();
+    let mut place = lane
+        .enter(1, Priority::Interactive, Some(Duration::MAX))
+        .expect("a wait without limit admits");
+    let _turn = lane.wait(&mut place).await.unwrap();
+    let resumes = lane.pause_for(Duration::MAX);
+    assert!(resumes > Instant::now() + 50 * 365 * day);
+    assert!(lane.snapshot().paused_for.is_some());
+}
+
+/// Callers join (some with a `max_wait`), give up, get their turns and
+/// the lane pauses, at random; after each step the queue depth is the
+/// number of callers still waiting.
+#[tokio::test(start_paused = true)]
+async fn queue_depth_is_always_the_live_callers() {
+    const CASES: u64 = 300;
+    for seed in 0..CASES {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let rate = Rate::new(rng.u32(1..20), Duration::from_millis(rng.u64(1..2_000)));
+        let policy = LanePolicy {
+            queue_capacity: 10_000,
+            ..LanePolicy::new(rate)
+        };
+        let lane = Lane::new("t", policy).unwrap();
+        let mut callers: Vec<tokio::task::JoinHandle<()>> = Vec::new();
+        for step in 0..80 {
+            match rng.u8(0..10) {
+                0..=3 => {
+                    let priority = if rng.bool() {
+                        Priority::Batch
+                    } else {
+                        Priority::Interactive
+                    };
+                    let max_wait = rng.bool().then(|| Duration::from_millis(rng.u64(0..3_000)));
+                    if let Ok(mut place) = lane.enter(1, priority, max_wait) {
+                        let lane = lane.clone();
+                        callers.push(tokio::spawn(async move {
+                            let _ = lane.wait(&mut place).await;
+                        }));
+                    }
+                }
+                4..=6 if !callers.is_empty() => {
+                    callers[rng.usize(..callers.len())].abort();
+                }
+                7 => {
+                    lane.pause_for(Duration::from_millis(rng.u64(0..500)));
+                }
+                _ => tokio::time::advance(Duration::from_millis(rng.u64(0..300))).await,
+            }
+            // Let the dispatcher and the callers run; the clock stands.
+            let live = || callers.iter().filter(|c| !c.is_finished()).count();
+            for _ in 0..50 {
+                if lane.snapshot().queued == live() {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+            assert_eq!(lane.snapshot().queued, live(), "seed {seed}, step {step}");
+        }
+        lane.close();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_paused_lane_releases_nothing_until_the_pause_ends() {
+    let lane = Lane::new("t", policy()).unwrap();
+    lane.pause_for(Duration::from_secs(2));
+    let start = Instant::now();
+    let _turn = lane.acquire().await.unwrap();
+    assert_eq!(start.elapsed(), Duration::from_secs(2));
+}

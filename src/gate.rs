@@ -334,7 +334,19 @@ impl Gate {
             }
             pace.learned.unwrap_or(declared)
         };
-        let (accepted, first) = lock(&self.meters).released_between(since, released)?;
+        let (accepted, first, gap) = {
+            let meters = lock(&self.meters);
+            let (accepted, first) = meters.released_between(since, released)?;
+            (accepted, first, meters.longest_gap(since, released))
+        };
+        // Without a stated limit, what the vendor accepted says what it
+        // allows only if the lane was pushing at its pace all along: a
+        // vendor that throttles everything after a quiet spell (an outage,
+        // a forced 429) has not shown its quota.
+        let busy = gap <= pace.interval(self.headroom).saturating_mul(2);
+        if limit.is_none() && !busy {
+            return None;
+        }
         let count = limit.unwrap_or(accepted);
         if count == 0 || count >= u64::from(pace.count) {
             return None;

@@ -121,3 +121,28 @@ async fn a_lane_declared_too_fast_learns_the_real_quota_from_the_first_refusal()
         );
     }
 }
+
+/// A vendor that throttles everything after a quiet spell (an outage, a
+/// forced 429) has not shown its quota: the lane, not busy before, learns
+/// nothing and resumes at its declared pace after the pause.
+#[tokio::test(start_paused = true)]
+async fn a_throttle_after_a_quiet_spell_teaches_nothing() {
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let shaper = shaper(10).build().unwrap();
+    for outcome in burst(&shaper, &vendor.uri(), 5).await {
+        outcome.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    vendor.throttle_for(Duration::from_millis(10), RetryAfter::Seconds(2));
+    let started = Instant::now();
+    for outcome in burst(&shaper, &vendor.uri(), 10).await {
+        assert_eq!(outcome.unwrap().status(), 200);
+    }
+    assert_eq!(shaper.lanes()[0].learned, None);
+    // The 2 s pause, then ten at 10/s.
+    assert!(
+        started.elapsed() <= Duration::from_millis(3_100),
+        "{:?}",
+        started.elapsed()
+    );
+}

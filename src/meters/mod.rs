@@ -411,6 +411,13 @@ impl Meters {
         self.releases.as_ref().map(|r| r.between(since, until))
     }
 
+    /// The longest gap between releases from `since` to `until`.
+    pub(crate) fn longest_gap(&self, since: Instant, until: Instant) -> Duration {
+        self.releases
+            .as_ref()
+            .map_or(Duration::MAX, |r| r.longest_gap(since, until))
+    }
+
     /// Releases at or after `since`, within the longest request window
     /// (`None` when no quota counts requests).
     pub(crate) fn released_since(&self, since: Instant) -> Option<u64> {

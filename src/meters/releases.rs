@@ -49,6 +49,25 @@ impl Releases {
         (count + u64::from(first.is_some()), first)
     }
 
+    /// The longest gap between consecutive releases from `since` up to
+    /// `until` (which counts as the last): how far the lane was from busy.
+    pub(crate) fn longest_gap(&self, since: Instant, until: Instant) -> Duration {
+        let mut previous = None;
+        let mut longest = Duration::ZERO;
+        let inside = self
+            .at
+            .iter()
+            .copied()
+            .filter(|&at| at >= since && at < until);
+        for at in inside.chain(std::iter::once(until)) {
+            if let Some(before) = previous {
+                longest = longest.max(at.saturating_duration_since(before));
+            }
+            previous = Some(at);
+        }
+        longest
+    }
+
     /// Releases at or after `since`; a full ledger counts as "all it can
     /// hold".
     pub(crate) fn since(&self, since: Instant) -> u64 {
@@ -76,6 +95,8 @@ mod tests {
             (3, Some(t0 + ms(100)))
         );
         assert_eq!(releases.between(t0 + ms(450), t0 + ms(900)), (0, None));
+        assert_eq!(releases.longest_gap(t0, t0 + ms(450)), ms(100));
+        assert_eq!(releases.longest_gap(t0, t0 + ms(900)), ms(500));
         releases.record(t0 + ms(1_150));
         // The first two left the window; the rest still count.
         assert_eq!(releases.since(t0), 4);

@@ -23,7 +23,7 @@ pub struct LanePolicy {
     /// over. Default 5 ms; more than an hour is refused.
     pub headroom: Duration,
     /// How many requests may wait; one more is refused with
-    /// [`Error::QueueFull`]. Default 10,000.
+    /// [`Error::QueueFull`](crate::Error::QueueFull). Default 10,000.
     pub queue_capacity: usize,
     /// The longest a request may wait to be released (queue and pauses, not
     /// time on the wire). `None` (the default) waits as long as it takes.
@@ -34,7 +34,7 @@ pub struct LanePolicy {
     pub max_in_flight: Option<usize>,
     /// The longest pause a vendor may impose. A longer `Retry-After` pauses
     /// the lane this long and ends the request with
-    /// [`Error::PauseTooLong`]. Default 120 s.
+    /// [`Error::PauseTooLong`](crate::Error::PauseTooLong). Default 120 s.
     pub max_pause: Duration,
     /// The pause after a throttle that says nothing usable about when to
     /// come back; grows with consecutive throttles (equal jitter) and

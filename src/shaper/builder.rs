@@ -193,7 +193,7 @@ impl ShaperBuilder {
         self
     }
 
-    /// Pick each request's vendor lane (default: [`origin_key`]). Requests
+    /// Pick each request's vendor lane (default: [`origin_key`](crate::shaper::origin_key)). Requests
     /// with the same key share one queue and one quota.
     ///
     /// ```

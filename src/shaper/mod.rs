@@ -7,7 +7,7 @@
 //! | `builder.rs` | [`ShaperBuilder`]: settings, checked at `build()` |
 //! | `request.rs` | [`RequestBuilder`]: one request and its options |
 //! | `registry.rs` | lanes and gates by key, created on first use, evicted when idle |
-//! | `call.rs` | one request's life: wait, send, let [`throttle`](crate::throttle) judge the answer, go again or finish |
+//! | `call.rs` | one request's life: wait, send, let the crate's `throttle` module judge the answer, go again or finish |
 //! | `settle.rs` | [`Settle`]: a request's real cost, reported after the answer |
 
 mod builder;

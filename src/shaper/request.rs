@@ -69,7 +69,7 @@ impl RequestBuilder {
     }
 
     /// What this request costs for quotas that count cost (e.g. estimated
-    /// tokens); default 1. Correct it after the response with [`Settle`].
+    /// tokens); default 1. Correct it after the response with [`Settle`](crate::Settle).
     pub fn cost(mut self, cost: u64) -> Self {
         self.options.cost = Some(cost);
         self
@@ -81,7 +81,7 @@ impl RequestBuilder {
         self
     }
 
-    /// A tenant or user, for [`LaneKey::Tag`] levels.
+    /// A tenant or user, for [`LaneKey::Tag`](crate::LaneKey::Tag) levels.
     pub fn tag(mut self, tag: impl Into<String>) -> Self {
         self.options.tag = Some(Tag(tag.into()));
         self

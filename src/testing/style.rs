@@ -178,13 +178,13 @@ fn epoch_millis_after(wall: SystemTime, after: Duration) -> String {
     let reset = (wall + after)
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or_default();
-    let millis = reset.as_millis() + u128::from(reset.subsec_nanos() % 1_000_000 > 0);
+    let millis = reset.as_millis() + u128::from(!reset.subsec_nanos().is_multiple_of(1_000_000));
     format!("{}.{:03}", millis / 1_000, millis % 1_000)
 }
 
 /// A Go duration as OpenAI writes it: `20ms`, `1s`, `1.5s`, `6m0s`.
 fn go_duration(d: Duration) -> String {
-    let millis = d.as_millis() + u128::from(d.subsec_nanos() % 1_000_000 > 0);
+    let millis = d.as_millis() + u128::from(!d.subsec_nanos().is_multiple_of(1_000_000));
     if millis < 1_000 {
         return format!("{millis}ms");
     }

@@ -365,6 +365,28 @@ impl Gate {
         self.learn(rate).then_some(rate)
     }
 
+    /// When the vendor frees a unit by this gate's releases alone: its
+    /// oldest release in the window that ends with the request released at
+    /// `released`, one window on. Only for a vendor allowing at least what
+    /// the gate keeps to, whose window is then taken as the declared one:
+    /// a vendor sending whole-second resets ("1") would otherwise hold the
+    /// lane a second each time another consumer fills the window, when
+    /// the lane's own oldest request leaves it a few milliseconds later.
+    pub(crate) fn frees_at(&self, limit: u64, released: Instant) -> Option<Instant> {
+        let declared = self.request_rate?;
+        let pace = lock(&self.pace).learned.unwrap_or(declared);
+        if limit < u64::from(pace.count) {
+            return None;
+        }
+        let window = declared.per.saturating_add(self.headroom);
+        let since = released.checked_sub(window).unwrap_or(released);
+        let oldest = lock(&self.meters).first_release_since(since)?;
+        Some(later(
+            oldest,
+            window.saturating_add(pace.interval(self.headroom)),
+        ))
+    }
+
     /// Whether this gate's own releases explain a vendor saying `used` of
     /// its `limit` are spent, for a request released at `released`: the
     /// vendor allows at least what the gate keeps to (so the meters keep

@@ -103,9 +103,16 @@ pub(crate) fn spent(
     if explained(signals, |limit, used| lane.explains(limit, used, released)) {
         return None;
     }
+    // The reset is coarse (whole seconds); the lane's own oldest release in
+    // the window says when a unit frees, if that is sooner.
+    let by_ledger = signals
+        .request_limit()
+        .and_then(|limit| lane.frees_at(limit, released))
+        .map(|at| at.saturating_duration_since(Instant::now()));
+    let padded = reset.saturating_add(headroom);
     Some(Pause {
         asked: reset,
-        padded: reset.saturating_add(headroom),
+        padded: by_ledger.map_or(padded, |by_ledger| by_ledger.min(padded)),
         cause: PauseCause::Spent,
     })
 }

@@ -146,3 +146,53 @@ async fn a_throttle_after_a_quiet_spell_teaches_nothing() {
         started.elapsed()
     );
 }
+
+/// A quota shared with a consumer we don't control, sending 2, 3 or 5 a
+/// second at a 10/s gateway: the lane, declared at the whole quota, uses
+/// most of what the other leaves and meets few 429s. "0 left" that the
+/// lane's releases don't explain pauses it only until its own oldest
+/// request leaves the window (and one interval more), not for the
+/// vendor's whole-second reset.
+#[tokio::test(start_paused = true)]
+async fn a_quota_shared_with_another_consumer_is_used_and_kept() {
+    for every in [200u64, 333, 500] {
+        let vendor = Vendor::gateway(10, SECOND).start().await;
+        let uri = vendor.uri();
+        let other = tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            loop {
+                let sent =
+                    callshaper::testing::hold_clock(client.get(format!("{uri}/other")).send());
+                let _ = sent.await;
+                tokio::time::sleep(Duration::from_millis(every)).await;
+            }
+        });
+        let shaper = shaper(10).build().unwrap();
+        let started = Instant::now();
+        for outcome in burst(&shaper, &vendor.uri(), 100).await {
+            assert_eq!(outcome.unwrap().status(), 200);
+        }
+        let took = started.elapsed();
+        other.abort();
+        let ours_refused = vendor
+            .arrivals()
+            .iter()
+            .filter(|a| a.status == 429 && a.path.starts_with("/r/"))
+            .count();
+        let left = 10.0 - 1_000.0 / every as f64;
+        let used = 99.0 / left / took.as_secs_f64();
+        println!(
+            "other every {every} ms: {:.1} % of what it leaves, {ours_refused} of our 100 refused",
+            used * 100.0
+        );
+        assert!(
+            used >= 0.80,
+            "other every {every} ms: {:.1} %",
+            used * 100.0
+        );
+        assert!(
+            ours_refused <= 5,
+            "other every {every} ms: {ours_refused} refused"
+        );
+    }
+}

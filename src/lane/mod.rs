@@ -455,6 +455,15 @@ impl Lane {
             .any(|gate| gate.explains(limit, used, released, ledger))
     }
 
+    /// When the vendor's quota frees a unit by this lane's own releases
+    /// alone (see [`Gate::frees_at`]); unknown on a shared store.
+    pub(crate) fn frees_at(&self, limit: u64, released: Instant) -> Option<Instant> {
+        if self.shared.remote.is_some() {
+            return None;
+        }
+        self.shared.vendor().frees_at(limit, released)
+    }
+
     /// The vendor announced its quota; see [`Gate::learn`]. True when this
     /// changed the pace.
     pub(crate) fn learn(&self, announced: Rate) -> bool {

@@ -411,6 +411,11 @@ impl Meters {
         self.releases.as_ref().map(|r| r.between(since, until))
     }
 
+    /// The first release at or after `since`, if any.
+    pub(crate) fn first_release_since(&self, since: Instant) -> Option<Instant> {
+        self.releases.as_ref()?.first_since(since)
+    }
+
     /// The longest gap between releases from `since` to `until`.
     pub(crate) fn longest_gap(&self, since: Instant, until: Instant) -> Duration {
         self.releases

@@ -68,6 +68,11 @@ impl Releases {
         longest
     }
 
+    /// The first release at or after `since`.
+    pub(crate) fn first_since(&self, since: Instant) -> Option<Instant> {
+        self.at.iter().copied().find(|&at| at >= since)
+    }
+
     /// Releases at or after `since`; a full ledger counts as "all it can
     /// hold".
     pub(crate) fn since(&self, since: Instant) -> u64 {
@@ -96,6 +101,7 @@ mod tests {
         );
         assert_eq!(releases.between(t0 + ms(450), t0 + ms(900)), (0, None));
         assert_eq!(releases.longest_gap(t0, t0 + ms(450)), ms(100));
+        assert_eq!(releases.first_since(t0 + ms(150)), Some(t0 + ms(200)));
         assert_eq!(releases.longest_gap(t0, t0 + ms(900)), ms(500));
         releases.record(t0 + ms(1_150));
         // The first two left the window; the rest still count.

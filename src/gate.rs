@@ -102,6 +102,22 @@ pub(crate) struct Stop {
     pub(crate) body: String,
 }
 
+/// A gate's request window, as a vendor's signal is read against it.
+struct Window {
+    since: Instant,
+    length: Duration,
+    declared: Rate,
+    /// The pace kept now: a learned quota, else the declared one.
+    kept: Rate,
+}
+
+impl Window {
+    /// The vendor's `limit` allows at least what the gate keeps to.
+    fn allows(&self, limit: u64) -> bool {
+        limit >= u64::from(self.kept.count)
+    }
+}
+
 /// A lane waiting at a gate: since when, and which lane.
 pub(crate) type Waiter = (Instant, u64);
 
@@ -322,46 +338,49 @@ impl Gate {
         reset: Option<Duration>,
         released: Instant,
     ) -> Option<Rate> {
-        let declared = self.request_rate?;
-        let window = declared.per.saturating_add(self.headroom);
-        let mut since = released.checked_sub(window).unwrap_or(released);
-        let pace = {
+        let window = self.window(released)?;
+        let mut since = window.since;
+        let previous = {
             let mut pace = lock(&self.pace);
             let previous = pace.refused_at;
             pace.refused_at = Some(previous.map_or(released, |p| p.max(released)));
-            if let Some(previous) = previous {
-                since = since.max(later(previous, Duration::from_nanos(1)));
-            }
-            pace.learned.unwrap_or(declared)
+            previous
         };
+        if let Some(previous) = previous {
+            // Releases before the previous refusal were not all accepted.
+            since = since.max(later(previous, Duration::from_nanos(1)));
+        }
         let (accepted, first, gap) = {
             let meters = lock(&self.meters);
-            let (accepted, first) = meters.released_between(since, released)?;
-            (accepted, first, meters.longest_gap(since, released))
+            let releases = meters.releases()?;
+            let (accepted, first) = releases.between(since, released);
+            (accepted, first, releases.longest_gap(since, released))
         };
         // Without a stated limit, what the vendor accepted says what it
         // allows only if the lane was pushing at its pace all along: a
         // vendor that throttles everything after a quiet spell (an outage,
         // a forced 429) has not shown its quota.
-        let busy = gap <= pace.interval(self.headroom).saturating_mul(2);
+        let kept = window.kept;
+        let busy = gap <= kept.interval(self.headroom).saturating_mul(2);
         if limit.is_none() && !busy {
             return None;
         }
         let count = limit.unwrap_or(accepted);
-        if count == 0 || count >= u64::from(pace.count) {
+        if count == 0 || count >= u64::from(kept.count) {
             return None;
         }
+        let length = window.length;
         let looks_declared = match reset {
             Some(reset) => {
-                let rounding = (window / 10).min(Duration::from_secs(1));
-                reset >= window / 4 && reset <= window.saturating_add(rounding)
+                let rounding = (length / 10).min(Duration::from_secs(1));
+                reset >= length / 4 && reset <= length.saturating_add(rounding)
             }
-            None => released.saturating_duration_since(first?) >= window / 4,
+            None => released.saturating_duration_since(first?) >= length / 4,
         };
         if !looks_declared {
             return None;
         }
-        let rate = Rate::new(u32::try_from(count).ok()?, declared.per);
+        let rate = Rate::new(u32::try_from(count).ok()?, window.declared.per);
         self.learn(rate).then_some(rate)
     }
 
@@ -373,18 +392,10 @@ impl Gate {
     /// lane a second each time another consumer fills the window, when
     /// the lane's own oldest request leaves it a few milliseconds later.
     pub(crate) fn frees_at(&self, limit: u64, released: Instant) -> Option<Instant> {
-        let declared = self.request_rate?;
-        let pace = lock(&self.pace).learned.unwrap_or(declared);
-        if limit < u64::from(pace.count) {
-            return None;
-        }
-        let window = declared.per.saturating_add(self.headroom);
-        let since = released.checked_sub(window).unwrap_or(released);
-        let oldest = lock(&self.meters).first_release_since(since)?;
-        Some(later(
-            oldest,
-            window.saturating_add(pace.interval(self.headroom)),
-        ))
+        let window = self.window(released).filter(|w| w.allows(limit))?;
+        let oldest = lock(&self.meters).releases()?.first_since(window.since)?;
+        let interval = window.kept.interval(self.headroom);
+        Some(later(oldest, window.length.saturating_add(interval)))
     }
 
     /// Whether this gate's own releases explain a vendor saying `used` of
@@ -399,23 +410,29 @@ impl Gate {
     /// process does not see), the first condition alone decides: the
     /// store's meters keep the fleet within the quota.
     pub(crate) fn explains(&self, limit: u64, used: u64, released: Instant, ledger: bool) -> bool {
-        let Some(declared) = self.request_rate else {
+        let Some(window) = self.window(released).filter(|w| w.allows(limit)) else {
             return false;
         };
-        // A quota the vendor announced and the lane now keeps to counts as
-        // declared.
-        let pace = lock(&self.pace).learned.unwrap_or(declared);
-        if limit < u64::from(pace.count) {
-            return false;
-        }
-        if !ledger {
-            return true;
-        }
-        let window = declared.per.saturating_add(self.headroom);
-        let since = released.checked_sub(window).unwrap_or(released);
-        lock(&self.meters)
-            .released_since(since)
-            .is_some_and(|ours| ours >= used)
+        !ledger
+            || lock(&self.meters)
+                .releases()
+                .is_some_and(|releases| releases.since(window.since) >= used)
+    }
+
+    /// The declared request window (stretched by headroom) that ends with a
+    /// request released at `released`, which a vendor's signal about it is
+    /// read against; `None` when no quota counts requests.
+    fn window(&self, released: Instant) -> Option<Window> {
+        let declared = self.request_rate?;
+        let length = declared.per.saturating_add(self.headroom);
+        Some(Window {
+            since: released.checked_sub(length).unwrap_or(released),
+            length,
+            declared,
+            // A quota the vendor announced and the lane now keeps to counts
+            // as declared.
+            kept: lock(&self.pace).learned.unwrap_or(declared),
+        })
     }
 
     /// The spacing of the declared request rate, if any.

@@ -44,7 +44,7 @@ pub use sliding_log::SlidingLog;
 pub use sliding_window::SlidingWindow;
 pub use token_bucket::TokenBucket;
 
-use self::releases::Releases;
+pub(crate) use self::releases::Releases;
 use crate::error::ConfigError;
 use crate::time::later;
 
@@ -401,32 +401,10 @@ impl Meters {
         }
     }
 
-    /// Releases at or after `since` and before `until`, and the first of
-    /// them (`None` when no quota counts requests).
-    pub(crate) fn released_between(
-        &self,
-        since: Instant,
-        until: Instant,
-    ) -> Option<(u64, Option<Instant>)> {
-        self.releases.as_ref().map(|r| r.between(since, until))
-    }
-
-    /// The first release at or after `since`, if any.
-    pub(crate) fn first_release_since(&self, since: Instant) -> Option<Instant> {
-        self.releases.as_ref()?.first_since(since)
-    }
-
-    /// The longest gap between releases from `since` to `until`.
-    pub(crate) fn longest_gap(&self, since: Instant, until: Instant) -> Duration {
-        self.releases
-            .as_ref()
-            .map_or(Duration::MAX, |r| r.longest_gap(since, until))
-    }
-
-    /// Releases at or after `since`, within the longest request window
-    /// (`None` when no quota counts requests).
-    pub(crate) fn released_since(&self, since: Instant) -> Option<u64> {
-        self.releases.as_ref().map(|r| r.since(since))
+    /// The ledger of releases over the request window (`None` when no
+    /// quota counts requests).
+    pub(crate) fn releases(&self) -> Option<&Releases> {
+        self.releases.as_ref()
     }
 
     fn units(unit: Unit, cost: u64) -> u64 {

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::time::later;
+
 /// Release instants within the last `window`, at most `cap` of them.
 #[derive(Debug)]
 pub(crate) struct Releases {
@@ -33,7 +35,7 @@ impl Releases {
         while self
             .at
             .front()
-            .is_some_and(|&at| at + self.window <= now || self.at.len() >= self.cap)
+            .is_some_and(|&at| later(at, self.window) <= now || self.at.len() >= self.cap)
         {
             self.at.pop_front();
         }

@@ -527,11 +527,14 @@ impl Respond for Vendor {
             .filter_map(|(q, &c)| q.check(c, now, start).err())
             .max();
         let offset = Duration::from_secs(state.clock_offset.unsigned_abs());
+        // An offset no clock can hold leaves the vendor on ours.
+        let now_wall = SystemTime::now();
         let wall = if state.clock_offset >= 0 {
-            SystemTime::now() + offset
+            now_wall.checked_add(offset)
         } else {
-            SystemTime::now() - offset
-        };
+            now_wall.checked_sub(offset)
+        }
+        .unwrap_or(now_wall);
         let (status, mut template) = match (forced, refused) {
             (Some(hint), _) => (429, with_hint(ResponseTemplate::new(429), &hint, wall)),
             (None, refused) => {

@@ -159,6 +159,8 @@ fn header_value(rng: &mut fastrand::Rng) -> String {
 }
 
 const HEADERS: &[&str] = &[
+    "date",
+    "x-ratelimit-reset-after",
     "retry-after",
     "retry-after-ms",
     "x-amz-retry-after",

@@ -58,6 +58,12 @@ pub(super) struct Said {
     pub(super) wall: SystemTime,
 }
 
+impl Said {
+    fn used(&self) -> u64 {
+        self.limit.saturating_sub(self.remaining)
+    }
+}
+
 impl Style {
     /// The answer: accepted, or refused with `wait` until the request would
     /// fit.
@@ -88,10 +94,7 @@ impl Style {
             Style::GitHub => {
                 header("x-ratelimit-limit", limit);
                 header("x-ratelimit-remaining", remaining);
-                header(
-                    "x-ratelimit-used",
-                    (said.limit - said.remaining).to_string(),
-                );
+                header("x-ratelimit-used", said.used().to_string());
                 header(
                     "x-ratelimit-reset",
                     epoch_secs_after(said.wall, said.reset).to_string(),
@@ -128,7 +131,7 @@ impl Style {
                 }
             }
             Style::Shopify => {
-                let used = said.limit - said.remaining;
+                let used = said.used();
                 header("x-shopify-shop-api-call-limit", format!("{used}/{limit}"));
                 if refused.is_some() {
                     header("retry-after", "2.0".to_owned());
@@ -167,7 +170,7 @@ pub(super) fn whole_secs_up(d: Duration) -> u64 {
 /// The epoch second `after` from `wall` (rounded up), as GitHub's
 /// `x-ratelimit-reset` gives it.
 pub(super) fn epoch_secs_after(wall: SystemTime, after: Duration) -> u64 {
-    let reset = wall + after;
+    let reset = wall.checked_add(after).unwrap_or(wall);
     reset
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, whole_secs_up)
@@ -175,7 +178,7 @@ pub(super) fn epoch_secs_after(wall: SystemTime, after: Duration) -> u64 {
 
 /// Discord's epoch with milliseconds, e.g. `1470173023.123`.
 fn epoch_millis_after(wall: SystemTime, after: Duration) -> String {
-    let reset = (wall + after)
+    let reset = (wall.checked_add(after).unwrap_or(wall))
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or_default();
     let millis = reset.as_millis() + u128::from(!reset.subsec_nanos().is_multiple_of(1_000_000));

@@ -104,6 +104,9 @@ pub struct Defaults {
     /// With a shared store: `"open"` or `"closed"` (the default); see
     /// [`StoreFailure`].
     pub on_store_failure: Option<StoreFailure>,
+    /// See [`ShaperBuilder::metrics_per_lane`].
+    #[serde(default)]
+    pub metrics_per_lane: bool,
 }
 
 /// One vendor.
@@ -180,7 +183,9 @@ impl ShaperConfig {
     /// then build.
     pub fn builder(&self) -> Result<ShaperBuilder, ConfigError> {
         let d = &self.defaults;
-        let mut builder = Shaper::builder().policy(d.policy());
+        let mut builder = Shaper::builder()
+            .policy(d.policy())
+            .metrics_per_lane(d.metrics_per_lane);
         if let Some(failure) = d.on_store_failure {
             builder = builder.on_store_failure(failure);
         }

@@ -111,7 +111,8 @@ pub enum Error {
 
     /// The request could not be sent or its response not read, and it was
     /// not (or no longer) retried.
-    #[error("transport error after {attempts} attempts: {source}")]
+    // The source is the next link of the error chain: not repeated here.
+    #[error("transport error after {attempts} attempts")]
     Transport {
         /// How many times the request was sent.
         attempts: u32,
@@ -129,13 +130,13 @@ pub enum Error {
     },
 
     /// The request could not be built (an invalid URL or header).
-    #[error("invalid request: {0}")]
+    #[error("invalid request")]
     InvalidRequest(#[source] reqwest::Error),
 
     /// The lane's shared store (Redis) did not answer and the lane fails
     /// closed ([`StoreFailure::Closed`](crate::StoreFailure)): the request
     /// was not sent. Answered within the store's timeout, never a hang.
-    #[error("lane `{lane}`: the shared store is unavailable: {source}")]
+    #[error("lane `{lane}`: the shared store is unavailable")]
     StoreUnavailable {
         /// The lane that refused the request.
         lane: String,
@@ -154,6 +155,29 @@ pub enum Error {
     /// `#[tokio::main]`).
     #[error("no tokio runtime: send requests from within one")]
     NoRuntime,
+}
+
+impl Error {
+    /// A stable `snake_case` name for the error's kind: the `reason` label
+    /// of `callshaper_refused_total` and the `outcome` of a request's span.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::QueueFull { .. } => "queue_full",
+            Self::CostTooHigh { .. } => "cost_too_high",
+            Self::WouldExceedMaxWait { .. } => "would_exceed_max_wait",
+            Self::MaxWaitElapsed { .. } => "max_wait_elapsed",
+            Self::PauseTooLong { .. } => "pause_too_long",
+            Self::OutOfCredit { .. } => "out_of_credit",
+            Self::RetriesExhausted { .. } => "retries_exhausted",
+            Self::RetryBudgetExhausted { .. } => "retry_budget_exhausted",
+            Self::Transport { .. } => "transport",
+            Self::NoQuota { .. } => "no_quota",
+            Self::InvalidRequest(_) => "invalid_request",
+            Self::StoreUnavailable { .. } => "store_unavailable",
+            Self::Shutdown => "shutdown",
+            Self::NoRuntime => "no_runtime",
+        }
+    }
 }
 
 /// A builder setting that cannot work, named by field.

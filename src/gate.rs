@@ -95,6 +95,19 @@ pub enum PauseCause {
     Requested,
 }
 
+impl PauseCause {
+    /// The cause's name, as metrics label it.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::Spent => "spent",
+            Self::Hinted => "hinted",
+            Self::Unhinted => "unhinted",
+            Self::Fleet => "fleet",
+            Self::Requested => "requested",
+        }
+    }
+}
+
 /// Why a gate refuses everything for a while, as the vendor said it.
 #[derive(Debug)]
 pub(crate) struct Stop {

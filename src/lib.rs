@@ -106,6 +106,6 @@ pub use lane::{Lane, LanePolicy, LaneSnapshot, PauseCause, Priority, Turn};
 pub use meters::{Algorithm, CustomMeter, Meter, Quota, Rate, Unit};
 pub use retry::{Backoff, RetryBudget, RetryPolicy};
 pub use route::{Cost, LaneKey, Level, Route, Tag};
-pub use shaper::{MaxWait, RequestBuilder, Settle, Shaper, ShaperBuilder, Transport};
+pub use shaper::{BoxFuture, MaxWait, RequestBuilder, Settle, Shaper, ShaperBuilder, Transport};
 pub use signals::{Dialect, Signals};
 pub use store::{Store, StoreError, StoreFailure, StoreMode};

@@ -193,16 +193,24 @@ fn explained(signals: &Signals, explains: impl Fn(u64, u64) -> bool) -> bool {
         })
 }
 
-/// A throttle: the vendor's hint, else the vendor gate's growing fallback
-/// (which also counts the throttle for the lane).
-pub(crate) fn throttled(lane: &Lane, signals: &Signals, headroom: Duration) -> Pause {
+/// A throttle answered `status`: the vendor's hint, else the vendor
+/// gate's growing fallback (which also counts the throttle for the lane).
+pub(crate) fn throttled(
+    lane: &Lane,
+    status: StatusCode,
+    signals: &Signals,
+    headroom: Duration,
+) -> Pause {
     let hint = signals.pause_hint();
-    let asked = lane.throttled(hint);
-    let (padded, cause) = match hint {
-        // The vendor's clock and ours are not the same clock.
-        Some(_) if !asked.is_zero() => (asked.saturating_add(headroom), PauseCause::Hinted),
-        Some(_) => (asked, PauseCause::Hinted),
-        None => (asked, PauseCause::Unhinted),
+    let cause = match hint {
+        Some(_) => PauseCause::Hinted,
+        None => PauseCause::Unhinted,
+    };
+    let asked = lane.throttled(hint, status.as_u16(), cause);
+    // The vendor's clock and ours are not the same clock.
+    let padded = match hint {
+        Some(_) if !asked.is_zero() => asked.saturating_add(headroom),
+        _ => asked,
     };
     Pause {
         asked,
@@ -334,11 +342,16 @@ mod tests {
             retry_after: Some(Duration::from_secs(3)),
             ..Signals::default()
         };
-        let pause = throttled(&lane, &hinted, headroom);
+        let pause = throttled(&lane, StatusCode::TOO_MANY_REQUESTS, &hinted, headroom);
         assert_eq!(pause.asked, Duration::from_secs(3));
         assert_eq!(pause.padded, Duration::from_millis(3005));
         assert_eq!(pause.cause, PauseCause::Hinted);
-        let pause = throttled(&lane, &Signals::default(), headroom);
+        let pause = throttled(
+            &lane,
+            StatusCode::TOO_MANY_REQUESTS,
+            &Signals::default(),
+            headroom,
+        );
         assert_eq!(pause.cause, PauseCause::Unhinted);
         assert_eq!(
             pause.asked, pause.padded,

@@ -33,12 +33,10 @@ impl Lane {
     ) -> Result<Place, Error> {
         let shared = &self.shared;
         if let Some(stop) = shared.stopped() {
-            shared.metrics.refused();
             return Err(shared.out_of_credit(&stop));
         }
         let too_costly = shared.gates.iter().filter_map(|g| g.too_costly(cost)).min();
         if let Some(capacity) = too_costly {
-            shared.metrics.refused();
             return Err(Error::CostTooHigh {
                 lane: shared.key.clone(),
                 cost,
@@ -52,7 +50,6 @@ impl Lane {
                 let now = Instant::now();
                 let predicted = self.predicted_wait(cost, now);
                 if predicted > max_wait {
-                    shared.metrics.refused();
                     return Err(Error::WouldExceedMaxWait {
                         lane: shared.key.clone(),
                         predicted,
@@ -74,10 +71,9 @@ impl Lane {
             return Ok(place(Slot::Ready(turn)));
         }
         let capacity = shared.policy.queue_capacity;
-        let queued = shared.waiting.fetch_add(1, Ordering::SeqCst);
+        let queued = shared.count_in();
         if queued >= capacity {
-            shared.waiting.fetch_sub(1, Ordering::SeqCst);
-            shared.metrics.refused();
+            shared.count_out();
             return Err(Error::QueueFull {
                 lane: shared.key.clone(),
                 capacity,
@@ -86,7 +82,6 @@ impl Lane {
         let (ticket, waiter) = Waiter::ticket(&self.shared, seq, cost, priority);
         let mut slot = Slot::Taken;
         self.send(ticket, waiter, &mut slot)?;
-        shared.metrics.queued(queued + 1);
         Ok(place(slot))
     }
 
@@ -131,7 +126,7 @@ impl Lane {
             Some(now)
         })?;
         shared.released.fetch_add(1, Ordering::Relaxed);
-        shared.metrics.released(0);
+        shared.metrics.released();
         Some(Turn {
             _in_flight: permit,
             at: charged_at,

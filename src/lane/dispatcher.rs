@@ -208,8 +208,7 @@ impl Ready<'_> {
             // Counted out by whoever ended it: here if the refusal reached
             // its caller, else by the caller as it left.
             if waiting.turn.send(Err(Box::new(error()))).is_ok() {
-                shared.waiting.fetch_sub(1, Ordering::SeqCst);
-                shared.metrics.refused();
+                shared.count_out();
             }
         }
     }
@@ -229,12 +228,9 @@ impl Ready<'_> {
         let handed = taken.waiting.turn.send(Ok(turn)).is_ok();
         let shared = self.shared;
         if handed {
-            let queued = shared
-                .waiting
-                .fetch_sub(1, Ordering::SeqCst)
-                .saturating_sub(1);
+            shared.count_out();
             shared.released.fetch_add(1, Ordering::Relaxed);
-            shared.metrics.released(queued);
+            shared.metrics.released();
             self.queue.handed(taken.class, taken.batch_waited);
         }
         handed

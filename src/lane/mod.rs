@@ -52,7 +52,7 @@ use crate::error::{ConfigError, Error};
 pub use crate::gate::PauseCause;
 use crate::gate::{Gate, Stop};
 use crate::meters::{Meters, Rate};
-use crate::observability::LaneMetrics;
+use crate::observability::{InFlight, Labels, LaneMetrics};
 use crate::retry::RetryBudget;
 use crate::store::{Remote, StoreMode};
 use crate::time::later;
@@ -151,6 +151,8 @@ struct Shared {
     /// Tells lanes apart in a gate's queue.
     id: u64,
     key: String,
+    /// Its vendor, level and route, for spans and series.
+    labels: Labels,
     policy: LanePolicy,
     /// The gates a release must pass, narrowest level first; the last one
     /// is the vendor's. A standalone [`Lane`] has one of its own; a
@@ -171,6 +173,18 @@ struct Shared {
 }
 
 impl Shared {
+    /// A request joins the waiting; returns how many waited before it.
+    fn count_in(&self) -> usize {
+        self.metrics.queued();
+        self.waiting.fetch_add(1, Ordering::SeqCst)
+    }
+
+    /// A request stops waiting: released, refused or gone.
+    fn count_out(&self) {
+        self.metrics.dequeued();
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+    }
+
     /// The vendor's gate: the broadest level's.
     fn vendor(&self) -> &Gate {
         self.gates.last().map_or(&self.gates[0], |gate| gate)
@@ -244,7 +258,18 @@ impl Lane {
         }
         let settings = policy.gate_settings(RetryBudget::default());
         let own = Arc::new(Gate::new(&policy.quotas, settings, None, 1));
-        Ok(Self::spawn(key.into(), policy, vec![own], None, None))
+        let key = key.into();
+        let labels = Labels::standalone(&key);
+        let metrics = LaneMetrics::new(&labels, None);
+        Ok(Self::spawn(
+            key,
+            labels,
+            metrics,
+            policy,
+            vec![own],
+            None,
+            None,
+        ))
     }
 
     /// Start the dispatcher of a lane whose policy is already validated,
@@ -253,6 +278,8 @@ impl Lane {
     /// meters.
     pub(crate) fn spawn(
         key: String,
+        labels: Labels,
+        metrics: LaneMetrics,
         policy: LanePolicy,
         gates: Vec<Arc<Gate>>,
         on_idle: Option<OnIdle>,
@@ -262,8 +289,9 @@ impl Lane {
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         let shared = Arc::new(Shared {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            metrics: LaneMetrics::new(&key),
+            metrics,
             key,
+            labels,
             gates,
             in_flight: policy
                 .max_in_flight
@@ -299,8 +327,14 @@ impl Lane {
     /// `max_wait`, for a request of cost 1.
     pub async fn acquire(&self) -> Result<Turn, Error> {
         let max_wait = self.shared.policy.max_wait;
-        let mut place = self.enter(1, Priority::Interactive, max_wait)?;
-        self.wait(&mut place).await
+        let turn = match self.enter(1, Priority::Interactive, max_wait) {
+            Ok(mut place) => self.wait(&mut place).await,
+            Err(error) => Err(error),
+        };
+        if let Err(error) = &turn {
+            self.ended(error.reason());
+        }
+        turn
     }
 
     /// Hand the dispatcher a ticket already counted in `waiting`; the
@@ -331,7 +365,7 @@ impl Lane {
                 });
             }
         }
-        self.shared.waiting.fetch_add(1, Ordering::SeqCst);
+        self.shared.count_in();
         let (mut ticket, waiter) =
             Waiter::ticket(&self.shared, place.seq, place.cost, place.priority);
         ticket.not_before = not_before;
@@ -383,7 +417,6 @@ impl Lane {
         if let Some(turn) = waiter.leave() {
             return turn;
         }
-        self.shared.metrics.refused();
         Err(Error::MaxWaitElapsed {
             lane: self.shared.key.clone(),
             max_wait,
@@ -423,18 +456,25 @@ impl Lane {
             remote.pause(pause.min(self.shared.policy.max_pause));
         }
         let gates = &self.shared.gates;
-        gates
+        let until = gates
             .iter()
             .map(|gate| gate.pause_for(pause, cause))
             .max()
-            .unwrap_or_else(Instant::now)
+            .unwrap_or_else(Instant::now);
+        self.shared.metrics.paused(until, cause);
+        until
     }
 
-    /// The lane was throttled: the pause to take (the vendor's hint, else
-    /// the vendor gate's growing fallback).
-    pub(crate) fn throttled(&self, hint: Option<Duration>) -> Duration {
+    /// The lane was throttled with `status`: the pause to take (the
+    /// vendor's hint, else the vendor gate's growing fallback).
+    pub(crate) fn throttled(
+        &self,
+        hint: Option<Duration>,
+        status: u16,
+        cause: PauseCause,
+    ) -> Duration {
         self.shared.throttles.fetch_add(1, Ordering::Relaxed);
-        self.shared.metrics.throttled();
+        self.shared.metrics.throttled(status, cause);
         self.shared.vendor().throttled(hint)
     }
 
@@ -526,6 +566,22 @@ impl Lane {
     /// A request waited `wait` from submission to its first release.
     pub(crate) fn waited(&self, wait: Duration) {
         self.shared.metrics.waited(wait);
+    }
+
+    /// A released request goes on the wire until the guard drops.
+    pub(crate) fn sending(&self) -> InFlight {
+        self.shared.metrics.sending()
+    }
+
+    /// A request of this lane ended with an error of `reason` (see
+    /// [`Error::reason`]), not a response.
+    pub(crate) fn ended(&self, reason: &'static str) {
+        self.shared.metrics.refused(reason);
+    }
+
+    /// The lane's vendor, level and route.
+    pub(crate) fn labels(&self) -> &Labels {
+        &self.shared.labels
     }
 
     /// A request's first attempt: it earns the vendor's retry budget some.

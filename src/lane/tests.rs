@@ -40,7 +40,9 @@ async fn pauses_only_move_forward_and_are_clamped() {
 #[tokio::test(start_paused = true)]
 async fn the_fallback_grows_per_throttle_and_resets_on_success() {
     let lane = Lane::new("t", policy()).unwrap();
-    let floors: Vec<_> = (0..4).map(|_| lane.throttled(None)).collect();
+    let floors: Vec<_> = (0..4)
+        .map(|_| lane.throttled(None, 429, PauseCause::Unhinted))
+        .collect();
     for (n, pause) in floors.iter().enumerate() {
         let ceiling = Duration::from_secs(1 << n);
         assert!(
@@ -49,9 +51,9 @@ async fn the_fallback_grows_per_throttle_and_resets_on_success() {
         );
     }
     lane.succeeded();
-    assert!(lane.throttled(None) <= Duration::from_secs(1));
+    assert!(lane.throttled(None, 429, PauseCause::Unhinted) <= Duration::from_secs(1));
     assert_eq!(
-        lane.throttled(Some(Duration::from_secs(7))),
+        lane.throttled(Some(Duration::from_secs(7)), 429, PauseCause::Hinted),
         Duration::from_secs(7)
     );
     assert_eq!(lane.snapshot().throttles, 6);

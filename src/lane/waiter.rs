@@ -17,7 +17,6 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::task::{Context, Poll, ready};
 
 use tokio::sync::oneshot;
@@ -89,7 +88,7 @@ impl Waiter {
         if let Some(lane) = self.lane.take()
             && !answered
         {
-            lane.waiting.fetch_sub(1, Ordering::SeqCst);
+            lane.count_out();
         }
     }
 }

@@ -33,6 +33,7 @@ pub struct ShaperBuilder {
     dialects: Vec<Arc<dyn Dialect>>,
     store: Option<Store>,
     store_failure: StoreFailure,
+    metrics_per_lane: bool,
 }
 
 impl Default for ShaperBuilder {
@@ -50,6 +51,7 @@ impl Default for ShaperBuilder {
             dialects: Vec::new(),
             store: None,
             store_failure: StoreFailure::default(),
+            metrics_per_lane: false,
         }
     }
 }
@@ -144,6 +146,15 @@ impl ShaperBuilder {
     /// goes to batch (default 5).
     pub fn batch_share(self, n: u32) -> Self {
         self.edit(move |p| p.batch_share = n)
+    }
+
+    /// Label every metric series with its lane as well (`lane`), besides
+    /// its vendor, level and route. Off by default: with a lane per tenant
+    /// or API key, that is a series per key, and the series outlive their
+    /// lanes in most recorders.
+    pub fn metrics_per_lane(mut self, per_lane: bool) -> Self {
+        self.metrics_per_lane = per_lane;
+        self
     }
 
     /// Read a vendor's own header dialect too (see [`Dialect`]).
@@ -340,6 +351,7 @@ impl ShaperBuilder {
                 shut: AtomicBool::new(false),
                 store: self.store,
                 store_failure: self.store_failure,
+                metrics_per_lane: self.metrics_per_lane,
             }),
         })
     }

@@ -3,14 +3,17 @@
 //! (keeping its place) or finish with exactly one outcome.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use reqwest::{Request, Response};
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::{Settle, Shaper};
 use crate::error::Error;
 use crate::lane::{Lane, Priority};
+use crate::observability::RequestSpan;
 use crate::retry;
 use crate::route::Tag;
 use crate::signals::Signals;
@@ -25,14 +28,23 @@ pub(crate) struct Options {
     pub(crate) tag: Option<Tag>,
 }
 
+/// What a request's end reports: how far it got.
+#[derive(Default)]
+struct Tally {
+    lane: Option<Arc<Lane>>,
+    queued: Duration,
+    attempts: u32,
+    throttles: u32,
+}
+
 impl Shaper {
-    /// The loop every request runs: wait for the turns, send, and decide
-    /// from the outcome whether to pause the lanes and go again.
+    /// The life of one request, in its span: [`run`](Self::run), then its
+    /// outcome recorded once on the span and the lane's series.
     pub(crate) async fn drive<E, F, Fut>(
         &self,
-        mut request: Request,
+        request: Request,
         options: Options,
-        mut send: F,
+        send: F,
     ) -> Result<Response, Failure<E>>
     where
         E: SendFailure,
@@ -42,28 +54,79 @@ impl Shaper {
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(Error::NoRuntime.into());
         }
+        let span = RequestSpan::new(&request);
+        let mut tally = Tally::default();
+        let outcome = self
+            .run(request, options, send, &span, &mut tally)
+            .instrument(span.span().clone())
+            .await;
+        let reason = match &outcome {
+            Ok(_) => "response",
+            Err(Failure::Shaper(error)) => error.reason(),
+            Err(Failure::Send { .. }) => "transport",
+        };
+        span.ended(tally.queued, tally.attempts, tally.throttles, reason);
+        if let Err(failure) = &outcome {
+            if let Failure::Shaper(error) = failure {
+                tracing::debug!(parent: span.span(), reason, %error, "callshaper: request refused");
+            }
+            if let Some(lane) = &tally.lane {
+                lane.ended(reason);
+            }
+        }
+        outcome
+    }
+
+    /// The loop every request runs: wait for the turns, send, and decide
+    /// from the outcome whether to pause the lanes and go again.
+    async fn run<E, F, Fut>(
+        &self,
+        mut request: Request,
+        options: Options,
+        mut send: F,
+        span: &RequestSpan,
+        tally: &mut Tally,
+    ) -> Result<Response, Failure<E>>
+    where
+        E: SendFailure,
+        F: FnMut(Request) -> Fut,
+        Fut: Future<Output = Result<Response, E>>,
+    {
         let lane = self.lane_for(&request, options.tag.as_ref())?;
+        tally.lane = Some(lane.clone());
         let cost = options
             .cost
             .or_else(|| self.inner.cost.as_ref().map(|estimate| estimate(&request)))
             .unwrap_or(1);
+        span.entered(lane.key(), lane.labels(), cost, options.priority);
         let max_wait = options.max_wait.or(lane.policy().max_wait);
         let submitted = Instant::now();
         let mut place = lane.enter(cost, options.priority, max_wait)?;
         let policy = &self.inner.retry;
         let may_retry_failure =
             policy.retry_non_idempotent || retry::is_idempotent(request.method());
-        let (mut attempts, mut failures, mut throttles) = (0u32, 0u32, 0u32);
+        let mut failures = 0u32;
+        let mut waiting_since = submitted;
         loop {
             let turn = lane.wait(&mut place).await?;
-            attempts += 1;
+            tally.queued = tally.queued.saturating_add(waiting_since.elapsed());
+            tally.attempts += 1;
+            let attempts = tally.attempts;
             if attempts == 1 {
                 lane.deposit();
                 lane.waited(submitted.elapsed());
             }
             // A body that can't be cloned (a stream) allows one send only.
             let spare = request.try_clone();
-            let mut outcome = send(request).await;
+            let attempt = span.attempt(attempts);
+            let mut outcome = {
+                let _on_the_wire = lane.sending();
+                send(request).instrument(attempt.span().clone()).await
+            };
+            match &outcome {
+                Ok(response) => attempt.answered(response.status().as_u16()),
+                Err(error) => attempt.failed(error),
+            }
             let charged_at = turn.at();
             drop(turn);
 
@@ -95,22 +158,22 @@ impl Shaper {
                         tracing::info!(
                             lane = lane.key(),
                             reset = ?pause.asked,
-                            cause = ?pause.cause,
+                            cause = pause.cause.label(),
                             "quota used up; pausing until it resets"
                         );
                     }
                     return outcome.map_err(|source| Failure::Send { attempts, source });
                 }
                 (Verdict::Throttled, Ok(response)) => {
-                    throttles += 1;
-                    let pause = throttle::throttled(&lane, &signals, headroom);
+                    tally.throttles += 1;
+                    let pause = throttle::throttled(&lane, response.status(), &signals, headroom);
                     lane.pause_because(pause.padded, pause.cause);
                     throttle::refused(&lane, response.status(), &signals, charged_at);
                     tracing::warn!(
                         lane = lane.key(),
                         status = response.status().as_u16(),
                         pause = ?pause.asked,
-                        cause = ?pause.cause,
+                        cause = pause.cause.label(),
                         "vendor throttled the lane; pausing it"
                     );
                     let max_pause = lane.policy().max_pause;
@@ -130,7 +193,7 @@ impl Shaper {
                     if let Some(error) = throttle::out_of_credit(&lane, response).await {
                         return Err(error.into());
                     }
-                    if throttles >= policy.max_throttles {
+                    if tally.throttles >= policy.max_throttles {
                         return Err(Error::RetriesExhausted {
                             attempts,
                             last_status: status,
@@ -189,6 +252,7 @@ impl Shaper {
                 }
             };
             lane.reenter(&mut place, backoff)?;
+            waiting_since = Instant::now();
         }
     }
 
@@ -240,8 +304,9 @@ impl<E> From<Error> for Failure<E> {
     }
 }
 
-/// What the retry rules need to know about a transport error.
-pub(crate) trait SendFailure {
+/// What the retry rules need to know about a transport error (shown on
+/// the attempt's span).
+pub(crate) trait SendFailure: std::fmt::Display {
     /// No connection was made: the vendor never saw the request.
     fn is_connect(&self) -> bool;
     /// Worth another try for an idempotent request (timeouts, resets).

@@ -119,6 +119,8 @@ struct Inner {
     /// Where the gates' quotas live when a fleet shares them.
     store: Option<Store>,
     store_failure: StoreFailure,
+    /// Series labelled by lane too (`ShaperBuilder::metrics_per_lane`).
+    metrics_per_lane: bool,
 }
 
 /// The lane key of a request when none is chosen: its origin

@@ -18,6 +18,7 @@ use crate::error::Error;
 use crate::gate::{Gate, GateMap};
 use crate::lane::{Lane, LanePolicy, OnIdle};
 use crate::meters::Quota;
+use crate::observability::{Labels, LaneMetrics, StoreMetrics};
 use crate::route::{Level, Route, Tag};
 use crate::store::Store;
 use crate::sync::{lock, shrink};
@@ -92,6 +93,18 @@ impl Shaper {
             .zip(&keys)
             .map(|(level, key)| self.gate_for(level, key))
             .collect();
+        let labels = Labels {
+            vendor: keys.last().cloned().unwrap_or_default(),
+            level: match levels[0].name.as_str() {
+                "" => "vendor".to_owned(),
+                name => name.to_owned(),
+            },
+            route: self
+                .route_for(request)
+                .map(|route| route.name.clone())
+                .unwrap_or_default(),
+        };
+        let per_lane = self.inner.metrics_per_lane.then_some(name.as_str());
         let remote = self.inner.store.as_ref().map(|store| {
             let failure = self
                 .route_for(request)
@@ -99,7 +112,8 @@ impl Shaper {
                 .unwrap_or(self.inner.store_failure);
             let quotas: Vec<Vec<Quota>> = levels.iter().map(|l| l.quotas.clone()).collect();
             let headroom = self.inner.policy.headroom;
-            let link = store.link(shared.clone(), &keys, &quotas, headroom, failure, &name);
+            let metrics = StoreMetrics::new(&labels, per_lane);
+            let link = store.link(shared.clone(), &keys, &quotas, headroom, failure, metrics);
             Arc::new(link)
         });
         let policy = LanePolicy {
@@ -107,8 +121,11 @@ impl Shaper {
             ..self.inner.policy.clone()
         };
         let on_idle = evict_when_idle(Arc::downgrade(&self.inner.registry.lanes), name.clone());
+        let metrics = LaneMetrics::new(&labels, per_lane);
         let lane = Arc::new(Lane::spawn(
             name.clone(),
+            labels,
+            metrics,
             policy,
             shared,
             Some(on_idle),

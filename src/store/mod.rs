@@ -72,6 +72,7 @@ pub(crate) use self::remote::{Remote, Source};
 pub use crate::error::StoreError;
 use crate::gate::Gate;
 use crate::meters::Quota;
+use crate::observability::StoreMetrics;
 
 /// A shared store for [`ShaperBuilder::store`](crate::ShaperBuilder::store):
 /// made from a concrete store, e.g. `RedisStore` (feature `redis`). Cheap
@@ -104,7 +105,7 @@ impl Store {
         quotas: &[Vec<Quota>],
         headroom: Duration,
         failure: StoreFailure,
-        lane: &str,
+        metrics: StoreMetrics,
     ) -> Remote {
         // A gate's state matters as long as its longest window, and a
         // second more for the clocks' differences.
@@ -117,7 +118,7 @@ impl Store {
             .unwrap_or_default()
             .saturating_add(Duration::from_secs(1));
         let link = self.inner.lane(names, quotas, headroom, keep, &gates);
-        Remote::new(link, gates, self.inner.settings(), keep, failure, lane)
+        Remote::new(link, gates, self.inner.settings(), keep, failure, metrics)
     }
 }
 
@@ -245,12 +246,12 @@ pub enum StoreMode {
 }
 
 impl StoreMode {
-    /// The value of the `callshaper_store_mode` gauge.
-    pub(crate) fn gauge(self) -> f64 {
+    /// The mode's name in the `callshaper_store_mode` state set.
+    pub(crate) fn label(self) -> &'static str {
         match self {
-            Self::Shared => 0.0,
-            Self::Fallback => 1.0,
-            Self::Unavailable => 2.0,
+            Self::Shared => "shared",
+            Self::Fallback => "fallback",
+            Self::Unavailable => "unavailable",
         }
     }
 }

@@ -119,10 +119,9 @@ impl Remote {
         settings: StoreSettings,
         keep: Duration,
         failure: StoreFailure,
-        lane: &str,
+        metrics: StoreMetrics,
     ) -> Self {
-        let metrics = StoreMetrics::new(lane);
-        metrics.mode(StoreMode::Shared.gauge());
+        metrics.mode(StoreMode::Shared);
         Self {
             gates,
             link,
@@ -251,8 +250,8 @@ impl Remote {
         };
         let mut state = lock(&self.state);
         if state.mode != mode {
-            tracing::warn!(lane, %error, ?mode, "callshaper: the shared store failed; the lane leaves the shared quota");
-            self.metrics.mode(mode.gauge());
+            tracing::warn!(lane, %error, mode = mode.label(), "callshaper: the shared store failed; the lane leaves the shared quota");
+            self.metrics.mode(mode);
             if mode == StoreMode::Fallback && state.mode == StoreMode::Shared {
                 // Other instances may still hold slots booked before the
                 // failure, up to a horizon ahead, and will use them. Count
@@ -280,7 +279,7 @@ impl Remote {
                 lane,
                 "callshaper: the shared store is back; the lane is on the shared quota again"
             );
-            self.metrics.mode(StoreMode::Shared.gauge());
+            self.metrics.mode(StoreMode::Shared);
             // Every other instance finds the store within a probe interval;
             // a window later, what they sent on their own has left the
             // vendor's window too. Until then the share still applies.

@@ -80,7 +80,7 @@ pub(crate) struct Aimd {
 
 impl Aimd {
     pub(crate) fn new(knobs: Adaptive, ceiling: crate::Rate) -> Self {
-        let ceiling = f64::from(ceiling.count) / ceiling.per.as_secs_f64();
+        let ceiling = ceiling.per_second();
         Self {
             knobs,
             share: 1.0,

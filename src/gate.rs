@@ -453,6 +453,11 @@ impl Gate {
         self.request_rate.map(|rate| rate.interval(self.headroom))
     }
 
+    /// The tightest request quota declared for the gate, if it has one.
+    pub(crate) fn declared(&self) -> Option<Rate> {
+        self.request_rate
+    }
+
     pub(crate) fn learned(&self) -> Option<Rate> {
         lock(&self.pace).learned
     }

@@ -285,6 +285,14 @@ impl Lane {
         on_idle: Option<OnIdle>,
         remote: Option<Arc<Remote>>,
     ) -> Self {
+        // The tightest declared request quota of the lane's gates.
+        let declared = gates
+            .iter()
+            .filter_map(|gate| gate.declared())
+            .min_by(|a, b| a.per_second().total_cmp(&b.per_second()));
+        if let Some(rate) = declared {
+            metrics.declared(rate);
+        }
         let (tickets, tickets_rx) = async_channel::unbounded();
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         let shared = Arc::new(Shared {

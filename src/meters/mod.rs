@@ -79,6 +79,12 @@ impl Rate {
         self.per.saturating_add(headroom) / self.count.max(1)
     }
 
+    /// The average rate in units per second (a window of zero, which only
+    /// a vendor could announce, counts as a nanosecond).
+    pub fn per_second(&self) -> f64 {
+        f64::from(self.count) / self.per.as_secs_f64().max(1e-9)
+    }
+
     /// The longest window a quota may have: vendors count per second,
     /// minute, hour, day or month, and a year bounds every instant a meter
     /// computes from it far from overflow.

@@ -68,6 +68,10 @@ mod on {
             "When the latest pause of the lanes ends, in Unix time"
         );
         describe_gauge!(
+            "callshaper_quota_rate",
+            "Requests per second the lanes' tightest declared quota allows"
+        );
+        describe_gauge!(
             "callshaper_learned_rate",
             "Requests per second the vendor's answers taught the lanes"
         );
@@ -176,10 +180,14 @@ mod on {
             counter!("callshaper_refused_total", all).increment(1);
         }
 
+        /// The lane's quota allows `rate`, reported in requests per second.
+        pub(crate) fn declared(&self, rate: Rate) {
+            gauge!("callshaper_quota_rate", self.labels.clone()).set(rate.per_second());
+        }
+
         /// The lane now keeps to `rate`, reported in requests per second.
         pub(crate) fn learned(&self, rate: Rate) {
-            gauge!("callshaper_learned_rate", self.labels.clone())
-                .set(f64::from(rate.count) / rate.per.as_secs_f64());
+            gauge!("callshaper_learned_rate", self.labels.clone()).set(rate.per_second());
         }
 
         pub(crate) fn waited(&self, wait: Duration) {
@@ -263,6 +271,8 @@ mod off {
         pub(crate) fn retried(&self) {}
 
         pub(crate) fn refused(&self, _reason: &'static str) {}
+
+        pub(crate) fn declared(&self, _rate: Rate) {}
 
         pub(crate) fn learned(&self, _rate: Rate) {}
 

@@ -40,6 +40,7 @@
 //! | `callshaper_queue_depth` | gauge | | requests waiting in the lanes |
 //! | `callshaper_in_flight` | gauge | | requests released and not yet answered |
 //! | `callshaper_pause_end_timestamp_seconds` | gauge | | when the latest pause ends, in Unix seconds: `callshaper_pause_end_timestamp_seconds - time()` is the pause left |
+//! | `callshaper_quota_rate` | gauge | | requests per second the lane's tightest declared request quota allows |
 //! | `callshaper_learned_rate` | gauge | | requests per second the vendor's answers taught the lane (absent until it learned one) |
 //! | `callshaper_wait_seconds` | histogram | | time from submission to first release |
 //! | `callshaper_store_mode` | gauge, state set | `mode` | with a shared store: 1 for the mode in force (`shared`, `fallback`, `unavailable`), 0 for the others |

@@ -58,7 +58,7 @@
 //! | [`adaptive`] | pacing for vendors that announce nothing (AIMD) |
 //! | `throttle` | what a response means: final, throttle or failure; which pause, and why |
 //! | [`retry`] | which failures are tried again, the backoff, the retry budget |
-//! | `observability` | `metrics` counters, gauges and a histogram per lane (feature `metrics`) |
+//! | [`observability`] | a `tracing` span per request and attempt; `metrics` series (feature `metrics`) |
 //! | `config` | a shaper declared in TOML or JSON (feature `config`) |
 //! | `middleware` | `reqwest_middleware::Middleware` (feature `middleware`) |
 //! | [`store`] | where quotas live: this process, or Redis / Redis Cluster for a fleet (feature `redis`) |
@@ -74,6 +74,25 @@
 //! is down. The queue, FIFO order, retries and signals stay local; the
 //! guarantees above then hold for the fleet, up to the jitter between the
 //! instances and the vendor, which the headroom absorbs.
+//!
+//! # Features
+//!
+//! | feature | default | what it adds |
+//! |---|---|---|
+//! | `rustls` | yes | https through rustls (reqwest's own default TLS) |
+//! | `http2` | yes | reqwest's HTTP/2 |
+//! | `system-proxy` | yes | proxies from the environment and the system settings |
+//! | `charset` | yes | `Response::text` decodes the declared charset |
+//! | `native-tls` | | https through the platform's TLS instead of rustls |
+//! | `serde` | | serde for the settings types and [`LaneSnapshot`] |
+//! | `config` | | `ShaperConfig`: a shaper declared in TOML or JSON (implies `serde`) |
+//! | `metrics` | | the series of [`observability`] through the `metrics` facade |
+//! | `middleware` | | `reqwest_middleware::Middleware` for [`Shaper`] |
+//! | `redis` | | `store::RedisStore`: a fleet shares its quotas through Redis or Redis Cluster |
+//! | `testing` | | `testing::Vendor`, a wiremock vendor with a strict quota, and a `redis-server` of the test's own |
+//!
+#![cfg_attr(not(feature = "redis"), doc = "[`store::RedisStore`]: crate#features")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
@@ -86,7 +105,7 @@ pub mod lane;
 pub mod meters;
 #[cfg(feature = "middleware")]
 pub mod middleware;
-mod observability;
+pub mod observability;
 pub mod retry;
 pub mod route;
 pub mod shaper;

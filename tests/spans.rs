@@ -146,7 +146,7 @@ async fn each_request_has_a_span_and_each_attempt_a_child() {
         assert_eq!(fields["vendor"], vendor.uri());
         assert_eq!(fields["level"], "vendor");
         assert_eq!(fields["cost"], "1");
-        assert_eq!(fields["priority"], "Interactive");
+        assert_eq!(fields["priority"], "interactive");
         assert_eq!(fields["outcome"], "response");
         let attempts: usize = fields["attempts"].parse().unwrap();
         let children = spans.children(*id);

@@ -469,7 +469,7 @@ impl Lane {
             .map(|gate| gate.pause_for(pause, cause))
             .max()
             .unwrap_or_else(Instant::now);
-        self.shared.metrics.paused(until, cause);
+        self.shared.metrics.paused(until, cause.label());
         until
     }
 
@@ -482,7 +482,7 @@ impl Lane {
         cause: PauseCause,
     ) -> Duration {
         self.shared.throttles.fetch_add(1, Ordering::Relaxed);
-        self.shared.metrics.throttled(status, cause);
+        self.shared.metrics.throttled(status, cause.label());
         self.shared.vendor().throttled(hint)
     }
 

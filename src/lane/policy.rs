@@ -155,3 +155,13 @@ pub enum Priority {
     /// one release in `batch_share` when they do.
     Batch,
 }
+
+impl Priority {
+    /// The class's name, as spans show it.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::Interactive => "interactive",
+            Self::Batch => "batch",
+        }
+    }
+}

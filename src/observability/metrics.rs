@@ -2,9 +2,7 @@
 //! `metrics` facade; without the feature, the same calls do nothing.
 
 use super::Labels;
-use crate::gate::PauseCause;
 use crate::meters::Rate;
-use crate::store::StoreMode;
 
 #[cfg(feature = "metrics")]
 pub(crate) use self::on::{InFlight, LaneMetrics, StoreMetrics};
@@ -22,7 +20,7 @@ mod on {
     };
     use tokio::time::Instant;
 
-    use super::{Labels, PauseCause, Rate, StoreMode};
+    use super::{Labels, Rate};
 
     /// Help text and units, sent to the recorder each time a lane starts:
     /// a recorder installed after the first lane still learns them.
@@ -153,15 +151,15 @@ mod on {
         /// Rare paths register their series as they happen: a label value
         /// (a status, a reason) is only known then, and a series that
         /// never happened is not reported as zero.
-        pub(crate) fn throttled(&self, status: u16, cause: PauseCause) {
+        pub(crate) fn throttled(&self, status: u16, cause: &'static str) {
             let status = plus(&self.labels, "status", &status.to_string());
-            let all = plus(&status, "cause", cause.label());
+            let all = plus(&status, "cause", cause);
             counter!("callshaper_throttles_total", all).increment(1);
         }
 
         /// A pause until `until` began (or was extended).
-        pub(crate) fn paused(&self, until: Instant, cause: PauseCause) {
-            let all = plus(&self.labels, "cause", cause.label());
+        pub(crate) fn paused(&self, until: Instant, cause: &'static str) {
+            let all = plus(&self.labels, "cause", cause);
             counter!("callshaper_pauses_total", all).increment(1);
             let left = until.saturating_duration_since(Instant::now());
             let end = SystemTime::now()
@@ -215,26 +213,23 @@ mod on {
     /// A lane's store mode, as an OpenMetrics state set: one series per
     /// mode, 1 for the one in force.
     pub(crate) struct StoreMetrics {
-        modes: [(StoreMode, Gauge); 3],
+        modes: Vec<(&'static str, Gauge)>,
     }
 
     impl StoreMetrics {
-        pub(crate) fn new(labels: &Labels, lane: Option<&str>) -> Self {
+        /// The state set of `modes`, by name.
+        pub(crate) fn new(labels: &Labels, lane: Option<&str>, modes: &[&'static str]) -> Self {
             let base = labelled(labels, lane);
-            let of = |mode: StoreMode| {
-                let all = plus(&base, "mode", mode.label());
+            let of = |mode: &'static str| {
+                let all = plus(&base, "mode", mode);
                 (mode, gauge!("callshaper_store_mode", all))
             };
             Self {
-                modes: [
-                    of(StoreMode::Shared),
-                    of(StoreMode::Fallback),
-                    of(StoreMode::Unavailable),
-                ],
+                modes: modes.iter().map(|mode| of(mode)).collect(),
             }
         }
 
-        pub(crate) fn mode(&self, now: StoreMode) {
+        pub(crate) fn mode(&self, now: &str) {
             for (mode, gauge) in &self.modes {
                 gauge.set(if *mode == now { 1.0 } else { 0.0 });
             }
@@ -249,7 +244,7 @@ mod off {
 
     use tokio::time::Instant;
 
-    use super::{Labels, PauseCause, Rate, StoreMode};
+    use super::{Labels, Rate};
 
     pub(crate) struct LaneMetrics;
 
@@ -264,9 +259,9 @@ mod off {
 
         pub(crate) fn dequeued(&self) {}
 
-        pub(crate) fn throttled(&self, _status: u16, _cause: PauseCause) {}
+        pub(crate) fn throttled(&self, _status: u16, _cause: &'static str) {}
 
-        pub(crate) fn paused(&self, _until: Instant, _cause: PauseCause) {}
+        pub(crate) fn paused(&self, _until: Instant, _cause: &'static str) {}
 
         pub(crate) fn retried(&self) {}
 
@@ -288,10 +283,10 @@ mod off {
     pub(crate) struct StoreMetrics;
 
     impl StoreMetrics {
-        pub(crate) fn new(_labels: &Labels, _lane: Option<&str>) -> Self {
+        pub(crate) fn new(_labels: &Labels, _lane: Option<&str>, _modes: &[&'static str]) -> Self {
             Self
         }
 
-        pub(crate) fn mode(&self, _now: StoreMode) {}
+        pub(crate) fn mode(&self, _now: &str) {}
     }
 }

@@ -1,10 +1,12 @@
 //! What a lane tells the outside: a `tracing` span per request and per
 //! attempt, `metrics` series (feature `metrics`), next to the `tracing`
-//! events and [`LaneSnapshot`](crate::LaneSnapshot).
+//! events and [`LaneSnapshot`](crate::LaneSnapshot). Nothing here is
+//! called by hand: the shaper reports as it works, to whatever `tracing`
+//! subscriber and `metrics` recorder the application installed.
 //!
 //! | file | what it owns |
 //! |---|---|
-//! | `mod.rs` | [`Labels`]: which vendor, level and route a lane belongs to |
+//! | `mod.rs` | the labels: which vendor, level and route a lane belongs to |
 //! | `metrics.rs` | the series, described with units, and their handles |
 //! | `spans.rs` | the request and attempt spans, and what is recorded on them |
 //!

@@ -5,10 +5,9 @@ use std::time::Duration;
 
 use reqwest::Request;
 use tracing::Span;
-use tracing::field::{Empty, debug};
+use tracing::field::Empty;
 
 use super::Labels;
-use crate::lane::Priority;
 
 /// A request's span, from submission to its one outcome.
 pub(crate) struct RequestSpan(Span);
@@ -47,14 +46,14 @@ impl RequestSpan {
     }
 
     /// The request joined `lane`.
-    pub(crate) fn entered(&self, lane: &str, labels: &Labels, cost: u64, priority: Priority) {
+    pub(crate) fn entered(&self, lane: &str, labels: &Labels, cost: u64, priority: &str) {
         let span = &self.0;
         span.record("lane", lane);
         span.record("vendor", labels.vendor.as_str());
         span.record("level", labels.level.as_str());
         span.record("route", labels.route.as_str());
         span.record("cost", cost);
-        span.record("priority", debug(priority));
+        span.record("priority", priority);
     }
 
     /// The request ended with `outcome` (`response` or an error's reason).

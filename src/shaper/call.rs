@@ -98,7 +98,7 @@ impl Shaper {
             .cost
             .or_else(|| self.inner.cost.as_ref().map(|estimate| estimate(&request)))
             .unwrap_or(1);
-        span.entered(lane.key(), lane.labels(), cost, options.priority);
+        span.entered(lane.key(), lane.labels(), cost, options.priority.label());
         let max_wait = options.max_wait.or(lane.policy().max_wait);
         let submitted = Instant::now();
         let mut place = lane.enter(cost, options.priority, max_wait)?;

@@ -20,7 +20,7 @@ use crate::lane::{Lane, LanePolicy, OnIdle};
 use crate::meters::Quota;
 use crate::observability::{Labels, LaneMetrics, StoreMetrics};
 use crate::route::{Level, Route, Tag};
-use crate::store::Store;
+use crate::store::{Store, StoreMode};
 use crate::sync::{lock, shrink};
 
 type LaneMap = Mutex<HashMap<String, Arc<Lane>>>;
@@ -112,7 +112,7 @@ impl Shaper {
                 .unwrap_or(self.inner.store_failure);
             let quotas: Vec<Vec<Quota>> = levels.iter().map(|l| l.quotas.clone()).collect();
             let headroom = self.inner.policy.headroom;
-            let metrics = StoreMetrics::new(&labels, per_lane);
+            let metrics = StoreMetrics::new(&labels, per_lane, StoreMode::LABELS);
             let link = store.link(shared.clone(), &keys, &quotas, headroom, failure, metrics);
             Arc::new(link)
         });

@@ -45,6 +45,11 @@
 //! Cluster hash tag, so all the gates a lane charges together (its tenant's,
 //! its route's, the vendor's) live on one shard and one script can charge
 //! them atomically.
+//!
+#![cfg_attr(
+    not(feature = "redis"),
+    doc = "[`RedisStore`]: crate#features\n[`RedisOptions::batch`]: crate#features\n[`RedisOptions::horizon`]: crate#features\n[`RedisOptions::timeout`]: crate#features\n[`RedisOptions::probe_every`]: crate#features\n[`RedisOptions::fleet_size`]: crate#features"
+)]
 
 //!
 //! # Adding a store
@@ -220,6 +225,11 @@ pub enum StoreFailure {
     /// whole fleet falls back at once. It starts one horizon
     /// ([`RedisOptions::horizon`]) after the failure, when every slot other
     /// instances booked before it has gone.
+    ///
+    #[cfg_attr(
+        not(feature = "redis"),
+        doc = "[`RedisOptions::fleet_size`]: crate#features\n[`RedisOptions::horizon`]: crate#features"
+    )]
     Open,
     /// End waiting and new requests at once with
     /// [`Error::StoreUnavailable`](crate::Error::StoreUnavailable): the
@@ -246,6 +256,9 @@ pub enum StoreMode {
 }
 
 impl StoreMode {
+    /// Every mode's name: the `callshaper_store_mode` state set.
+    pub(crate) const LABELS: &[&'static str] = &["shared", "fallback", "unavailable"];
+
     /// The mode's name in the `callshaper_store_mode` state set.
     pub(crate) fn label(self) -> &'static str {
         match self {

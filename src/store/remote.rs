@@ -121,7 +121,7 @@ impl Remote {
         failure: StoreFailure,
         metrics: StoreMetrics,
     ) -> Self {
-        metrics.mode(StoreMode::Shared);
+        metrics.mode(StoreMode::Shared.label());
         Self {
             gates,
             link,
@@ -251,7 +251,7 @@ impl Remote {
         let mut state = lock(&self.state);
         if state.mode != mode {
             tracing::warn!(lane, %error, mode = mode.label(), "callshaper: the shared store failed; the lane leaves the shared quota");
-            self.metrics.mode(mode);
+            self.metrics.mode(mode.label());
             if mode == StoreMode::Fallback && state.mode == StoreMode::Shared {
                 // Other instances may still hold slots booked before the
                 // failure, up to a horizon ahead, and will use them. Count
@@ -279,7 +279,7 @@ impl Remote {
                 lane,
                 "callshaper: the shared store is back; the lane is on the shared quota again"
             );
-            self.metrics.mode(StoreMode::Shared);
+            self.metrics.mode(StoreMode::Shared.label());
             // Every other instance finds the store within a probe interval;
             // a window later, what they sent on their own has left the
             // vendor's window too. Until then the share still applies.

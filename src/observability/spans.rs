@@ -16,17 +16,10 @@ impl RequestSpan {
     /// The span of `request`, before it has a lane. Its URL loses the
     /// query, the fragment and any credentials: they are often secrets.
     pub(crate) fn new(request: &Request) -> Self {
-        let mut url = request.url().clone();
-        url.set_query(None);
-        url.set_fragment(None);
-        // Only URLs that cannot carry credentials refuse these, and those
-        // have none to hide.
-        let _ = url.set_password(None);
-        let _ = url.set_username("");
-        Self(tracing::info_span!(
+        let span = tracing::info_span!(
             "callshaper.request",
             method = %request.method(),
-            url = %url,
+            url = Empty,
             lane = Empty,
             vendor = Empty,
             level = Empty,
@@ -37,7 +30,19 @@ impl RequestSpan {
             attempts = Empty,
             throttles = Empty,
             outcome = Empty,
-        ))
+        );
+        // Nobody listening: no copy of the URL either.
+        if !span.is_disabled() {
+            let mut url = request.url().clone();
+            url.set_query(None);
+            url.set_fragment(None);
+            // Only URLs that cannot carry credentials refuse these, and
+            // those have none to hide.
+            let _ = url.set_password(None);
+            let _ = url.set_username("");
+            span.record("url", url.as_str());
+        }
+        Self(span)
     }
 
     /// The span itself, to run the request's future in.

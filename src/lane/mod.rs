@@ -335,14 +335,12 @@ impl Lane {
     /// `max_wait`, for a request of cost 1.
     pub async fn acquire(&self) -> Result<Turn, Error> {
         let max_wait = self.shared.policy.max_wait;
-        let turn = match self.enter(1, Priority::Interactive, max_wait) {
-            Ok(mut place) => self.wait(&mut place).await,
-            Err(error) => Err(error),
-        };
-        if let Err(error) = &turn {
-            self.ended(error.reason());
-        }
-        turn
+        let mut place = self
+            .enter(1, Priority::Interactive, max_wait)
+            .inspect_err(|error| self.ended(error.reason()))?;
+        self.wait(&mut place)
+            .await
+            .inspect_err(|error| self.ended(error.reason()))
     }
 
     /// Hand the dispatcher a ticket already counted in `waiting`; the

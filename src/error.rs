@@ -6,7 +6,8 @@
 
 use std::time::Duration;
 
-use reqwest::StatusCode;
+use reqwest::header::HeaderMap;
+use reqwest::{Response, StatusCode};
 
 /// Why a request ended without a response.
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +71,8 @@ pub enum Error {
         requested: Duration,
         /// The lane's limit.
         max_pause: Duration,
+        /// The throttle itself.
+        answer: Box<Answer>,
     },
 
     /// The vendor said the account is out of credit or past a spending cap
@@ -93,8 +96,10 @@ pub enum Error {
     RetriesExhausted {
         /// How many times the request was sent.
         attempts: u32,
-        /// The vendor's last answer.
+        /// The status of the vendor's last answer.
         last_status: StatusCode,
+        /// The vendor's last answer.
+        last_answer: Box<Answer>,
     },
 
     /// The lane's retry budget is spent: the vendor is failing many
@@ -105,8 +110,10 @@ pub enum Error {
         lane: String,
         /// How many times the request was sent.
         attempts: u32,
-        /// The vendor's last answer, if it answered.
+        /// The status of the vendor's last answer, if it answered.
         last_status: Option<StatusCode>,
+        /// The vendor's last answer, if it answered.
+        last_answer: Option<Box<Answer>>,
     },
 
     /// The request could not be sent or its response not read, and it was
@@ -158,6 +165,20 @@ pub enum Error {
 }
 
 impl Error {
+    /// The vendor's last answer, when the shaper gave up on one: its
+    /// status, headers and body, for the error message a vendor put there.
+    pub fn answer(&self) -> Option<&Answer> {
+        match self {
+            Self::PauseTooLong { answer, .. }
+            | Self::RetriesExhausted {
+                last_answer: answer,
+                ..
+            } => Some(answer),
+            Self::RetryBudgetExhausted { last_answer, .. } => last_answer.as_deref(),
+            _ => None,
+        }
+    }
+
     /// A stable `snake_case` name for the error's kind: the `reason` label
     /// of `callshaper_refused_total` and the `outcome` of a request's span.
     pub fn reason(&self) -> &'static str {
@@ -176,6 +197,46 @@ impl Error {
             Self::StoreUnavailable { .. } => "store_unavailable",
             Self::Shutdown => "shutdown",
             Self::NoRuntime => "no_runtime",
+        }
+    }
+}
+
+/// A vendor's answer the shaper gave up on (see [`Error::answer`]): what
+/// the response said, kept after the response itself is gone.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Answer {
+    /// Its status.
+    pub status: StatusCode,
+    /// Its headers.
+    pub headers: HeaderMap,
+    /// Its body: at most the first [`Answer::BODY_LIMIT`] bytes, decoded
+    /// as UTF-8 (invalid sequences replaced).
+    pub body: String,
+}
+
+impl Answer {
+    /// The most of a body an answer keeps: enough for any vendor's error
+    /// message, and a bound on what a hostile vendor can make us buffer.
+    pub const BODY_LIMIT: usize = 64 * 1024;
+
+    /// Read `response`, up to [`BODY_LIMIT`](Self::BODY_LIMIT) of its body.
+    /// A body that fails midway keeps what arrived.
+    pub(crate) async fn read(mut response: Response) -> Self {
+        let status = response.status();
+        let headers = std::mem::take(response.headers_mut());
+        let mut body = Vec::new();
+        while body.len() < Self::BODY_LIMIT {
+            match response.chunk().await {
+                Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+                _ => break,
+            }
+        }
+        body.truncate(Self::BODY_LIMIT);
+        Self {
+            status,
+            headers,
+            body: String::from_utf8_lossy(&body).into_owned(),
         }
     }
 }

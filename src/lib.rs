@@ -84,6 +84,7 @@
 //! | `system-proxy` | yes | proxies from the environment and the system settings |
 //! | `charset` | yes | `Response::text` decodes the declared charset |
 //! | `native-tls` | | https through the platform's TLS instead of rustls |
+//! | `json`, `query`, `form`, `multipart` | | reqwest's request helpers of the same names on [`RequestBuilder`] |
 //! | `serde` | | serde for the settings types and [`LaneSnapshot`] |
 //! | `config` | | `ShaperConfig`: a shaper declared in TOML or JSON (implies `serde`) |
 //! | `metrics` | | the series of [`observability`] through the `metrics` facade |
@@ -120,7 +121,7 @@ mod time;
 pub use adaptive::Adaptive;
 #[cfg(feature = "config")]
 pub use config::ShaperConfig;
-pub use error::{ConfigError, Error};
+pub use error::{Answer, ConfigError, Error};
 pub use lane::{Lane, LanePolicy, LaneSnapshot, PauseCause, Priority, Turn};
 pub use meters::{Algorithm, CustomMeter, Meter, Quota, Rate, Unit};
 pub use retry::{Backoff, RetryBudget, RetryPolicy};

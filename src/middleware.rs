@@ -5,10 +5,15 @@
 //! tracing) comes after it: the shaper calls the rest of the chain once for
 //! every attempt it makes. Per-request settings travel as extensions:
 //! [`MaxWait`], [`Cost`], [`Priority`] and [`Tag`].
+//!
+//! When the shaper ends a request, the chain's error is
+//! `reqwest_middleware::Error::Middleware` around a [`crate::Error`];
+//! [`shaper_error`] gets it back.
 
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 
+use crate::error::Error;
 use crate::lane::Priority;
 use crate::route::{Cost, Tag};
 use crate::shaper::call::SendFailure;
@@ -56,5 +61,23 @@ impl SendFailure for reqwest_middleware::Error {
             Self::Reqwest(error) => SendFailure::is_transient(error),
             Self::Middleware(_) => false,
         }
+    }
+}
+
+/// The shaper's own error inside `error`, when the shaper ended the
+/// request (a full queue, a pause past `max_pause`, retries spent…);
+/// `None` when the error is the transport's.
+///
+/// ```
+/// # fn f(error: reqwest_middleware::Error) {
+/// if let Some(callshaper::Error::QueueFull { lane, .. }) = callshaper::middleware::shaper_error(&error) {
+///     eprintln!("lane {lane} is full: shed this request");
+/// }
+/// # }
+/// ```
+pub fn shaper_error(error: &reqwest_middleware::Error) -> Option<&Error> {
+    match error {
+        reqwest_middleware::Error::Middleware(inner) => inner.downcast_ref::<Error>(),
+        reqwest_middleware::Error::Reqwest(_) => None,
     }
 }

@@ -30,10 +30,10 @@
 
 use std::time::Duration;
 
-use reqwest::{Response, StatusCode};
+use reqwest::StatusCode;
 use tokio::time::Instant;
 
-use crate::error::Error;
+use crate::error::{Answer, Error};
 use crate::lane::{Lane, PauseCause};
 use crate::signals::{Dimension, Signals};
 
@@ -146,27 +146,20 @@ pub(crate) fn refused(lane: &Lane, status: StatusCode, signals: &Signals, releas
 /// account out of credit or past its spending cap.
 const OUT_OF_CREDIT: &[&str] = &["insufficient_quota", "billing_hard_limit_reached"];
 
-/// The most of a throttle's body read to look for [`OUT_OF_CREDIT`].
-const BODY_READ: usize = 64 * 1024;
+/// Whether an answer of `status` may say the account is out of credit:
+/// only then is its body read before the request goes again.
+pub(crate) fn may_be_out_of_credit(status: StatusCode) -> bool {
+    status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::PAYMENT_REQUIRED
+}
 
 /// A 429 (or 402) whose body says the account is out of credit: pausing
 /// and retrying would only repeat it for hours. Stops the vendor's lanes
 /// for `max_pause` (every waiting and new request ends at once) and gives
-/// the error this request ends with. Reads at most 64 KiB of the body.
-pub(crate) async fn out_of_credit(lane: &Lane, mut response: Response) -> Option<Error> {
-    let status = response.status();
-    if status != StatusCode::TOO_MANY_REQUESTS && status != StatusCode::PAYMENT_REQUIRED {
-        return None;
-    }
-    let mut body = Vec::new();
-    while body.len() < BODY_READ {
-        match response.chunk().await {
-            Ok(Some(chunk)) => body.extend_from_slice(&chunk),
-            _ => break,
-        }
-    }
-    let text = String::from_utf8_lossy(&body);
-    if !OUT_OF_CREDIT.iter().any(|code| text.contains(code)) {
+/// the error this request ends with.
+pub(crate) fn out_of_credit(lane: &Lane, answer: &Answer) -> Option<Error> {
+    let status = answer.status;
+    if !may_be_out_of_credit(status) || !OUT_OF_CREDIT.iter().any(|code| answer.body.contains(code))
+    {
         return None;
     }
     tracing::error!(
@@ -174,7 +167,7 @@ pub(crate) async fn out_of_credit(lane: &Lane, mut response: Response) -> Option
         status = status.as_u16(),
         "the vendor says the account is out of credit; ending the vendor's requests for max_pause"
     );
-    Some(lane.stop(status.as_u16(), text.chars().take(4096).collect()))
+    Some(lane.stop(status.as_u16(), answer.body.chars().take(4096).collect()))
 }
 
 /// True when every exhausted limit counts requests, says its size, and

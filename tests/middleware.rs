@@ -113,5 +113,13 @@ async fn cost_and_tag_travel_as_extensions() {
         .await;
     let error = too_costly.unwrap_err();
     assert!(error.to_string().contains("can never fit"), "{error}");
+    let ours = callshaper::middleware::shaper_error(&error);
+    assert!(
+        matches!(
+            ours,
+            Some(callshaper::Error::CostTooHigh { cost: 1_001, .. })
+        ),
+        "{ours:?}"
+    );
     assert_eq!(vendor.arrivals().len(), 1);
 }

@@ -101,6 +101,7 @@ async fn a_get_is_retried_after_5xx_until_max_attempts() {
         Err(Error::RetriesExhausted {
             attempts,
             last_status,
+            ..
         }) => {
             assert_eq!((attempts, last_status.as_u16()), (3, 500));
         }

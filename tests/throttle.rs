@@ -140,6 +140,7 @@ async fn negative_or_past_hints_mean_now_and_end_at_max_throttles() {
             Err(Error::RetriesExhausted {
                 attempts,
                 last_status,
+                ..
             }) => {
                 assert_eq!((*attempts, last_status.as_u16()), (10, 429), "{hint:?}");
             }

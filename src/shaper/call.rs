@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::{Settle, Shaper};
-use crate::error::Error;
+use crate::error::{Answer, Error};
 use crate::lane::{Lane, Priority};
 use crate::observability::RequestSpan;
 use crate::retry;
@@ -182,6 +182,7 @@ impl Shaper {
                             lane: lane.key().to_owned(),
                             requested: pause.asked,
                             max_pause,
+                            answer: Box::new(Answer::read(response).await),
                         }
                         .into());
                     }
@@ -189,16 +190,21 @@ impl Shaper {
                         return Ok(response);
                     };
                     let status = response.status();
+                    let give_up = tally.throttles >= policy.max_throttles;
                     // Going again: the answer's body is ours to read.
-                    if let Some(error) = throttle::out_of_credit(&lane, response).await {
-                        return Err(error.into());
-                    }
-                    if tally.throttles >= policy.max_throttles {
-                        return Err(Error::RetriesExhausted {
-                            attempts,
-                            last_status: status,
+                    if give_up || throttle::may_be_out_of_credit(status) {
+                        let answer = Answer::read(response).await;
+                        if let Some(error) = throttle::out_of_credit(&lane, &answer) {
+                            return Err(error.into());
                         }
-                        .into());
+                        if give_up {
+                            return Err(Error::RetriesExhausted {
+                                attempts,
+                                last_status: status,
+                                last_answer: Box::new(answer),
+                            }
+                            .into());
+                        }
                     }
                     request = next;
                     // The lane's pause is the wait.
@@ -216,22 +222,27 @@ impl Shaper {
                         Some(next) if retryable => next,
                         _ => return outcome.map_err(|source| Failure::Send { attempts, source }),
                     };
-                    let last_status = outcome.as_ref().ok().map(Response::status);
                     if failures >= policy.max_attempts {
                         return match outcome {
                             Ok(response) => Err(Error::RetriesExhausted {
                                 attempts,
                                 last_status: response.status(),
+                                last_answer: Box::new(Answer::read(response).await),
                             }
                             .into()),
                             Err(source) => Err(Failure::Send { attempts, source }),
                         };
                     }
                     if !lane.withdraw_retry() {
+                        let last_answer = match outcome {
+                            Ok(response) => Some(Box::new(Answer::read(response).await)),
+                            Err(_) => None,
+                        };
                         return Err(Error::RetryBudgetExhausted {
                             lane: lane.key().to_owned(),
                             attempts,
-                            last_status,
+                            last_status: last_answer.as_ref().map(|answer| answer.status),
+                            last_answer,
                         }
                         .into());
                     }

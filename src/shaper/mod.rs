@@ -155,6 +155,26 @@ impl Shaper {
         self.request(Method::POST, url)
     }
 
+    /// Start a PUT request.
+    pub fn put<U: IntoUrl>(&self, url: U) -> RequestBuilder {
+        self.request(Method::PUT, url)
+    }
+
+    /// Start a PATCH request.
+    pub fn patch<U: IntoUrl>(&self, url: U) -> RequestBuilder {
+        self.request(Method::PATCH, url)
+    }
+
+    /// Start a DELETE request.
+    pub fn delete<U: IntoUrl>(&self, url: U) -> RequestBuilder {
+        self.request(Method::DELETE, url)
+    }
+
+    /// Start a HEAD request.
+    pub fn head<U: IntoUrl>(&self, url: U) -> RequestBuilder {
+        self.request(Method::HEAD, url)
+    }
+
     /// Send `request` through its lanes and return the vendor's response,
     /// or the reason there is none.
     pub async fn execute(&self, request: Request) -> Result<Response, Error> {

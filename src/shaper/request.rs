@@ -4,8 +4,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use reqwest::Response;
-use reqwest::header::{HeaderName, HeaderValue};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use reqwest::{Request, Response, Version};
 
 use super::{Options, Shaper};
 use crate::error::Error;
@@ -13,6 +13,35 @@ use crate::lane::Priority;
 use crate::route::Tag;
 
 /// A request being built; [`send`](Self::send) queues it on its lanes.
+///
+/// It reads like reqwest's builder, and every method but the shaper's own
+/// ([`max_wait`](Self::max_wait), [`cost`](Self::cost),
+/// [`priority`](Self::priority), [`tag`](Self::tag)) does what reqwest's
+/// does. [`json`](Self::json), [`query`](Self::query),
+/// [`form`](Self::form) and [`multipart`](Self::multipart) need the
+/// features of the same names, as in reqwest.
+///
+/// ```
+/// use std::time::Duration;
+/// use callshaper::Shaper;
+/// use callshaper::testing::Vendor;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let vendor = Vendor::strict(10, Duration::from_secs(1)).start().await;
+/// let shaper = Shaper::builder().rate(10, Duration::from_secs(1)).build()?;
+/// let response = shaper
+///     .put(format!("{}/items/7", vendor.uri()))
+///     .basic_auth("user", Some("secret"))
+///     .header("x-request-id", "42")
+///     .body("{\"name\":\"seven\"}")
+///     .timeout(Duration::from_secs(10))
+///     .send()
+///     .await?;
+/// assert_eq!(response.status(), 200);
+/// # Ok(())
+/// # }
+/// ```
 #[must_use = "a request does nothing until it is sent"]
 #[derive(Debug)]
 pub struct RequestBuilder {
@@ -34,6 +63,12 @@ impl RequestBuilder {
         self
     }
 
+    /// Add every header of `headers`, replacing those of the same names.
+    pub fn headers(mut self, headers: HeaderMap) -> Self {
+        self.inner = self.inner.headers(headers);
+        self
+    }
+
     /// Set the body.
     pub fn body(mut self, body: impl Into<reqwest::Body>) -> Self {
         self.inner = self.inner.body(body);
@@ -43,6 +78,54 @@ impl RequestBuilder {
     /// Add `Authorization: Bearer <token>`.
     pub fn bearer_auth(mut self, token: impl fmt::Display) -> Self {
         self.inner = self.inner.bearer_auth(token);
+        self
+    }
+
+    /// Add `Authorization: Basic ...` for `username` and `password`.
+    pub fn basic_auth<U, P>(mut self, username: U, password: Option<P>) -> Self
+    where
+        U: fmt::Display,
+        P: fmt::Display,
+    {
+        self.inner = self.inner.basic_auth(username, password);
+        self
+    }
+
+    /// Send with this HTTP version.
+    pub fn version(mut self, version: Version) -> Self {
+        self.inner = self.inner.version(version);
+        self
+    }
+
+    /// Append `query`, serialized as `application/x-www-form-urlencoded`,
+    /// to the URL's query (feature `query`).
+    #[cfg(feature = "query")]
+    pub fn query<T: serde::Serialize + ?Sized>(mut self, query: &T) -> Self {
+        self.inner = self.inner.query(query);
+        self
+    }
+
+    /// Send `form` as an `application/x-www-form-urlencoded` body (feature
+    /// `form`).
+    #[cfg(feature = "form")]
+    pub fn form<T: serde::Serialize + ?Sized>(mut self, form: &T) -> Self {
+        self.inner = self.inner.form(form);
+        self
+    }
+
+    /// Send `json` as an `application/json` body (feature `json`).
+    #[cfg(feature = "json")]
+    pub fn json<T: serde::Serialize + ?Sized>(mut self, json: &T) -> Self {
+        self.inner = self.inner.json(json);
+        self
+    }
+
+    /// Send a `multipart/form-data` body (feature `multipart`). A
+    /// streamed part makes the request unclonable: it is sent once and
+    /// never retried.
+    #[cfg(feature = "multipart")]
+    pub fn multipart(mut self, form: reqwest::multipart::Form) -> Self {
+        self.inner = self.inner.multipart(form);
         self
     }
 
@@ -85,6 +168,20 @@ impl RequestBuilder {
     pub fn tag(mut self, tag: impl Into<String>) -> Self {
         self.options.tag = Some(Tag(tag.into()));
         self
+    }
+
+    /// A copy of this builder, or `None` when its body is a stream.
+    pub fn try_clone(&self) -> Option<Self> {
+        Some(Self {
+            shaper: self.shaper.clone(),
+            inner: self.inner.try_clone()?,
+            options: self.options.clone(),
+        })
+    }
+
+    /// The request as it would be sent, without sending it.
+    pub fn build(self) -> Result<Request, Error> {
+        self.inner.build().map_err(Error::InvalidRequest)
     }
 
     /// Queue the request on its lanes; resolves to the vendor's response.

@@ -17,9 +17,8 @@ use crate::route::Tag;
 /// It reads like reqwest's builder, and every method but the shaper's own
 /// ([`max_wait`](Self::max_wait), [`cost`](Self::cost),
 /// [`priority`](Self::priority), [`tag`](Self::tag)) does what reqwest's
-/// does. [`json`](Self::json), [`query`](Self::query),
-/// [`form`](Self::form) and [`multipart`](Self::multipart) need the
-/// features of the same names, as in reqwest.
+/// does. `json`, `query`, `form` and `multipart` need the features of the
+/// same names, as in reqwest.
 ///
 /// ```
 /// use std::time::Duration;

@@ -61,6 +61,7 @@
 //! | [`observability`] | a `tracing` span per request and attempt; `metrics` series (feature `metrics`) |
 //! | `config` | a shaper declared in TOML or JSON (feature `config`) |
 //! | `middleware` | `reqwest_middleware::Middleware` (feature `middleware`) |
+//! | `layer` | `ShaperLayer`, a tower `Layer` (feature `tower`) |
 //! | [`store`] | where quotas live: this process, or Redis / Redis Cluster for a fleet (feature `redis`) |
 //! | `testing` | a vendor with a quota, for wiremock tests; a `redis-server` of its own (feature `testing`) |
 //!
@@ -89,6 +90,7 @@
 //! | `config` | | `ShaperConfig`: a shaper declared in TOML or JSON (implies `serde`) |
 //! | `metrics` | | the series of [`observability`] through the `metrics` facade |
 //! | `middleware` | | `reqwest_middleware::Middleware` for [`Shaper`] |
+//! | `tower` | | `ShaperLayer`: the shaper as a tower `Layer` over hyper's client, reqwest's `Service` or any `http` service |
 //! | `redis` | | `store::RedisStore`: a fleet shares its quotas through Redis or Redis Cluster |
 //! | `testing` | | `testing::Vendor`, a wiremock vendor with a strict quota, and a `redis-server` of the test's own |
 //!
@@ -103,6 +105,8 @@ pub mod config;
 pub mod error;
 mod gate;
 pub mod lane;
+#[cfg(feature = "tower")]
+pub mod layer;
 pub mod meters;
 #[cfg(feature = "middleware")]
 pub mod middleware;
@@ -123,6 +127,8 @@ pub use adaptive::Adaptive;
 pub use config::ShaperConfig;
 pub use error::{Answer, ConfigError, Error};
 pub use lane::{Lane, LanePolicy, LaneSnapshot, PauseCause, Priority, Turn};
+#[cfg(feature = "tower")]
+pub use layer::{Shaped, ShaperLayer};
 pub use meters::{Algorithm, CustomMeter, Meter, Quota, Rate, Unit};
 pub use retry::{Backoff, RetryBudget, RetryPolicy};
 pub use route::{Cost, LaneKey, Level, Route, Tag};

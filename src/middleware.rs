@@ -4,7 +4,8 @@
 //! Place it so that whatever must run once per attempt (auth signing,
 //! tracing) comes after it: the shaper calls the rest of the chain once for
 //! every attempt it makes. Per-request settings travel as extensions:
-//! [`MaxWait`], [`Cost`], [`Priority`] and [`Tag`].
+//! [`MaxWait`](crate::MaxWait), [`Cost`](crate::Cost),
+//! [`Priority`](crate::Priority) and [`Tag`](crate::Tag).
 //!
 //! When the shaper ends a request, the chain's error is
 //! `reqwest_middleware::Error::Middleware` around a [`crate::Error`];
@@ -14,10 +15,8 @@ use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 
 use crate::error::Error;
-use crate::lane::Priority;
-use crate::route::{Cost, Tag};
 use crate::shaper::call::SendFailure;
-use crate::shaper::{Failure, MaxWait, Options, Shaper};
+use crate::shaper::{Failure, Options, Shaper};
 
 #[async_trait::async_trait]
 impl Middleware for Shaper {
@@ -27,12 +26,7 @@ impl Middleware for Shaper {
         extensions: &mut http::Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
-        let options = Options {
-            max_wait: extensions.get::<MaxWait>().map(|m| m.0),
-            cost: extensions.get::<Cost>().map(|c| c.0),
-            priority: extensions.get::<Priority>().copied().unwrap_or_default(),
-            tag: extensions.get::<Tag>().cloned(),
-        };
+        let options = Options::from_extensions(extensions);
         let shared = extensions.clone();
         let outcome = self
             .drive(request, options, |attempt| {

@@ -28,6 +28,22 @@ pub(crate) struct Options {
     pub(crate) tag: Option<Tag>,
 }
 
+impl Options {
+    /// The options a request carries as extensions ([`MaxWait`], [`Cost`],
+    /// [`Priority`], [`Tag`]), for the adapters that have no builder.
+    #[cfg(any(feature = "middleware", feature = "tower"))]
+    pub(crate) fn from_extensions(extensions: &http::Extensions) -> Self {
+        use crate::route::Cost;
+        use crate::shaper::MaxWait;
+        Self {
+            max_wait: extensions.get::<MaxWait>().map(|m| m.0),
+            cost: extensions.get::<Cost>().map(|c| c.0),
+            priority: extensions.get::<Priority>().copied().unwrap_or_default(),
+            tag: extensions.get::<Tag>().cloned(),
+        }
+    }
+}
+
 /// What a request's end reports: how far it got.
 #[derive(Default)]
 struct Tally {

@@ -102,6 +102,20 @@ pub enum Error {
         last_answer: Box<Answer>,
     },
 
+    /// A layer above the shaper (a retry middleware) sent again a request
+    /// the shaper had already sent `attempts` times, its limit: refused
+    /// without another send, so retries stay bounded however many layers
+    /// retry.
+    #[error(
+        "lane `{lane}`: already sent {attempts} times, the retry limit; a layer above tried again"
+    )]
+    AttemptsSpent {
+        /// The lane of the request.
+        lane: String,
+        /// How many times the request was sent, over every layer's tries.
+        attempts: u32,
+    },
+
     /// The lane's retry budget is spent: the vendor is failing many
     /// requests, and retrying each would multiply the load on it.
     #[error("lane `{lane}` has no retry budget left after {attempts} attempts")]
@@ -190,6 +204,7 @@ impl Error {
             Self::PauseTooLong { .. } => "pause_too_long",
             Self::OutOfCredit { .. } => "out_of_credit",
             Self::RetriesExhausted { .. } => "retries_exhausted",
+            Self::AttemptsSpent { .. } => "attempts_spent",
             Self::RetryBudgetExhausted { .. } => "retry_budget_exhausted",
             Self::Transport { .. } => "transport",
             Self::NoQuota { .. } => "no_quota",

@@ -7,6 +7,14 @@
 //! [`MaxWait`](crate::MaxWait), [`Cost`](crate::Cost),
 //! [`Priority`](crate::Priority) and [`Tag`](crate::Tag).
 //!
+//! Layers that retry go *above* the shaper (`.with(retry).with(shaper)`):
+//! each of their tries then passes the lane as the same request, keeps its
+//! place, and counts against one `max_attempts` over all layers; the
+//! shaper's give-ups are final for them. A retry layer below the shaper,
+//! or a `reqwest::Client` whose own retry policy resends throttled
+//! answers, sends copies the shaper never sees: unpaced, even during a
+//! pause.
+//!
 //! When the shaper ends a request, the chain's error is
 //! `reqwest_middleware::Error::Middleware` around a [`crate::Error`];
 //! [`shaper_error`] gets it back.
@@ -15,7 +23,7 @@ use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 
 use crate::error::Error;
-use crate::shaper::call::SendFailure;
+use crate::shaper::call::{Logical, SendFailure};
 use crate::shaper::{Failure, Options, Shaper};
 
 #[async_trait::async_trait]
@@ -26,7 +34,18 @@ impl Middleware for Shaper {
         extensions: &mut http::Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
-        let options = Options::from_extensions(extensions);
+        let mut options = Options::from_extensions(extensions);
+        // A retry layer above sends the same extensions again: the marker
+        // makes its tries one request to the lane.
+        let logical = match extensions.get::<Logical>() {
+            Some(logical) => logical.clone(),
+            None => {
+                let logical = Logical::default();
+                extensions.insert(logical.clone());
+                logical
+            }
+        };
+        options.logical = Some(logical.clone());
         let shared = extensions.clone();
         let outcome = self
             .drive(request, options, |attempt| {
@@ -35,8 +54,21 @@ impl Middleware for Shaper {
                 async move { next.run(attempt, &mut extensions).await }
             })
             .await;
+        let max_attempts = self.retry_policy().max_attempts;
         outcome.map_err(|failure| match failure {
-            Failure::Shaper(error) => reqwest_middleware::Error::middleware(error),
+            Failure::Shaper(error) => reqwest_middleware::Error::middleware(Ended(error)),
+            // The shaper spent the request's attempts: final for the layers
+            // above too (reqwest-retry does not retry a middleware error),
+            // so a refused connection is not tried again by each of them.
+            Failure::Send {
+                source: reqwest_middleware::Error::Reqwest(source),
+                ..
+            } if logical.sends() >= max_attempts => {
+                reqwest_middleware::Error::middleware(Ended(Error::Transport {
+                    attempts: logical.sends(),
+                    source,
+                }))
+            }
             Failure::Send { source, .. } => source,
         })
     }
@@ -58,8 +90,19 @@ impl SendFailure for reqwest_middleware::Error {
     }
 }
 
+/// The chain's error when the shaper ended a request. The shaper's
+/// [`Error`] is its source, not its payload: a layer above that wraps the
+/// error transparently (reqwest-retry does) skips the payload when walking
+/// the chain, but not the source, so [`shaper_error`] still finds it.
+/// Its message names the kind ([`Error::reason`]); the details are the
+/// next link, printed once.
+#[derive(Debug, thiserror::Error)]
+#[error("callshaper ended the request: {}", .0.reason())]
+struct Ended(#[source] Error);
+
 /// The shaper's own error inside `error`, when the shaper ended the
-/// request (a full queue, a pause past `max_pause`, retries spent…);
+/// request (a full queue, a pause past `max_pause`, retries spent…),
+/// also behind the wrapping of layers above it such as reqwest-retry;
 /// `None` when the error is the transport's.
 ///
 /// ```
@@ -71,7 +114,9 @@ impl SendFailure for reqwest_middleware::Error {
 /// ```
 pub fn shaper_error(error: &reqwest_middleware::Error) -> Option<&Error> {
     match error {
-        reqwest_middleware::Error::Middleware(inner) => inner.downcast_ref::<Error>(),
+        reqwest_middleware::Error::Middleware(inner) => {
+            inner.chain().find_map(|link| link.downcast_ref::<Error>())
+        }
         reqwest_middleware::Error::Reqwest(_) => None,
     }
 }

@@ -66,7 +66,12 @@ async fn a_middleware_stack_is_paced_and_paused_by_the_shaper() {
         .send()
         .await;
     let error = refused.unwrap_err();
-    assert!(error.to_string().contains("max_wait"), "{error}");
+    assert!(
+        error.to_string().contains("would_exceed_max_wait"),
+        "{error}"
+    );
+    let ours = callshaper::middleware::shaper_error(&error).expect("the shaper's");
+    assert!(ours.to_string().contains("past max_wait"), "{ours}");
     assert_eq!(vendor.arrivals().len(), 3);
 }
 
@@ -112,7 +117,7 @@ async fn cost_and_tag_travel_as_extensions() {
         .send()
         .await;
     let error = too_costly.unwrap_err();
-    assert!(error.to_string().contains("can never fit"), "{error}");
+    assert!(error.to_string().contains("cost_too_high"), "{error}");
     let ours = callshaper::middleware::shaper_error(&error);
     assert!(
         matches!(

@@ -31,6 +31,19 @@ impl Lane {
         priority: Priority,
         max_wait: Option<Duration>,
     ) -> Result<Place, Error> {
+        self.enter_at(None, cost, priority, max_wait)
+    }
+
+    /// [`enter`](Self::enter), at the place numbered `seq` when given: a
+    /// request a layer above sends again keeps the place it had, ahead of
+    /// everything submitted after it.
+    pub(crate) fn enter_at(
+        &self,
+        seq: Option<u64>,
+        cost: u64,
+        priority: Priority,
+        max_wait: Option<Duration>,
+    ) -> Result<Place, Error> {
         let shared = &self.shared;
         if let Some(stop) = shared.stopped() {
             return Err(shared.out_of_credit(&stop));
@@ -59,7 +72,7 @@ impl Lane {
                 Some(Box::new((later(now, max_wait), max_wait)))
             }
         };
-        let seq = shared.next_seq.fetch_add(1, Ordering::Relaxed);
+        let seq = seq.unwrap_or_else(|| shared.next_seq.fetch_add(1, Ordering::Relaxed));
         let place = |slot| Place {
             seq,
             cost,

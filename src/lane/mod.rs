@@ -676,6 +676,13 @@ pub(crate) struct Place {
     deadline: Option<Box<(Instant, Duration)>>,
 }
 
+impl Place {
+    /// The place's number in its lane's order.
+    pub(crate) fn seq(&self) -> u64 {
+        self.seq
+    }
+}
+
 impl Turn {
     /// When the lane's meters were charged for this turn.
     pub(crate) fn at(&self) -> Instant {

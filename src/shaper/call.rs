@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use reqwest::{Request, Response};
@@ -26,6 +27,40 @@ pub(crate) struct Options {
     pub(crate) cost: Option<u64>,
     pub(crate) priority: Priority,
     pub(crate) tag: Option<Tag>,
+    /// The request as a layer above sees it, across that layer's retries.
+    pub(crate) logical: Option<Logical>,
+}
+
+/// One request as the layers above the shaper see it: a retry middleware
+/// sends it again through the shaper with the same extensions, and this,
+/// kept there, makes each of its tries the same request to the lane: it
+/// keeps its place, and its sends count against one limit.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Logical(Arc<LogicalState>);
+
+#[derive(Debug)]
+struct LogicalState {
+    /// Its place in the lane once it had one (`u64::MAX`: none yet).
+    seq: AtomicU64,
+    /// Sends over every try.
+    sends: AtomicU32,
+}
+
+impl Default for LogicalState {
+    fn default() -> Self {
+        Self {
+            seq: AtomicU64::new(u64::MAX),
+            sends: AtomicU32::new(0),
+        }
+    }
+}
+
+impl Logical {
+    /// How many times the request went on the wire, over every try.
+    #[cfg(feature = "middleware")]
+    pub(crate) fn sends(&self) -> u32 {
+        self.0.sends.load(Ordering::Acquire)
+    }
 }
 
 impl Options {
@@ -40,6 +75,7 @@ impl Options {
             cost: extensions.get::<Cost>().map(|c| c.0),
             priority: extensions.get::<Priority>().copied().unwrap_or_default(),
             tag: extensions.get::<Tag>().cloned(),
+            logical: None,
         }
     }
 }
@@ -110,6 +146,23 @@ impl Shaper {
     {
         let lane = self.lane_for(&request, options.tag.as_ref())?;
         tally.lane = Some(lane.clone());
+        let policy = &self.inner.retry;
+        let logical = options.logical.clone().unwrap_or_default();
+        // A try of a layer above: every send so far counts as a failure.
+        let mut failures = logical.0.sends.load(Ordering::Acquire);
+        if failures >= policy.max_attempts {
+            tracing::warn!(
+                lane = lane.key(),
+                attempts = failures,
+                "a layer above sent again a request the shaper gave up on; \
+                 put retry layers above the shaper and let it own the retries"
+            );
+            return Err(Error::AttemptsSpent {
+                lane: lane.key().to_owned(),
+                attempts: failures,
+            }
+            .into());
+        }
         let cost = options
             .cost
             .or_else(|| self.inner.cost.as_ref().map(|estimate| estimate(&request)))
@@ -117,11 +170,11 @@ impl Shaper {
         span.entered(lane.key(), lane.labels(), cost, options.priority.label());
         let max_wait = options.max_wait.or(lane.policy().max_wait);
         let submitted = Instant::now();
-        let mut place = lane.enter(cost, options.priority, max_wait)?;
-        let policy = &self.inner.retry;
+        let kept = Some(logical.0.seq.load(Ordering::Acquire)).filter(|seq| *seq != u64::MAX);
+        let mut place = lane.enter_at(kept, cost, options.priority, max_wait)?;
+        logical.0.seq.store(place.seq(), Ordering::Release);
         let may_retry_failure =
             policy.retry_non_idempotent || retry::is_idempotent(request.method());
-        let mut failures = 0u32;
         let mut waiting_since = submitted;
         loop {
             let turn = lane.wait(&mut place).await?;
@@ -134,6 +187,7 @@ impl Shaper {
             }
             // A body that can't be cloned (a stream) allows one send only.
             let spare = request.try_clone();
+            logical.0.sends.fetch_add(1, Ordering::AcqRel);
             let attempt = span.attempt(attempts);
             let mut outcome = {
                 let _on_the_wire = lane.sending();

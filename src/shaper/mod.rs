@@ -191,6 +191,11 @@ impl Shaper {
             })
     }
 
+    /// The retry rules every request follows.
+    pub fn retry_policy(&self) -> &RetryPolicy {
+        &self.inner.retry
+    }
+
     /// What the lane `key` is doing, if it exists. Lanes of the default
     /// level are named by their key (the origin); others `level/key`.
     pub fn lane(&self, key: &str) -> Option<LaneSnapshot> {

@@ -79,6 +79,11 @@ pub(crate) struct Aimd {
 }
 
 impl Aimd {
+    /// The declared rate changed: the share now applies to `ceiling`.
+    pub(crate) fn set_ceiling(&mut self, ceiling: crate::Rate) {
+        self.ceiling = ceiling.per_second();
+    }
+
     pub(crate) fn new(knobs: Adaptive, ceiling: crate::Rate) -> Self {
         let ceiling = ceiling.per_second();
         Self {

@@ -207,6 +207,38 @@ impl ShaperConfig {
     pub fn build(&self) -> Result<Shaper, ConfigError> {
         self.builder()?.build()
     }
+
+    /// Apply the file's quotas to `shaper`, a shaper built from an earlier
+    /// version of it, while it runs (see [`Shaper::set_level_quotas`]):
+    /// queues, pauses and learned quotas stay. Every quota is checked
+    /// first, so a bad file changes nothing. Quotas only: a new vendor,
+    /// level or route, or another `[defaults]` setting, needs a new
+    /// shaper, and a vendor or level the file no longer names keeps its
+    /// quotas.
+    pub fn reload(&self, shaper: &Shaper) -> Result<(), ConfigError> {
+        let mut changes: Vec<(String, Vec<Quota>)> = Vec::new();
+        if !self.defaults.quotas.is_empty() {
+            changes.push((String::new(), self.defaults.quotas.clone()));
+        }
+        for (name, vendor) in &self.vendors {
+            let routes = vendor
+                .routes(name)
+                .map_err(|e| e.within(&format!("vendors.{name}")))?;
+            // A vendor's own levels are in each of its routes: once each.
+            for level in routes.into_iter().flat_map(|route| route.levels) {
+                if !changes.iter().any(|(seen, _)| *seen == level.name) {
+                    changes.push((level.name, level.quotas));
+                }
+            }
+        }
+        for (level, quotas) in &changes {
+            shaper.check_quotas(level, quotas)?;
+        }
+        for (level, quotas) in changes {
+            shaper.set_level_quotas(&level, quotas)?;
+        }
+        Ok(())
+    }
 }
 
 impl Defaults {

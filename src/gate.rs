@@ -15,7 +15,7 @@
 //! lane that shares it.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -45,12 +45,12 @@ pub(crate) struct GateSettings {
 }
 
 pub(crate) struct Gate {
-    /// The slowest of its quotas that count requests: the ceiling a learned
-    /// quota or adaptive pacing is measured against.
-    request_rate: Option<Rate>,
-    /// The largest request cost every meter can ever allow (fixed at
-    /// creation, so admission needs no lock to check it).
-    capacity: u64,
+    /// The level whose quotas it holds, by name: a live change of them
+    /// finds its gates by it.
+    level: String,
+    /// The largest request cost every meter can ever allow (an atomic, so
+    /// admission needs no lock to check it).
+    capacity: AtomicU64,
     headroom: Duration,
     max_pause: Duration,
     meters: Mutex<Meters>,
@@ -136,6 +136,9 @@ pub(crate) type Waiter = (Instant, u64);
 
 /// What slows a gate below its quotas.
 struct Pace {
+    /// The slowest of the gate's quotas that count requests: the ceiling a
+    /// learned quota or adaptive pacing is measured against.
+    declared: Option<Rate>,
     /// A lower quota the vendor announced.
     learned: Option<Rate>,
     /// Adaptive pacing's share of the request rate.
@@ -151,6 +154,7 @@ impl Gate {
     /// there, and the local meters are the fallback: one `share` of each
     /// quota.
     pub(crate) fn new(
+        level: &str,
         quotas: &[Quota],
         settings: GateSettings,
         registry: Option<(Weak<GateMap>, String)>,
@@ -169,13 +173,14 @@ impl Gate {
             meters = Meters::new(&local, settings.headroom, now);
         }
         Self {
-            capacity,
+            level: level.to_owned(),
+            capacity: AtomicU64::new(capacity),
             meters: Mutex::new(meters),
-            request_rate,
             headroom: settings.headroom,
             max_pause: settings.max_pause,
             paused_until: Mutex::new(None),
             pace: Mutex::new(Pace {
+                declared: request_rate,
                 learned: None,
                 aimd,
                 refused_at: None,
@@ -256,7 +261,8 @@ impl Gate {
 
     /// The smallest capacity a request of `cost` exceeds, if any.
     pub(crate) fn too_costly(&self, cost: u64) -> Option<u64> {
-        (cost > self.capacity).then_some(self.capacity)
+        let capacity = self.capacity.load(Ordering::Relaxed);
+        (cost > capacity).then_some(capacity)
     }
 
     /// The pause in force at `now`, if any.
@@ -316,14 +322,11 @@ impl Gate {
     /// request rate becomes its pace (never a higher one: the user's
     /// declaration is the ceiling). True when this changed the pace.
     pub(crate) fn learn(&self, announced: Rate) -> bool {
-        let Some(declared) = self.request_rate else {
+        let mut pace = lock(&self.pace);
+        let Some(declared) = pace.declared else {
             return false;
         };
-        if slower_first(announced, declared).is_ge() {
-            return false;
-        }
-        let mut pace = lock(&self.pace);
-        if pace.learned == Some(announced) {
+        if slower_first(announced, declared).is_ge() || pace.learned == Some(announced) {
             return false;
         }
         pace.learned = Some(announced);
@@ -436,7 +439,8 @@ impl Gate {
     /// request released at `released`, which a vendor's signal about it is
     /// read against; `None` when no quota counts requests.
     fn window(&self, released: Instant) -> Option<Window> {
-        let declared = self.request_rate?;
+        let pace = lock(&self.pace);
+        let declared = pace.declared?;
         let length = declared.per.saturating_add(self.headroom);
         Some(Window {
             since: released.checked_sub(length).unwrap_or(released),
@@ -444,18 +448,44 @@ impl Gate {
             declared,
             // A quota the vendor announced and the lane now keeps to counts
             // as declared.
-            kept: lock(&self.pace).learned.unwrap_or(declared),
+            kept: pace.learned.unwrap_or(declared),
         })
     }
 
     /// The spacing of the declared request rate, if any.
     pub(crate) fn request_interval(&self) -> Option<Duration> {
-        self.request_rate.map(|rate| rate.interval(self.headroom))
+        self.declared().map(|rate| rate.interval(self.headroom))
     }
 
     /// The tightest request quota declared for the gate, if it has one.
     pub(crate) fn declared(&self) -> Option<Rate> {
-        self.request_rate
+        lock(&self.pace).declared
+    }
+
+    /// The name of the level whose quotas the gate holds.
+    pub(crate) fn level(&self) -> &str {
+        &self.level
+    }
+
+    /// Hold `quotas` from now on (a live change of the level's quotas):
+    /// the meters change as `Meters::requote` says, the pause, the learned
+    /// quota, adaptive pacing and the retry budget stay, and lanes waiting
+    /// at the gate look again.
+    pub(crate) fn requote(&self, quotas: &[Quota]) {
+        let mut pace = lock(&self.pace);
+        let declared = request_rate(quotas);
+        pace.declared = declared;
+        if let (Some(aimd), Some(ceiling)) = (pace.aimd.as_mut(), declared) {
+            aimd.set_ceiling(ceiling);
+        }
+        {
+            let mut meters = lock(&self.meters);
+            meters.requote(quotas, self.headroom, Instant::now());
+            self.capacity.store(meters.capacity(), Ordering::Relaxed);
+        }
+        self.repace(&pace);
+        drop(pace);
+        self.turn.notify_waiters();
     }
 
     pub(crate) fn learned(&self) -> Option<Rate> {
@@ -469,7 +499,7 @@ impl Gate {
     fn repace(&self, pace: &Pace) {
         let learned = pace.learned.map(|rate| rate.interval(self.headroom));
         let adaptive = pace.aimd.as_ref().and_then(|aimd| {
-            let nominal = self.request_rate?.interval(self.headroom);
+            let nominal = pace.declared?.interval(self.headroom);
             let stretched = nominal.as_secs_f64() / aimd.share();
             (aimd.share() < 1.0)
                 .then(|| Duration::try_from_secs_f64(stretched).unwrap_or(self.max_pause))
@@ -541,7 +571,7 @@ mod tests {
             adaptive: None,
             budget: RetryBudget::default(),
         };
-        let gate = Gate::new(&quotas, settings, None, 1);
+        let gate = Gate::new("", &quotas, settings, None, 1);
         let t0 = Instant::now();
         let (older, newer) = ((t0, 7), (t0 + Duration::from_millis(5), 3));
         assert!(!gate.has_queue());

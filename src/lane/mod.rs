@@ -257,7 +257,7 @@ impl Lane {
             ));
         }
         let settings = policy.gate_settings(RetryBudget::default());
-        let own = Arc::new(Gate::new(&policy.quotas, settings, None, 1));
+        let own = Arc::new(Gate::new("", &policy.quotas, settings, None, 1));
         let key = key.into();
         let labels = Labels::standalone(&key);
         let metrics = LaneMetrics::new(&labels, None);
@@ -538,7 +538,7 @@ impl Lane {
     /// round trip that said so. The vendor's other lanes see the stop at
     /// their next step, at the latest when the pause that came with it
     /// ends.
-    fn wake(&self) {
+    pub(crate) fn wake(&self) {
         let (turn, _) = oneshot::channel();
         let seq = self.shared.next_seq.fetch_add(1, Ordering::Relaxed);
         // A closed lane has nothing to wake.
@@ -583,6 +583,21 @@ impl Lane {
     /// [`Error::reason`]), not a response.
     pub(crate) fn ended(&self, reason: &'static str) {
         self.shared.metrics.refused(reason);
+    }
+
+    /// Its gates' quotas changed: report the new declared rate, and wake
+    /// the dispatcher so the next release follows them.
+    pub(crate) fn requoted(&self) {
+        let declared = self
+            .shared
+            .gates
+            .iter()
+            .filter_map(|gate| gate.declared())
+            .min_by(|a, b| a.per_second().total_cmp(&b.per_second()));
+        if let Some(rate) = declared {
+            self.shared.metrics.declared(rate);
+        }
+        self.wake();
     }
 
     /// The lane's vendor, level and route.

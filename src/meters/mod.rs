@@ -375,7 +375,7 @@ impl Quota {
 /// dimension never leaks capacity from another.
 #[derive(Debug)]
 pub(crate) struct Meters {
-    meters: Vec<(Box<dyn Meter>, Unit)>,
+    meters: Vec<Counting>,
     /// A slower pace than declared (a quota the vendor announced, or
     /// adaptive pacing), counting requests.
     pace: Option<LeakyBucket>,
@@ -386,15 +386,26 @@ pub(crate) struct Meters {
     /// Lateness a pace forgives (half the headroom, as the declared
     /// buckets).
     slack: Duration,
+    /// The quotas the meters count, in the same order.
+    quotas: Vec<Quota>,
+}
+
+/// A meter and what it counts.
+type Counting = (Box<dyn Meter>, Unit);
+
+/// The ledger for `quotas`: over the longest window of those that count
+/// requests.
+fn ledger(quotas: &[Quota], headroom: Duration) -> Option<Releases> {
+    quotas
+        .iter()
+        .filter(|q| q.unit == Unit::Requests)
+        .map(Quota::rate)
+        .max_by_key(|rate| rate.per)
+        .map(|rate| Releases::new(rate.per.saturating_add(headroom), u64::from(rate.count)))
 }
 
 impl Meters {
     pub(crate) fn new(quotas: &[Quota], headroom: Duration, now: Instant) -> Self {
-        let requests = quotas.iter().filter(|q| q.unit == Unit::Requests);
-        let releases = requests
-            .map(Quota::rate)
-            .max_by_key(|rate| rate.per)
-            .map(|rate| Releases::new(rate.per.saturating_add(headroom), u64::from(rate.count)));
         Self {
             meters: quotas
                 .iter()
@@ -402,9 +413,50 @@ impl Meters {
                 .collect(),
             pace: None,
             last: None,
-            releases,
+            releases: ledger(quotas, headroom),
             slack: headroom / 2,
+            quotas: quotas.to_vec(),
         }
+    }
+
+    /// Count by `quotas` from now on, keeping what is known. A meter whose
+    /// quota is unchanged keeps its state. A new meter counting requests
+    /// is charged with the releases of the ledger (the old request
+    /// window's), so the new pace counts from the lane's own last
+    /// releases, with no burst and no gap; a new meter counting cost
+    /// starts from now (the ledger has no costs). The pace (learned,
+    /// adaptive) stays.
+    pub(crate) fn requote(&mut self, quotas: &[Quota], headroom: Duration, now: Instant) {
+        let past: Vec<Instant> = self
+            .releases
+            .as_ref()
+            .map(|releases| releases.instants().collect())
+            .unwrap_or_default();
+        let mut old: Vec<(Quota, Counting)> =
+            self.quotas.drain(..).zip(self.meters.drain(..)).collect();
+        self.meters = quotas
+            .iter()
+            .map(|quota| {
+                if let Some(at) = old.iter().position(|(was, _)| was == quota) {
+                    return old.swap_remove(at).1;
+                }
+                let first = past.first().copied().unwrap_or(now).min(now);
+                let mut meter = quota.meter(headroom, first);
+                if quota.unit == Unit::Requests {
+                    for &at in &past {
+                        meter.commit(1, at);
+                    }
+                }
+                (meter, quota.unit)
+            })
+            .collect();
+        self.releases = ledger(quotas, headroom).map(|mut releases| {
+            for &at in &past {
+                releases.record(at);
+            }
+            releases
+        });
+        self.quotas = quotas.to_vec();
     }
 
     /// The ledger of releases over the request window (`None` when no

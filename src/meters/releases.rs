@@ -31,6 +31,11 @@ impl Releases {
         }
     }
 
+    /// Every release it holds, oldest first.
+    pub(crate) fn instants(&self) -> impl Iterator<Item = Instant> + '_ {
+        self.at.iter().copied()
+    }
+
     pub(crate) fn record(&mut self, now: Instant) {
         while self
             .at

@@ -30,8 +30,9 @@ pub(crate) use self::call::{Failure, Options};
 use self::registry::Registry;
 pub use self::request::RequestBuilder;
 pub use self::settle::Settle;
-use crate::error::Error;
+use crate::error::{ConfigError, Error};
 use crate::lane::{LanePolicy, LaneSnapshot};
+use crate::meters::Quota;
 use crate::retry::RetryPolicy;
 use crate::route::{LaneKey, Level, Route};
 use crate::signals::Dialect;
@@ -189,6 +190,46 @@ impl Shaper {
                 Failure::Shaper(error) => error,
                 Failure::Send { attempts, source } => Error::Transport { attempts, source },
             })
+    }
+
+    /// Change the vendor level's quotas (those of
+    /// [`ShaperBuilder::rate`] and [`ShaperBuilder::quota`]) while the
+    /// shaper runs: see [`set_level_quotas`](Self::set_level_quotas).
+    pub fn set_quotas(&self, quotas: impl IntoIterator<Item = Quota>) -> Result<(), ConfigError> {
+        self.requote("", quotas.into_iter().collect())
+    }
+
+    /// Change the quotas of the level named `level` (every level of that
+    /// name, shaper-wide and in routes; a config file's vendor is a level
+    /// named after it) while the shaper runs.
+    ///
+    /// Nothing is lost: queued requests keep their places, a pause and a
+    /// quota learned from the vendor stay, and the next release follows
+    /// the new quotas. A quota that did not change keeps its meter; a new
+    /// one counting requests starts from the lane's own recent releases
+    /// (so neither a burst nor a gap follows the change), and a new one
+    /// counting cost starts from now. Checked like the builder's, with a
+    /// [`ConfigError`] naming the field. In memory only: with a shared
+    /// store, every instance must change at once, so it is refused.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use callshaper::{Quota, Shaper};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), callshaper::ConfigError> {
+    /// let shaper = Shaper::builder().rate(10, Duration::from_secs(1)).build()?;
+    /// // The vendor raised the plan to 20 per second.
+    /// shaper.set_quotas([Quota::leaky_bucket(20, Duration::from_secs(1))])?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn set_level_quotas(
+        &self,
+        level: &str,
+        quotas: impl IntoIterator<Item = Quota>,
+    ) -> Result<(), ConfigError> {
+        self.requote(level, quotas.into_iter().collect())
     }
 
     /// The retry rules every request follows.

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, Weak};
 use reqwest::Request;
 
 use super::Shaper;
-use crate::error::Error;
+use crate::error::{ConfigError, Error};
 use crate::gate::{Gate, GateMap};
 use crate::lane::{Lane, LanePolicy, OnIdle};
 use crate::meters::Quota;
@@ -30,6 +30,69 @@ type LaneMap = Mutex<HashMap<String, Arc<Lane>>>;
 pub(super) struct Registry {
     pub(super) lanes: Arc<LaneMap>,
     gates: Arc<GateMap>,
+    /// Levels whose quotas changed while the shaper ran, by name.
+    changed: Mutex<HashMap<String, Vec<Quota>>>,
+}
+
+impl Shaper {
+    /// Every level of the shaper named `name`, shaper-wide and in routes.
+    fn levels_named<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Level> {
+        let routed = self.inner.routes.iter().flat_map(|route| &route.levels);
+        self.inner
+            .levels
+            .iter()
+            .chain(routed)
+            .filter(move |level| level.name == name)
+    }
+
+    /// Whether the levels named `level` may take `quotas` now: they exist,
+    /// the quotas are valid, and no shared store holds them.
+    pub(crate) fn check_quotas(&self, level: &str, quotas: &[Quota]) -> Result<(), ConfigError> {
+        let field = if level.is_empty() { "vendor" } else { level };
+        if self.levels_named(level).next().is_none() {
+            return Err(ConfigError::new(
+                format!("levels.{field}"),
+                "no such level: a new level or route needs a new shaper",
+            ));
+        }
+        if self.inner.store.is_some() {
+            return Err(ConfigError::new(
+                format!("levels.{field}.quotas"),
+                "with a shared store the quotas live in it for every instance: \
+                 change them by rebuilding the fleet's shapers",
+            ));
+        }
+        LanePolicy {
+            quotas: quotas.to_vec(),
+            ..self.inner.policy.clone()
+        }
+        .validate()
+        .map_err(|e| e.within(&format!("levels.{field}")))
+    }
+
+    /// Change the quotas of the levels named `level` (see
+    /// [`Shaper::set_level_quotas`]).
+    pub(super) fn requote(&self, level: &str, quotas: Vec<Quota>) -> Result<(), ConfigError> {
+        self.check_quotas(level, &quotas)?;
+        // The gate map's lock orders this against a gate being created:
+        // a gate made before the change is requoted below, one made after
+        // reads the new quotas.
+        let gates = lock(&self.inner.registry.gates);
+        lock(&self.inner.registry.changed).insert(level.to_owned(), quotas.clone());
+        let changed: Vec<Arc<Gate>> = gates
+            .values()
+            .filter_map(Weak::upgrade)
+            .filter(|gate| gate.level() == level)
+            .collect();
+        drop(gates);
+        for gate in &changed {
+            gate.requote(&quotas);
+        }
+        for lane in lock(&self.inner.registry.lanes).values() {
+            lane.requoted();
+        }
+        Ok(())
+    }
 }
 
 impl Shaper {
@@ -110,7 +173,7 @@ impl Shaper {
                 .route_for(request)
                 .and_then(|route| route.store_failure)
                 .unwrap_or(self.inner.store_failure);
-            let quotas: Vec<Vec<Quota>> = levels.iter().map(|l| l.quotas.clone()).collect();
+            let quotas: Vec<Vec<Quota>> = levels.iter().map(|l| self.quotas_of(l)).collect();
             let headroom = self.inner.policy.headroom;
             let metrics = StoreMetrics::new(&labels, per_lane, StoreMode::LABELS);
             let link = store.link(shared.clone(), &keys, &quotas, headroom, failure, metrics);
@@ -135,6 +198,14 @@ impl Shaper {
         Ok(lane)
     }
 
+    /// The quotas of `level` now: as built, or as last changed live.
+    fn quotas_of(&self, level: &Level) -> Vec<Quota> {
+        lock(&self.inner.registry.changed)
+            .get(&level.name)
+            .cloned()
+            .unwrap_or_else(|| level.quotas.clone())
+    }
+
     /// The shared gate of `level` for `key`, created on first use.
     fn gate_for(&self, level: &Level, key: &str) -> Arc<Gate> {
         let mut gates = lock(&self.inner.registry.gates);
@@ -144,7 +215,8 @@ impl Shaper {
         let registry = Some((Arc::downgrade(&self.inner.registry.gates), key.to_owned()));
         let share = self.inner.store.as_ref().map_or(1, Store::fleet_size);
         let settings = self.inner.policy.gate_settings(self.inner.retry.budget);
-        let gate = Arc::new(Gate::new(&level.quotas, settings, registry, share));
+        let quotas = self.quotas_of(level);
+        let gate = Arc::new(Gate::new(&level.name, &quotas, settings, registry, share));
         gates.insert(key.to_owned(), Arc::downgrade(&gate));
         gate
     }

@@ -2,7 +2,7 @@
 //! then a vendor that throttles everything for 2 s.
 //!
 //! ```text
-//! cargo run --release --example quickstart
+//! cargo run --release -p quickstart   # only what it needs (examples/quickstart/Cargo.toml)
 //! ```
 //!
 //! The vendor is embedded (callshaper's `testing::Vendor` on a loopback

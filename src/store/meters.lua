@@ -53,6 +53,8 @@ local function load(key, gate, now)
   local fields = { 'o', 'p', 'n', 'q' }
   for j = 1, #gate.meters do fields[#fields + 1] = 'm' .. j end
   local values = redis.call('HMGET', key, unpack(fields))
+  -- No origin: no state at all (new, expired, or lost).
+  gate.fresh = not values[1]
   gate.origin = tonumber(values[1]) or now
   gate.paused = tonumber(values[2]) or 0
   gate.seq = tonumber(values[3]) or 0

@@ -205,6 +205,9 @@ pub(crate) struct Reservation {
     pub(crate) hold: Option<Duration>,
     /// A pause in force for this long.
     pub(crate) paused: Option<Duration>,
+    /// The store had lost a gate's state, and started it over as full up
+    /// to a horizon ahead.
+    pub(crate) lost: bool,
     /// Each gate's reservation count after these: the give-back guard.
     pub(crate) seqs: Vec<i64>,
 }

@@ -3,7 +3,7 @@
 //! Redis and Redis Cluster).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -511,6 +511,7 @@ impl SharedStore for RedisStore {
             specs,
             headroom: micros(headroom),
             keep: micros(keep),
+            booked: AtomicI64::new(0),
         })
     }
 }
@@ -530,6 +531,9 @@ struct RedisLane {
     headroom: i64,
     /// How long a gate's state matters once idle (us): every write's TTL.
     keep: i64,
+    /// The latest slot this lane reserved, in store time (us; 0: none):
+    /// a gate found empty before `booked + keep` lost its state.
+    booked: AtomicI64,
 }
 
 impl RedisLane {
@@ -586,6 +590,7 @@ impl StoreLane for RedisLane {
                 self.headroom,
                 micros(options.horizon),
                 self.keep,
+                self.booked.load(Ordering::Relaxed),
                 i64::try_from(costs.len()).unwrap_or(0),
             ];
             args.extend(costs.iter().map(|&c| clamp(c)));
@@ -593,19 +598,24 @@ impl StoreLane for RedisLane {
             let reply: Vec<i64> = self.store.invoke(&RESERVE, &self.keys, &args, None).await?;
             let malformed = || StoreError::Failed(format!("unexpected reserve reply {reply:?}"));
             let gates = self.keys.len();
-            let (head, waits) = reply.split_at_checked(3 + gates).ok_or_else(malformed)?;
-            let &[now, hold, paused] = &head[..3] else {
+            let (head, waits) = reply.split_at_checked(4 + gates).ok_or_else(malformed)?;
+            let &[now, hold, paused, lost] = &head[..4] else {
                 return Err(malformed());
             };
+            let slots: Vec<i64> = waits
+                .iter()
+                .map(|&w| now.saturating_add(w.max(0)))
+                .collect();
+            if let Some(&latest) = slots.last() {
+                self.booked.fetch_max(latest, Ordering::Relaxed);
+            }
             Ok(Reservation {
                 now,
-                slots: waits
-                    .iter()
-                    .map(|&w| now.saturating_add(w.max(0)))
-                    .collect(),
+                slots,
                 hold: (hold > 0).then(|| duration(hold.saturating_sub(now))),
                 paused: (paused > now).then(|| duration(paused.saturating_sub(now))),
-                seqs: head[3..].to_vec(),
+                lost: lost == 1,
+                seqs: head[4..].to_vec(),
             })
         })
     }

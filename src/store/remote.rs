@@ -151,6 +151,13 @@ impl Remote {
         let sent = Instant::now();
         let reservation = self.link.reserve(costs, &paces).await?;
         let received = Instant::now();
+        if reservation.lost {
+            tracing::warn!(
+                "callshaper: the shared store had lost the fleet's state (a flush, a failover \
+                 to a replica that missed writes, an eviction); it starts over as if full for \
+                 a horizon, so no slot is handed out twice"
+            );
+        }
         let mut state = lock(&self.state);
         state.clock.reply(sent, received, reservation.now);
         let clock = state.clock;

@@ -2,24 +2,52 @@
 -- reserve: slots for the next requests of a lane, all its gates at once.
 -- KEYS: the lane's gates. ARGV: clock override (0: Redis TIME), headroom,
 -- horizon (no slot further ahead), keep (how long an idle gate's state
--- matters), n, n costs, then the gate specs.
--- Returns { now, hold, paused, seqs (one per key)..., waits (one per slot)... }:
--- `hold` > 0 is when the next slot would be, beyond the horizon (nothing
--- was charged for it); `paused` is the latest pause in force.
+-- matters), booked (the latest slot this lane reserved, 0: none), n,
+-- n costs, then the gate specs.
+-- Returns { now, hold, paused, lost, seqs (one per key)..., waits (one per
+-- slot)... }: `hold` > 0 is when the next slot would be, beyond the horizon
+-- (nothing was charged for it); `paused` is the latest pause in force;
+-- `lost` is 1 when a gate's state was found lost.
 clock_now = clock(ARGV[1])
 local now = clock_now
 local headroom = tonumber(ARGV[2])
 local horizon = tonumber(ARGV[3])
 local keep = tonumber(ARGV[4])
-local n = tonumber(ARGV[5])
+local booked = tonumber(ARGV[5])
+local n = tonumber(ARGV[6])
 local costs = {}
-for k = 1, n do costs[k] = tonumber(ARGV[5 + k]) end
-local gates = read_specs(#KEYS, 6 + n)
+for k = 1, n do costs[k] = tonumber(ARGV[6 + k]) end
+local gates = read_specs(#KEYS, 7 + n)
 
 local paused = 0
 for k, key in ipairs(KEYS) do
   load(key, gates[k], now)
   paused = math.max(paused, gates[k].paused)
+end
+
+-- This lane reserved a slot at `booked`, and every write keeps a gate's
+-- state at least `keep` past its latest slot: a gate found empty before
+-- then did not expire, it lost its state (FLUSHALL, a failover to a
+-- replica that missed the writes, an eviction). Every instance may still
+-- hold slots booked up to a horizon ahead, which the empty state no longer
+-- counts: start it as if the window ending a horizon from now were full,
+-- so none of them is handed out twice. A leaky bucket counting requests
+-- needs only its last slot there; the others a whole window.
+local lost = 0
+if booked > 0 and now < booked + keep then
+  local at = now + horizon
+  for _, gate in ipairs(gates) do
+    if gate.fresh then
+      lost = 1
+      for _, meter in ipairs(gate.meters) do
+        local full = meter.count
+        if meter.alg == 1 and meter.unit == 0 then full = 1 end
+        if meter.alg == 2 then full = meter.capacity end
+        commit(gate, meter, full, at, headroom)
+      end
+      if gate.pace > 0 then gate.pace_tat = at + gate.pace end
+    end
+  end
 end
 
 local waits, hold, last = {}, 0, now
@@ -55,9 +83,14 @@ for slot = 1, n do
   from = t
 end
 
-local reply = { now, hold, paused }
+local reply = { now, hold, paused, lost }
 for k, key in ipairs(KEYS) do
-  if #waits > 0 then save(key, gates[k], math.max(last, paused) + keep, now) end
+  if #waits > 0 then
+    save(key, gates[k], math.max(last, paused) + keep, now)
+  elseif lost == 1 then
+    -- The state started over matters until its full horizon has passed.
+    save(key, gates[k], math.max(paused, now + horizon) + keep, now)
+  end
   reply[#reply + 1] = gates[k].seq
 end
 for _, wait in ipairs(waits) do reply[#reply + 1] = wait end

@@ -9,6 +9,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -19,6 +20,11 @@ use crate::lane::Shared;
 use crate::lane::dispatcher::Ready;
 use crate::lane::queue::Head;
 use crate::store::{Remote, Source, StoreMode};
+
+/// The least lateness a slot may have and still be used: timers fire a
+/// little late even on an idle machine, and a lane with no headroom must
+/// not drop every slot for it.
+const LATE_MIN: Duration = Duration::from_millis(2);
 
 /// Releases by slots reserved in a shared store.
 pub(in crate::lane) struct Reserved {
@@ -53,8 +59,21 @@ impl Reserved {
         }
     }
 
-    /// Release the head at its booked slot, or wait for it.
+    /// Release the head at its booked slot, or wait for it. A slot whose
+    /// time passed longer ago than the lane's headroom (the lane stalled,
+    /// paused, or kept to its local share on probation) is dropped, not
+    /// used: used now, it would go out closer to the slots after it than
+    /// the store allowed, and several late ones would go out at once. A
+    /// dropped slot is quota wasted, never exceeded.
     fn use_slot(&mut self, ready: &mut Ready<'_>, head: Head, now: Instant) -> Option<Step> {
+        let late = ready.shared.policy.headroom.max(LATE_MIN);
+        while self
+            .slots
+            .front()
+            .is_some_and(|slot| now.saturating_duration_since(slot.at) > late)
+        {
+            self.slots.pop_front();
+        }
         let at = self.slots.front()?.at;
         if at > now {
             return Some(Step::Wait(Blocked::Until(at)));

@@ -1,0 +1,108 @@
+//! A fleet of three sharing a strict 10/s vendor through a real Redis,
+//! while Redis fails under it: restarted, or its state lost. The vendor
+//! must never see more than 10 in any second, nor send a 429, and every
+//! request must end in a response. Real clock: Redis keeps time.
+
+mod common;
+
+use std::time::Duration;
+
+use callshaper::store::RedisStore;
+use callshaper::testing::{RedisServer, Vendor};
+use callshaper::{Shaper, StoreFailure};
+use common::SECOND;
+use tokio::task::JoinHandle;
+
+/// As in `tests/fleet.rs`: the jitter of a loaded two-core machine.
+const HEADROOM: Duration = Duration::from_millis(30);
+
+async fn fleet(redis: &RedisServer, size: u32) -> Vec<Shaper> {
+    let mut shapers = Vec::new();
+    for _ in 0..size {
+        let store = RedisStore::options()
+            .fleet_size(size)
+            .timeout(Duration::from_millis(100))
+            .probe_every(Duration::from_millis(200))
+            .connect(&redis.url())
+            .await
+            .unwrap();
+        let shaper = Shaper::builder()
+            .rate(10, SECOND)
+            .headroom(HEADROOM)
+            .store(store)
+            .on_store_failure(StoreFailure::Open)
+            .build()
+            .unwrap();
+        shapers.push(shaper);
+    }
+    shapers
+}
+
+/// `per` requests on each instance, all submitted now.
+fn backlog(
+    shapers: &[Shaper],
+    vendor: &Vendor,
+    per: usize,
+) -> Vec<JoinHandle<Result<reqwest::Response, callshaper::Error>>> {
+    let mut tasks = Vec::new();
+    for i in 0..per {
+        for (n, shaper) in shapers.iter().enumerate() {
+            let request = shaper.get(format!("{}/{n}/{i}", vendor.uri()));
+            tasks.push(tokio::spawn(request.send()));
+        }
+    }
+    tasks
+}
+
+async fn assert_all_served(tasks: Vec<JoinHandle<Result<reqwest::Response, callshaper::Error>>>) {
+    for outcome in common::join_all(tasks).await {
+        let response = tokio::time::timeout(Duration::from_secs(60), async { outcome })
+            .await
+            .expect("no request hangs");
+        assert_eq!(
+            response.expect("every request gets a response").status(),
+            200
+        );
+    }
+}
+
+fn assert_quota_held(vendor: &Vendor, what: &str) {
+    let busiest = vendor.max_in_any_window(SECOND);
+    println!(
+        "{what}: {} arrivals, at most {busiest} in any second, {} x 429",
+        vendor.arrivals().len(),
+        vendor.throttled()
+    );
+    assert!(busiest <= 10, "{what}: {busiest} requests in one second");
+    assert_eq!(vendor.throttled(), 0, "{what}: no 429");
+}
+
+/// Redis restarted mid-run (empty, as after a crash without persistence):
+/// the lanes fall back to their share, come back, and nothing late goes
+/// out at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_redis_never_lets_the_fleet_bunch() {
+    let mut redis = RedisServer::start();
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let shapers = fleet(&redis, 3).await;
+    let tasks = backlog(&shapers, &vendor, 20);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    redis.restart();
+    assert_all_served(tasks).await;
+    assert_quota_held(&vendor, "restart");
+}
+
+/// Redis loses the fleet's state mid-run (`FLUSHALL`; the same as a
+/// failover to a replica that missed the writes, or an eviction): slots
+/// already booked must not be handed out again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_state_does_not_double_book() {
+    let redis = RedisServer::start();
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let shapers = fleet(&redis, 3).await;
+    let tasks = backlog(&shapers, &vendor, 15);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    redis.cli(&["flushall"]);
+    assert_all_served(tasks).await;
+    assert_quota_held(&vendor, "flushall");
+}

@@ -106,3 +106,82 @@ async fn lost_state_does_not_double_book() {
     assert_all_served(tasks).await;
     assert_quota_held(&vendor, "flushall");
 }
+
+/// Redis stalls for 400 ms mid-run (stopped: connections open, no
+/// answer, as a hung host or a long `DEBUG SLEEP` looks), longer than the
+/// stores' 100 ms timeout, and then answers everything sent meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_redis_never_lets_the_fleet_bunch() {
+    let redis = RedisServer::start();
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let shapers = fleet(&redis, 3).await;
+    let tasks = backlog(&shapers, &vendor, 15);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    redis.freeze();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    redis.thaw();
+    assert_all_served(tasks).await;
+    assert_quota_held(&vendor, "stall");
+}
+
+/// Every instance's connection is killed mid-run (`CLIENT KILL`): they
+/// reconnect, and the state in Redis is intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_connections_never_let_the_fleet_bunch() {
+    let redis = RedisServer::start();
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let shapers = fleet(&redis, 3).await;
+    let tasks = backlog(&shapers, &vendor, 15);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let killed: u32 = redis
+        .cli(&["client", "kill", "type", "normal", "skipme", "yes"])
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(killed >= 3, "{killed} connections killed");
+    assert_all_served(tasks).await;
+    assert_quota_held(&vendor, "client kill");
+}
+
+/// Redis evicts the fleet's keys under memory pressure: `maxmemory` with
+/// `volatile-ttl` (only keys with a TTL go, and callshaper's are the only
+/// ones), then junk written until it evicts, then the junk deleted. An
+/// evicted gate is detected as lost while its lanes are busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evicted_state_does_not_double_book() {
+    let redis = RedisServer::start();
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let shapers = fleet(&redis, 3).await;
+    let tasks = backlog(&shapers, &vendor, 15);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    redis.cli(&["config", "set", "maxmemory-policy", "volatile-ttl"]);
+    let info = redis.cli(&["info", "memory"]);
+    let in_use: u64 = info
+        .lines()
+        .find_map(|line| line.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("used_memory");
+    redis.cli(&[
+        "config",
+        "set",
+        "maxmemory",
+        &(in_use + 200_000).to_string(),
+    ]);
+    // 64 KiB values: past the limit within a few, and every write evicts.
+    let junk = "x".repeat(64 * 1024);
+    for i in 0..40 {
+        redis.cli(&["set", &format!("junk:{i}"), &junk]);
+    }
+    let evicted: u64 = redis
+        .cli(&["info", "stats"])
+        .lines()
+        .find_map(|line| line.strip_prefix("evicted_keys:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("evicted_keys");
+    assert!(evicted > 0, "Redis evicted none of the fleet's keys");
+    for i in 0..40 {
+        redis.cli(&["del", &format!("junk:{i}")]);
+    }
+    assert_all_served(tasks).await;
+    assert_quota_held(&vendor, "eviction");
+}

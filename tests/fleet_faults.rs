@@ -55,12 +55,12 @@ fn backlog(
 }
 
 async fn assert_all_served(tasks: Vec<JoinHandle<Result<reqwest::Response, callshaper::Error>>>) {
-    for outcome in common::join_all(tasks).await {
-        let response = tokio::time::timeout(Duration::from_secs(60), async { outcome })
-            .await
-            .expect("no request hangs");
+    let outcomes = tokio::time::timeout(Duration::from_secs(60), common::join_all(tasks))
+        .await
+        .expect("no request hangs");
+    for outcome in outcomes {
         assert_eq!(
-            response.expect("every request gets a response").status(),
+            outcome.expect("every request gets a response").status(),
             200
         );
     }
@@ -77,34 +77,37 @@ fn assert_quota_held(vendor: &Vendor, what: &str) {
     assert_eq!(vendor.throttled(), 0, "{what}: no 429");
 }
 
+/// Three instances with `per` requests each; 1.5 s into the run, `fault`
+/// is done to Redis; then every request must be served and the quota
+/// held.
+async fn survives(what: &str, per: usize, fault: impl AsyncFnOnce(&mut RedisServer)) {
+    let mut redis = RedisServer::start();
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let shapers = fleet(&redis, 3).await;
+    let tasks = backlog(&shapers, &vendor, per);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    fault(&mut redis).await;
+    assert_all_served(tasks).await;
+    assert_quota_held(&vendor, what);
+}
+
 /// Redis restarted mid-run (empty, as after a crash without persistence):
 /// the lanes fall back to their share, come back, and nothing late goes
 /// out at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_redis_never_lets_the_fleet_bunch() {
-    let mut redis = RedisServer::start();
-    let vendor = Vendor::strict(10, SECOND).start().await;
-    let shapers = fleet(&redis, 3).await;
-    let tasks = backlog(&shapers, &vendor, 20);
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
-    redis.restart();
-    assert_all_served(tasks).await;
-    assert_quota_held(&vendor, "restart");
+    survives("restart", 20, async |redis| redis.restart()).await;
 }
 
 /// Redis loses the fleet's state mid-run (`FLUSHALL`; the same as a
-/// failover to a replica that missed the writes, or an eviction): slots
-/// already booked must not be handed out again.
+/// failover to a replica that missed the writes): slots already booked
+/// must not be handed out again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_state_does_not_double_book() {
-    let redis = RedisServer::start();
-    let vendor = Vendor::strict(10, SECOND).start().await;
-    let shapers = fleet(&redis, 3).await;
-    let tasks = backlog(&shapers, &vendor, 15);
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
-    redis.cli(&["flushall"]);
-    assert_all_served(tasks).await;
-    assert_quota_held(&vendor, "flushall");
+    survives("flushall", 15, async |redis| {
+        redis.cli(&["flushall"]);
+    })
+    .await;
 }
 
 /// Redis stalls for 400 ms mid-run (stopped: connections open, no
@@ -112,35 +115,34 @@ async fn lost_state_does_not_double_book() {
 /// stores' 100 ms timeout, and then answers everything sent meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_redis_never_lets_the_fleet_bunch() {
-    let redis = RedisServer::start();
-    let vendor = Vendor::strict(10, SECOND).start().await;
-    let shapers = fleet(&redis, 3).await;
-    let tasks = backlog(&shapers, &vendor, 15);
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
-    redis.freeze();
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    redis.thaw();
-    assert_all_served(tasks).await;
-    assert_quota_held(&vendor, "stall");
+    survives("stall", 15, async |redis| {
+        redis.freeze();
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        redis.thaw();
+    })
+    .await;
 }
 
 /// Every instance's connection is killed mid-run (`CLIENT KILL`): they
 /// reconnect, and the state in Redis is intact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_connections_never_let_the_fleet_bunch() {
-    let redis = RedisServer::start();
-    let vendor = Vendor::strict(10, SECOND).start().await;
-    let shapers = fleet(&redis, 3).await;
-    let tasks = backlog(&shapers, &vendor, 15);
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
-    let killed: u32 = redis
-        .cli(&["client", "kill", "type", "normal", "skipme", "yes"])
-        .trim()
-        .parse()
-        .unwrap();
-    assert!(killed >= 3, "{killed} connections killed");
-    assert_all_served(tasks).await;
-    assert_quota_held(&vendor, "client kill");
+    survives("client kill", 15, async |redis| {
+        let killed = redis.cli(&["client", "kill", "type", "normal", "skipme", "yes"]);
+        let killed: u32 = killed.trim().parse().unwrap();
+        assert!(killed >= 3, "{killed} connections killed");
+    })
+    .await;
+}
+
+/// A number from `INFO`.
+fn info(redis: &RedisServer, section: &str, field: &str) -> u64 {
+    redis
+        .cli(&["info", section])
+        .lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or_else(|| panic!("INFO {section} has no {field}"))
 }
 
 /// Redis evicts the fleet's keys under memory pressure: `maxmemory` with
@@ -149,39 +151,21 @@ async fn killed_connections_never_let_the_fleet_bunch() {
 /// evicted gate is detected as lost while its lanes are busy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn evicted_state_does_not_double_book() {
-    let redis = RedisServer::start();
-    let vendor = Vendor::strict(10, SECOND).start().await;
-    let shapers = fleet(&redis, 3).await;
-    let tasks = backlog(&shapers, &vendor, 15);
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
-    redis.cli(&["config", "set", "maxmemory-policy", "volatile-ttl"]);
-    let info = redis.cli(&["info", "memory"]);
-    let in_use: u64 = info
-        .lines()
-        .find_map(|line| line.strip_prefix("used_memory:"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("used_memory");
-    redis.cli(&[
-        "config",
-        "set",
-        "maxmemory",
-        &(in_use + 200_000).to_string(),
-    ]);
-    // 64 KiB values: past the limit within a few, and every write evicts.
-    let junk = "x".repeat(64 * 1024);
-    for i in 0..40 {
-        redis.cli(&["set", &format!("junk:{i}"), &junk]);
-    }
-    let evicted: u64 = redis
-        .cli(&["info", "stats"])
-        .lines()
-        .find_map(|line| line.strip_prefix("evicted_keys:"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("evicted_keys");
-    assert!(evicted > 0, "Redis evicted none of the fleet's keys");
-    for i in 0..40 {
-        redis.cli(&["del", &format!("junk:{i}")]);
-    }
-    assert_all_served(tasks).await;
-    assert_quota_held(&vendor, "eviction");
+    survives("eviction", 15, async |redis| {
+        redis.cli(&["config", "set", "maxmemory-policy", "volatile-ttl"]);
+        let limit = info(redis, "memory", "used_memory") + 200_000;
+        redis.cli(&["config", "set", "maxmemory", &limit.to_string()]);
+        // 64 KiB values: past the limit within a few, and every write
+        // evicts.
+        let junk = "x".repeat(64 * 1024);
+        for i in 0..40 {
+            redis.cli(&["set", &format!("junk:{i}"), &junk]);
+        }
+        let evicted = info(redis, "stats", "evicted_keys");
+        assert!(evicted > 0, "Redis evicted none of the fleet's keys");
+        for i in 0..40 {
+            redis.cli(&["del", &format!("junk:{i}")]);
+        }
+    })
+    .await;
 }

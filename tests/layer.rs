@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use callshaper::testing::{RetryAfter, Vendor, hold_clock};
-use callshaper::{Error, Shaper, ShaperLayer};
+use callshaper::{Error, Shaped, Shaper, ShaperLayer};
 use common::{SECOND, join_all, order};
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::rt::TokioExecutor;
@@ -55,22 +55,35 @@ fn assert_quota_kept(vendor: &Vendor, n: usize) {
     assert_eq!(order(&arrivals), (0..n).collect::<Vec<_>>(), "FIFO");
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_hyper_client_keeps_the_quota() {
-    let vendor = Vendor::strict(10, SECOND).start().await;
+/// hyper's client, shaped, with the clock held while on the wire.
+type ShapedHyper =
+    Shaped<Held<HyperClient<hyper_util::client::legacy::connect::HttpConnector, reqwest::Body>>>;
+
+fn shaped_hyper() -> ShapedHyper {
     let hyper = HyperClient::builder(TokioExecutor::new()).build_http::<reqwest::Body>();
-    let client = ShaperLayer::new(shaper()).layer(Held(hyper));
-    let tasks = (0..100)
-        .map(|i| {
-            let request = http::Request::get(format!("{}/r/{i}", vendor.uri()))
-                .body(String::new())
-                .unwrap();
-            tokio::spawn(client.clone().oneshot(request))
-        })
+    ShaperLayer::new(shaper()).layer(Held(hyper))
+}
+
+/// A GET of `url` as an `http` request.
+fn get(url: &str) -> http::Request<String> {
+    http::Request::get(url).body(String::new()).unwrap()
+}
+
+/// GETs of `{base}/r/{i}` for `i` in `0..n` through `client`, spawned in
+/// order; every one must answer 200.
+async fn all_ok(client: &ShapedHyper, base: &str, n: usize) {
+    let tasks = (0..n)
+        .map(|i| tokio::spawn(client.clone().oneshot(get(&format!("{base}/r/{i}")))))
         .collect();
     for outcome in join_all(tasks).await {
         assert_eq!(outcome.unwrap().status(), 200);
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hyper_client_keeps_the_quota() {
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    all_ok(&shaped_hyper(), &vendor.uri(), 100).await;
     assert_quota_kept(&vendor, 100);
 }
 
@@ -98,19 +111,8 @@ async fn reqwests_own_service_keeps_the_quota() {
 async fn a_throttle_pauses_the_lane_and_settings_travel_as_extensions() {
     let vendor = Vendor::strict(10, SECOND).start().await;
     vendor.throttle_for(Duration::from_millis(10), RetryAfter::Seconds(2));
-    let hyper = HyperClient::builder(TokioExecutor::new()).build_http::<reqwest::Body>();
-    let client = ShaperLayer::new(shaper()).layer(Held(hyper));
-    let tasks = (0..3)
-        .map(|i| {
-            let request = http::Request::get(format!("{}/r/{i}", vendor.uri()))
-                .body(String::new())
-                .unwrap();
-            tokio::spawn(client.clone().oneshot(request))
-        })
-        .collect();
-    for outcome in join_all(tasks).await {
-        assert_eq!(outcome.unwrap().status(), 200);
-    }
+    let client = shaped_hyper();
+    all_ok(&client, &vendor.uri(), 3).await;
     let arrivals = vendor.arrivals();
     let statuses: Vec<_> = arrivals.iter().map(|a| a.status).collect();
     assert_eq!(statuses, [429, 200, 200, 200]);
@@ -118,18 +120,8 @@ async fn a_throttle_pauses_the_lane_and_settings_travel_as_extensions() {
     assert_eq!(order(&arrivals), [0, 0, 1, 2], "the throttled one first");
 
     // Waiting behind the lane's pace would take 100 ms: refused at once.
-    client
-        .clone()
-        .oneshot(
-            http::Request::get(vendor.uri())
-                .body(String::new())
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    let mut impatient = http::Request::get(vendor.uri())
-        .body(String::new())
-        .unwrap();
+    client.clone().oneshot(get(&vendor.uri())).await.unwrap();
+    let mut impatient = get(&vendor.uri());
     impatient
         .extensions_mut()
         .insert(callshaper::MaxWait(Duration::from_millis(10)));
@@ -161,10 +153,10 @@ async fn a_refused_connection_is_retried_then_handed_up() {
         })
     };
     let client = ShaperLayer::new(shaper()).layer(Held(counted));
-    let request = http::Request::get(format!("http://{closed}/"))
-        .body(String::new())
-        .unwrap();
-    let error = client.oneshot(request).await.unwrap_err();
+    let error = client
+        .oneshot(get(&format!("http://{closed}/")))
+        .await
+        .unwrap_err();
     assert!(
         error.downcast_ref::<Error>().is_none(),
         "the transport's: {error}"

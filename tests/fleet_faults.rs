@@ -16,7 +16,10 @@ use tokio::task::JoinHandle;
 /// As in `tests/fleet.rs`: the jitter of a loaded two-core machine.
 const HEADROOM: Duration = Duration::from_millis(30);
 
-async fn fleet(redis: &RedisServer, size: u32) -> Vec<Shaper> {
+/// `size` fail-open instances at 10/s on `redis`, each warmed with one
+/// request to `vendor` (connections open, scripts loaded), so the run
+/// measures the fleet, not its first round trips.
+async fn fleet(redis: &RedisServer, vendor: &Vendor, size: u32) -> Vec<Shaper> {
     let mut shapers = Vec::new();
     for _ in 0..size {
         let store = RedisStore::options()
@@ -33,6 +36,8 @@ async fn fleet(redis: &RedisServer, size: u32) -> Vec<Shaper> {
             .on_store_failure(StoreFailure::Open)
             .build()
             .unwrap();
+        let warm = shaper.get(format!("{}/warm", vendor.uri())).send().await;
+        assert_eq!(warm.unwrap().status(), 200);
         shapers.push(shaper);
     }
     shapers
@@ -83,7 +88,7 @@ fn assert_quota_held(vendor: &Vendor, what: &str) {
 async fn survives(what: &str, per: usize, fault: impl AsyncFnOnce(&mut RedisServer)) {
     let mut redis = RedisServer::start();
     let vendor = Vendor::strict(10, SECOND).start().await;
-    let shapers = fleet(&redis, 3).await;
+    let shapers = fleet(&redis, &vendor, 3).await;
     let tasks = backlog(&shapers, &vendor, per);
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     fault(&mut redis).await;
@@ -168,4 +173,55 @@ async fn evicted_state_does_not_double_book() {
         }
     })
     .await;
+}
+
+/// Equal backlogs on three instances, request ids spread round robin over
+/// them and submitted together (within 120 ms, 12 of the quota's 100 ms
+/// intervals): the instances take turns, finish close together, and the
+/// vendor serves the ids close to their order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn equal_backlogs_share_the_quota_fairly() {
+    let redis = RedisServer::start();
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let shapers = fleet(&redis, &vendor, 3).await;
+    let started = std::time::Instant::now();
+    let total = 60;
+    // 2 ms apart: tasks spawned at once on a multi-thread runtime reach
+    // their lanes in any order, and the test measures the fleet's order,
+    // not the runtime's.
+    let mut tasks = Vec::new();
+    for i in 0..total {
+        let request = shapers[i % 3].get(format!("{}/r/{i}", vendor.uri()));
+        tasks.push(tokio::spawn(async move {
+            let outcome = request.send().await;
+            (i % 3, outcome, started.elapsed())
+        }));
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let mut finished = [Duration::ZERO; 3];
+    for (instance, outcome, at) in common::join_all(tasks).await {
+        assert_eq!(outcome.unwrap().status(), 200);
+        finished[instance] = finished[instance].max(at);
+    }
+    assert_quota_held(&vendor, "fairness");
+    let order = common::order(&vendor.arrivals());
+    let inverted: usize = order
+        .iter()
+        .enumerate()
+        .map(|(a, &first)| {
+            order[a + 1..]
+                .iter()
+                .filter(|&&later| later < first)
+                .count()
+        })
+        .sum();
+    let pairs = total * (total - 1) / 2;
+    let fraction = inverted as f64 / pairs as f64;
+    let first = finished.iter().min().unwrap().as_secs_f64();
+    let last = finished.iter().max().unwrap().as_secs_f64();
+    println!(
+        "fairness: instances finished at {finished:?}; {inverted} of {pairs} pairs out of order ({fraction:.3})"
+    );
+    assert!(last <= first * 1.10, "finished {finished:?}");
+    assert!(fraction <= 0.05, "{fraction:.3} of pairs out of order");
 }

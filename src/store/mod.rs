@@ -160,7 +160,8 @@ pub(crate) trait SharedStore: Send + Sync + fmt::Debug + 'static {
 /// microseconds; each call charges or corrects every gate of the lane at
 /// once, atomically.
 pub(crate) trait StoreLane: Send + Sync + 'static {
-    /// Reserve a slot for each of `costs`, in order, with each gate kept
+    /// Reserve a slot for each of `costs`, in order (or fewer: one while
+    /// other instances are about, for a fair share), with each gate kept
     /// to its local `paces` too.
     fn reserve<'a>(
         &'a self,

@@ -512,6 +512,7 @@ impl SharedStore for RedisStore {
             headroom: micros(headroom),
             keep: micros(keep),
             booked: AtomicI64::new(0),
+            me: fastrand::i64(1..i64::MAX),
         })
     }
 }
@@ -534,6 +535,8 @@ struct RedisLane {
     /// The latest slot this lane reserved, in store time (us; 0: none):
     /// a gate found empty before `booked + keep` lost its state.
     booked: AtomicI64,
+    /// This lane's name among the fleet's for the fair share: random.
+    me: i64,
 }
 
 impl RedisLane {
@@ -591,6 +594,7 @@ impl StoreLane for RedisLane {
                 micros(options.horizon),
                 self.keep,
                 self.booked.load(Ordering::Relaxed),
+                self.me,
                 i64::try_from(costs.len()).unwrap_or(0),
             ];
             args.extend(costs.iter().map(|&c| clamp(c)));

@@ -2,8 +2,8 @@
 -- reserve: slots for the next requests of a lane, all its gates at once.
 -- KEYS: the lane's gates. ARGV: clock override (0: Redis TIME), headroom,
 -- horizon (no slot further ahead), keep (how long an idle gate's state
--- matters), booked (the latest slot this lane reserved, 0: none), n,
--- n costs, then the gate specs.
+-- matters), booked (the latest slot this lane reserved, 0: none), me (the
+-- lane's name in the fleet), n, n costs, then the gate specs.
 -- Returns { now, hold, paused, lost, seqs (one per key)..., waits (one per
 -- slot)... }: `hold` > 0 is when the next slot would be, beyond the horizon
 -- (nothing was charged for it); `paused` is the latest pause in force;
@@ -14,10 +14,36 @@ local headroom = tonumber(ARGV[2])
 local horizon = tonumber(ARGV[3])
 local keep = tonumber(ARGV[4])
 local booked = tonumber(ARGV[5])
-local n = tonumber(ARGV[6])
+local me = ARGV[6]
+local n = tonumber(ARGV[7])
 local costs = {}
-for k = 1, n do costs[k] = tonumber(ARGV[6 + k]) end
-local gates = read_specs(#KEYS, 7 + n)
+for k = 1, n do costs[k] = tonumber(ARGV[7 + k]) end
+local gates = read_specs(#KEYS, 8 + n)
+
+-- Fair share: while other instances are about (they asked within two
+-- horizons, waiting or not: a burst reaches every instance within
+-- milliseconds, before any has said it waits), each call books one slot,
+-- so the instances take turns and the fleet serves requests close to the
+-- order they came in. A lane alone books its whole batch. Each lane
+-- leaves when it last asked (`b:<me>`); records older than two horizons
+-- are dropped.
+local vendor = KEYS[#KEYS]
+local others = 0
+local seen = redis.call('HGETALL', vendor)
+for x = 1, #seen, 2 do
+  local name = seen[x]
+  if string.sub(name, 1, 2) == 'b:' and name ~= 'b:' .. me then
+    local asked = tonumber(seen[x + 1]) or 0
+    if asked < now - 2 * horizon then
+      redis.call('HDEL', vendor, name)
+    else
+      others = others + 1
+    end
+  end
+end
+-- A lane's first call books one slot too: the instances that start with
+-- it have not said they wait yet.
+if (others > 0 or booked == 0) and n > 1 then n = 1 end
 
 local paused = 0
 for k, key in ipairs(KEYS) do
@@ -81,6 +107,12 @@ for slot = 1, n do
   last = t
   -- First in, first out: the next slot is never before this one.
   from = t
+end
+
+-- This lane asked now, where the others look (only on a gate that exists:
+-- a record alone would read as a gate that lost its state).
+if #waits > 0 or lost == 1 or redis.call('EXISTS', vendor) == 1 then
+  redis.call('HSET', vendor, 'b:' .. me, now)
 end
 
 local reply = { now, hold, paused, lost }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use callshaper::store::RedisStore;
 use callshaper::testing::{RedisServer, Vendor};
-use callshaper::{Shaper, StoreFailure};
+use callshaper::{Shaper, StoreFailure, StoreMode};
 use common::SECOND;
 use tokio::task::JoinHandle;
 
@@ -92,6 +92,36 @@ async fn survives(what: &str, per: usize, fault: impl AsyncFnOnce(&mut RedisServ
     let tasks = backlog(&shapers, &vendor, per);
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     fault(&mut redis).await;
+    // Watch 2 s: no lane stays off Redis longer than a probe interval
+    // (200 ms) and a window (1 s).
+    let mut off_since: Vec<Option<std::time::Instant>> = vec![None; shapers.len()];
+    let mut longest = Duration::ZERO;
+    let watch = std::time::Instant::now();
+    while watch.elapsed() < 2 * SECOND {
+        for (shaper, since) in shapers.iter().zip(&mut off_since) {
+            let off = shaper
+                .lanes()
+                .iter()
+                .any(|lane| lane.store != Some(StoreMode::Shared));
+            match (off, *since) {
+                (true, None) => *since = Some(std::time::Instant::now()),
+                (false, Some(at)) => {
+                    longest = longest.max(at.elapsed());
+                    *since = None;
+                }
+                _ => {}
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for at in off_since.into_iter().flatten() {
+        longest = longest.max(at.elapsed());
+    }
+    println!("{what}: the longest a lane was off Redis: {longest:?}");
+    assert!(
+        longest <= Duration::from_millis(1_200),
+        "{what}: off Redis for {longest:?}"
+    );
     assert_all_served(tasks).await;
     assert_quota_held(&vendor, what);
 }

@@ -161,11 +161,12 @@ pub(crate) trait SharedStore: Send + Sync + fmt::Debug + 'static {
 /// once, atomically.
 pub(crate) trait StoreLane: Send + Sync + 'static {
     /// Reserve a slot for each of `costs`, in order (or fewer: one while
-    /// other instances are about, for a fair share), with each gate kept
-    /// to its local `paces` too.
+    /// other instances wait too, for a fair share), with each gate kept to
+    /// its local `paces` too; `waiting` requests wait in the lane.
     fn reserve<'a>(
         &'a self,
         costs: &'a [u64],
+        waiting: usize,
         paces: &'a [Option<Duration>],
     ) -> Pending<'a, Result<Reservation, StoreError>>;
 

@@ -584,6 +584,7 @@ impl StoreLane for RedisLane {
     fn reserve<'a>(
         &'a self,
         costs: &'a [u64],
+        waiting: usize,
         paces: &'a [Option<Duration>],
     ) -> Pending<'a, Result<Reservation, StoreError>> {
         Box::pin(async move {
@@ -595,6 +596,7 @@ impl StoreLane for RedisLane {
                 self.keep,
                 self.booked.load(Ordering::Relaxed),
                 self.me,
+                i64::try_from(waiting).unwrap_or(i64::MAX),
                 i64::try_from(costs.len()).unwrap_or(0),
             ];
             args.extend(costs.iter().map(|&c| clamp(c)));

@@ -146,10 +146,14 @@ impl Remote {
     }
 
     /// Reserve a slot for each of `costs`, in order.
-    pub(crate) async fn reserve(&self, costs: &[u64]) -> Result<Schedule, StoreError> {
+    pub(crate) async fn reserve(
+        &self,
+        costs: &[u64],
+        waiting: usize,
+    ) -> Result<Schedule, StoreError> {
         let paces = self.paces();
         let sent = Instant::now();
-        let reservation = self.link.reserve(costs, &paces).await?;
+        let reservation = self.link.reserve(costs, waiting, &paces).await?;
         let received = Instant::now();
         if reservation.lost {
             tracing::warn!(
@@ -246,6 +250,11 @@ impl Remote {
             StoreMode::Fallback => Source::Fallback,
             StoreMode::Unavailable => Source::Refuse,
         }
+    }
+
+    /// When a lane off the store tries it again.
+    pub(crate) fn probe_at(&self) -> Instant {
+        lock(&self.state).probe_at
     }
 
     /// A call failed: fall back or close, per the lane's policy; try again

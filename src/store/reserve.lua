@@ -3,7 +3,8 @@
 -- KEYS: the lane's gates. ARGV: clock override (0: Redis TIME), headroom,
 -- horizon (no slot further ahead), keep (how long an idle gate's state
 -- matters), booked (the latest slot this lane reserved, 0: none), me (the
--- lane's name in the fleet), n, n costs, then the gate specs.
+-- lane's name in the fleet), waiting (requests waiting in the lane), n,
+-- n costs, then the gate specs.
 -- Returns { now, hold, paused, lost, seqs (one per key)..., waits (one per
 -- slot)... }: `hold` > 0 is when the next slot would be, beyond the horizon
 -- (nothing was charged for it); `paused` is the latest pause in force;
@@ -15,35 +16,42 @@ local horizon = tonumber(ARGV[3])
 local keep = tonumber(ARGV[4])
 local booked = tonumber(ARGV[5])
 local me = ARGV[6]
-local n = tonumber(ARGV[7])
+local waiting = tonumber(ARGV[7])
+local n = tonumber(ARGV[8])
 local costs = {}
-for k = 1, n do costs[k] = tonumber(ARGV[7 + k]) end
-local gates = read_specs(#KEYS, 8 + n)
+for k = 1, n do costs[k] = tonumber(ARGV[8 + k]) end
+local gates = read_specs(#KEYS, 9 + n)
 
--- Fair share: while other instances are about (they asked within two
--- horizons, waiting or not: a burst reaches every instance within
--- milliseconds, before any has said it waits), each call books one slot,
--- so the instances take turns and the fleet serves requests close to the
--- order they came in. A lane alone books its whole batch. Each lane
--- leaves when it last asked (`b:<me>`); records older than two horizons
--- are dropped.
+-- Fair share. Each lane leaves, in the vendor's gate, when it last asked
+-- (`b:<me>`) and how many requests it still had waiting then (`w:<me>`);
+-- records older than two horizons are dropped. While another lane still
+-- waits, each call books one slot, so the lanes take turns and the fleet
+-- serves requests close to the order they came in. A lane starting a busy
+-- spell (it waited for nothing when it last asked) books one slot too if
+-- others asked lately: a burst reaches every instance within
+-- milliseconds, before any has said it waits. Otherwise a lane books its
+-- whole batch.
 local vendor = KEYS[#KEYS]
-local others = 0
+local recent, busy, mine = 0, 0, 0
 local seen = redis.call('HGETALL', vendor)
-for x = 1, #seen, 2 do
-  local name = seen[x]
-  if string.sub(name, 1, 2) == 'b:' and name ~= 'b:' .. me then
-    local asked = tonumber(seen[x + 1]) or 0
-    if asked < now - 2 * horizon then
-      redis.call('HDEL', vendor, name)
+local fields = {}
+for x = 1, #seen, 2 do fields[seen[x]] = seen[x + 1] end
+for name, value in pairs(fields) do
+  if string.sub(name, 1, 2) == 'b:' then
+    local id = string.sub(name, 3)
+    local asked = tonumber(value) or 0
+    local left = tonumber(fields['w:' .. id]) or 0
+    if id == me then
+      mine = left
+    elseif asked < now - 2 * horizon then
+      redis.call('HDEL', vendor, name, 'w:' .. id)
     else
-      others = others + 1
+      recent = recent + 1
+      if left > 0 then busy = busy + 1 end
     end
   end
 end
--- A lane's first call books one slot too: the instances that start with
--- it have not said they wait yet.
-if (others > 0 or booked == 0) and n > 1 then n = 1 end
+if n > 1 and (busy > 0 or (mine == 0 and recent > 0) or booked == 0) then n = 1 end
 
 local paused = 0
 for k, key in ipairs(KEYS) do
@@ -109,10 +117,11 @@ for slot = 1, n do
   from = t
 end
 
--- This lane asked now, where the others look (only on a gate that exists:
--- a record alone would read as a gate that lost its state).
+-- This lane asked now, and what it still has waiting, where the others
+-- look (only on a gate that exists: a record alone would read as a gate
+-- that lost its state).
 if #waits > 0 or lost == 1 or redis.call('EXISTS', vendor) == 1 then
-  redis.call('HSET', vendor, 'b:' .. me, now)
+  redis.call('HSET', vendor, 'b:' .. me, now, 'w:' .. me, math.max(0, waiting - #waits))
 end
 
 local reply = { now, hold, paused, lost }

@@ -9,6 +9,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -109,7 +110,8 @@ impl Reserved {
         let remote = self.remote.clone();
         let shared = ready.shared;
         let costs = ready.queue.costs(head.class, remote.batch());
-        match remote.reserve(&costs).await {
+        let waiting = shared.waiting.load(Ordering::SeqCst);
+        match remote.reserve(&costs, waiting).await {
             Ok(schedule) => {
                 remote.recovered(&shared.key);
                 if let Some(paused) = schedule.paused {
@@ -127,8 +129,21 @@ impl Reserved {
                     self.refuse_all(ready);
                     Step::Done
                 }
-                _ => self.local.step(ready, head, now),
+                _ => self.fallback(ready, head, now),
             },
+        }
+    }
+
+    /// Release from the local fallback share. Its next release may be a
+    /// horizon away (see `Remote::failed`): the lane wakes for the next
+    /// probe before that, so it is back on the store within a probe
+    /// interval of the store's return.
+    fn fallback(&mut self, ready: &mut Ready<'_>, head: Head, now: Instant) -> Step {
+        match self.local.step(ready, head, now) {
+            Step::Wait(Blocked::Until(at)) => {
+                Step::Wait(Blocked::Until(at.min(self.remote.probe_at())))
+            }
+            step => step,
         }
     }
 
@@ -159,7 +174,7 @@ impl Release for Reserved {
     async fn release(&mut self, ready: &mut Ready<'_>, head: Head, now: Instant) -> Step {
         match self.remote.source(now) {
             Source::Store => {}
-            Source::Fallback => return self.local.step(ready, head, now),
+            Source::Fallback => return self.fallback(ready, head, now),
             Source::Refuse => {
                 self.refuse_all(ready);
                 return Step::Done;

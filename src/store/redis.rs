@@ -680,8 +680,9 @@ mod tests {
         let store = RedisStore::connect(&server.url()).await.unwrap();
         // One leaky-bucket meter of 10 per second, no pace; one slot of cost 1.
         let spec = [0, 1, 1, 0, 10, 1_000_000, 10];
+        // Clock, headroom, horizon, keep, booked, me, waiting, n, its cost.
         let reserve = |now: i64| {
-            let mut args = vec![now, 0, 1_000_000, 2_000_000, 1, 1];
+            let mut args = vec![now, 0, 1_000_000, 2_000_000, 0, 7, 1, 1, 1];
             args.extend(spec);
             args
         };

@@ -34,9 +34,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let handle = recorder.handle();
     metrics::set_global_recorder(recorder)?;
 
-    let listener = TcpListener::bind("127.0.0.1:9000")
-        .await
-        .or(TcpListener::bind("127.0.0.1:0").await)?;
+    // Prometheus's usual exporter port, else any free one.
+    let listener = match TcpListener::bind("127.0.0.1:9000").await {
+        Ok(listener) => listener,
+        Err(_) => TcpListener::bind("127.0.0.1:0").await?,
+    };
     let address = listener.local_addr()?;
     tokio::spawn(serve_metrics(listener, handle.clone()));
     println!("serving http://{address}/metrics");

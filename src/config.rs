@@ -235,7 +235,7 @@ impl ShaperConfig {
             shaper.check_quotas(level, quotas)?;
         }
         for (level, quotas) in changes {
-            shaper.set_level_quotas(&level, quotas)?;
+            shaper.apply_quotas(&level, quotas);
         }
         Ok(())
     }

@@ -173,6 +173,18 @@ struct Shared {
 }
 
 impl Shared {
+    /// Report the tightest request quota declared by the lane's gates.
+    fn report_quota(&self) {
+        let declared = self
+            .gates
+            .iter()
+            .filter_map(|gate| gate.declared())
+            .min_by(|a, b| a.per_second().total_cmp(&b.per_second()));
+        if let Some(rate) = declared {
+            self.metrics.declared(rate);
+        }
+    }
+
     /// A request joins the waiting; returns how many waited before it.
     fn count_in(&self) -> usize {
         self.metrics.queued();
@@ -285,14 +297,6 @@ impl Lane {
         on_idle: Option<OnIdle>,
         remote: Option<Arc<Remote>>,
     ) -> Self {
-        // The tightest declared request quota of the lane's gates.
-        let declared = gates
-            .iter()
-            .filter_map(|gate| gate.declared())
-            .min_by(|a, b| a.per_second().total_cmp(&b.per_second()));
-        if let Some(rate) = declared {
-            metrics.declared(rate);
-        }
         let (tickets, tickets_rx) = async_channel::unbounded();
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         let shared = Arc::new(Shared {
@@ -311,6 +315,7 @@ impl Lane {
             policy,
             remote: remote.clone(),
         });
+        shared.report_quota();
         // One engine per lane, chosen once: the dispatcher is generic over
         // it, so the in-memory path pays nothing for the store's.
         let lane = shared.clone();
@@ -588,16 +593,13 @@ impl Lane {
     /// Its gates' quotas changed: report the new declared rate, and wake
     /// the dispatcher so the next release follows them.
     pub(crate) fn requoted(&self) {
-        let declared = self
-            .shared
-            .gates
-            .iter()
-            .filter_map(|gate| gate.declared())
-            .min_by(|a, b| a.per_second().total_cmp(&b.per_second()));
-        if let Some(rate) = declared {
-            self.shared.metrics.declared(rate);
-        }
+        self.shared.report_quota();
         self.wake();
+    }
+
+    /// True when one of the lane's gates holds the quotas of `level`.
+    pub(crate) fn holds_level(&self, level: &str) -> bool {
+        self.shared.gates.iter().any(|gate| gate.level() == level)
     }
 
     /// The lane's vendor, level and route.

@@ -57,9 +57,21 @@ impl Default for LogicalState {
 
 impl Logical {
     /// How many times the request went on the wire, over every try.
-    #[cfg(feature = "middleware")]
     pub(crate) fn sends(&self) -> u32 {
         self.0.sends.load(Ordering::Acquire)
+    }
+
+    /// Its place in the lane, once it had one.
+    fn place(&self) -> Option<u64> {
+        Some(self.0.seq.load(Ordering::Acquire)).filter(|seq| *seq != u64::MAX)
+    }
+
+    fn keep(&self, seq: u64) {
+        self.0.seq.store(seq, Ordering::Release);
+    }
+
+    fn sent(&self) {
+        self.0.sends.fetch_add(1, Ordering::AcqRel);
     }
 }
 
@@ -147,9 +159,11 @@ impl Shaper {
         let lane = self.lane_for(&request, options.tag.as_ref())?;
         tally.lane = Some(lane.clone());
         let policy = &self.inner.retry;
-        let logical = options.logical.clone().unwrap_or_default();
+        // Only a request a layer above may send again has one: a plain
+        // request allocates nothing for it.
+        let logical = options.logical.as_ref();
         // A try of a layer above: every send so far counts as a failure.
-        let mut failures = logical.0.sends.load(Ordering::Acquire);
+        let mut failures = logical.map_or(0, Logical::sends);
         if failures >= policy.max_attempts {
             tracing::warn!(
                 lane = lane.key(),
@@ -170,9 +184,11 @@ impl Shaper {
         span.entered(lane.key(), lane.labels(), cost, options.priority.label());
         let max_wait = options.max_wait.or(lane.policy().max_wait);
         let submitted = Instant::now();
-        let kept = Some(logical.0.seq.load(Ordering::Acquire)).filter(|seq| *seq != u64::MAX);
+        let kept = logical.and_then(Logical::place);
         let mut place = lane.enter_at(kept, cost, options.priority, max_wait)?;
-        logical.0.seq.store(place.seq(), Ordering::Release);
+        if let Some(logical) = logical {
+            logical.keep(place.seq());
+        }
         let may_retry_failure =
             policy.retry_non_idempotent || retry::is_idempotent(request.method());
         let mut waiting_since = submitted;
@@ -187,7 +203,9 @@ impl Shaper {
             }
             // A body that can't be cloned (a stream) allows one send only.
             let spare = request.try_clone();
-            logical.0.sends.fetch_add(1, Ordering::AcqRel);
+            if let Some(logical) = logical {
+                logical.sent();
+            }
             let attempt = span.attempt(attempts);
             let mut outcome = {
                 let _on_the_wire = lane.sending();

@@ -74,6 +74,13 @@ impl Shaper {
     /// [`Shaper::set_level_quotas`]).
     pub(super) fn requote(&self, level: &str, quotas: Vec<Quota>) -> Result<(), ConfigError> {
         self.check_quotas(level, &quotas)?;
+        self.apply_quotas(level, quotas);
+        Ok(())
+    }
+
+    /// [`requote`](Self::requote) with quotas already checked by
+    /// [`check_quotas`](Self::check_quotas).
+    pub(crate) fn apply_quotas(&self, level: &str, quotas: Vec<Quota>) {
         // The gate map's lock orders this against a gate being created:
         // a gate made before the change is requoted below, one made after
         // reads the new quotas.
@@ -89,9 +96,10 @@ impl Shaper {
             gate.requote(&quotas);
         }
         for lane in lock(&self.inner.registry.lanes).values() {
-            lane.requoted();
+            if lane.holds_level(level) {
+                lane.requoted();
+            }
         }
-        Ok(())
     }
 }
 
@@ -175,7 +183,8 @@ impl Shaper {
                 .unwrap_or(self.inner.store_failure);
             let quotas: Vec<Vec<Quota>> = levels.iter().map(|l| self.quotas_of(l)).collect();
             let headroom = self.inner.policy.headroom;
-            let metrics = StoreMetrics::new(&labels, per_lane, StoreMode::LABELS);
+            let metrics =
+                StoreMetrics::new(&labels, per_lane, &StoreMode::ALL.map(StoreMode::label));
             let link = store.link(shared.clone(), &keys, &quotas, headroom, failure, metrics);
             Arc::new(link)
         });

@@ -5,7 +5,9 @@
 -- A lane's gates are hashes (one per gate, all under one hash tag, so one
 -- shard holds them). Fields: `o` origin of the gate's windows, `p` paused
 -- until, `n` reservations so far (the give-back guard), `q` the pace's
--- theoretical arrival time, `m1`, `m2`, ... each meter's state (msgpack).
+-- theoretical arrival time, `m1`, `m2`, ... each meter's state (msgpack);
+-- the vendor's gate also `f`, the fleet's lanes for the fair share (see
+-- reserve.lua).
 --
 -- Gate specs arrive flat in ARGV, from `at`: for each key, the pace interval
 -- (0: none) and the number of meters, then per meter its algorithm

@@ -261,8 +261,8 @@ pub enum StoreMode {
 }
 
 impl StoreMode {
-    /// Every mode's name: the `callshaper_store_mode` state set.
-    pub(crate) const LABELS: &[&'static str] = &["shared", "fallback", "unavailable"];
+    /// Every mode: the `callshaper_store_mode` state set.
+    pub(crate) const ALL: [Self; 3] = [Self::Shared, Self::Fallback, Self::Unavailable];
 
     /// The mode's name in the `callshaper_store_mode` state set.
     pub(crate) fn label(self) -> &'static str {

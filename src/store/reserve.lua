@@ -22,33 +22,27 @@ local costs = {}
 for k = 1, n do costs[k] = tonumber(ARGV[8 + k]) end
 local gates = read_specs(#KEYS, 9 + n)
 
--- Fair share. Each lane leaves, in the vendor's gate, when it last asked
--- (`b:<me>`) and how many requests it still had waiting then (`w:<me>`);
--- records older than two horizons are dropped. While another lane still
--- waits, each call books one slot, so the lanes take turns and the fleet
--- serves requests close to the order they came in. A lane starting a busy
--- spell (it waited for nothing when it last asked) books one slot too if
--- others asked lately: a burst reaches every instance within
+-- Fair share. The vendor's gate keeps, in one field (`f`), when each lane
+-- of the fleet last asked and how many requests it still had waiting
+-- then; entries older than two horizons are dropped. While another lane
+-- still waits, each call books one slot, so the lanes take turns and the
+-- fleet serves requests close to the order they came in. A lane starting
+-- a busy spell (it waited for nothing when it last asked) books one slot
+-- too if others asked lately: a burst reaches every instance within
 -- milliseconds, before any has said it waits. Otherwise a lane books its
 -- whole batch.
 local vendor = KEYS[#KEYS]
+local fleet = redis.call('HGET', vendor, 'f')
+fleet = fleet and cmsgpack.unpack(fleet) or {}
 local recent, busy, mine = 0, 0, 0
-local seen = redis.call('HGETALL', vendor)
-local fields = {}
-for x = 1, #seen, 2 do fields[seen[x]] = seen[x + 1] end
-for name, value in pairs(fields) do
-  if string.sub(name, 1, 2) == 'b:' then
-    local id = string.sub(name, 3)
-    local asked = tonumber(value) or 0
-    local left = tonumber(fields['w:' .. id]) or 0
-    if id == me then
-      mine = left
-    elseif asked < now - 2 * horizon then
-      redis.call('HDEL', vendor, name, 'w:' .. id)
-    else
-      recent = recent + 1
-      if left > 0 then busy = busy + 1 end
-    end
+for id, lane in pairs(fleet) do
+  if id == me then
+    mine = lane[2]
+  elseif lane[1] < now - 2 * horizon then
+    fleet[id] = nil
+  else
+    recent = recent + 1
+    if lane[2] > 0 then busy = busy + 1 end
   end
 end
 if n > 1 and (busy > 0 or (mine == 0 and recent > 0) or booked == 0) then n = 1 end
@@ -121,7 +115,8 @@ end
 -- look (only on a gate that exists: a record alone would read as a gate
 -- that lost its state).
 if #waits > 0 or lost == 1 or redis.call('EXISTS', vendor) == 1 then
-  redis.call('HSET', vendor, 'b:' .. me, now, 'w:' .. me, math.max(0, waiting - #waits))
+  fleet[me] = { now, math.max(0, waiting - #waits) }
+  redis.call('HSET', vendor, 'f', cmsgpack.pack(fleet))
 end
 
 local reply = { now, hold, paused, lost }

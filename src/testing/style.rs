@@ -164,7 +164,7 @@ impl Style {
 
 /// Whole seconds, rounded up, as most vendors send a delta.
 pub(super) fn whole_secs_up(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 
 /// The epoch second `after` from `wall` (rounded up), as GitHub's

@@ -61,13 +61,15 @@ impl Reserved {
     }
 
     /// Release the head at its booked slot, or wait for it. A slot whose
-    /// time passed longer ago than the lane's headroom (the lane stalled,
-    /// paused, or kept to its local share on probation) is dropped, not
-    /// used: used now, it would go out closer to the slots after it than
-    /// the store allowed, and several late ones would go out at once. A
-    /// dropped slot is quota wasted, never exceeded.
+    /// time passed longer ago than half the lane's headroom (the lane
+    /// stalled, paused, or kept to its local share on probation) is
+    /// dropped, not used: used now, it would go out closer to the slots
+    /// after it than the store allowed, and several late ones would go out
+    /// at once. Half, as the local meters forgive lateness: the other half
+    /// covers the network's jitter. A dropped slot is quota wasted, never
+    /// exceeded.
     fn use_slot(&mut self, ready: &mut Ready<'_>, head: Head, now: Instant) -> Option<Step> {
-        let late = ready.shared.policy.headroom.max(LATE_MIN);
+        let late = (ready.shared.policy.headroom / 2).max(LATE_MIN);
         while self
             .slots
             .front()

@@ -1,7 +1,13 @@
 //! The zoo bench: every test vendor modelled on a real one, with the client
 //! declared at the vendor's true quota and at 1.5 times it, callshaper
-//! beside what a user would write instead: governor as the pacer and a
-//! retry loop that honours `Retry-After` (else backs off from 100 ms).
+//! beside what a user would write instead:
+//!
+//! - governor, leaky-bucket or tower's `RateLimit` as the pacer, each
+//!   with a retry loop that honours `Retry-After` (else backs off from
+//!   100 ms) and goes through the pacer again;
+//! - reqwest-retry alone: no pacer, its exponential backoff (1 s, then
+//!   doubling, 3 retries) on every 429, 5xx or 408 (it does not read
+//!   `Retry-After`).
 //!
 //! ```text
 //! cargo bench --bench vendors
@@ -10,13 +16,17 @@
 //! Real HTTP on loopback and real time (governor keeps its own clock), so
 //! the vendors are scaled to about 100 requests a second. Columns: 429s
 //! (and 403s) the vendor answered, attempts per request, the share of the
-//! quota the vendor made available that was used over the whole run and
+//! quota the vendor made available that its accepted requests used over the whole run and
 //! after the first window (its burst, and for a client declared too fast,
 //! the refusal that teaches it), and the most requests in any window of
 //! the vendor's against its limit (a bucket's limit is its burst plus a
-//! window's refill).
+//! window's refill), and the requests that never got a 200 (a retry
+//! policy that gave up).
 
+use std::future::Future;
 use std::num::NonZeroU32;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use callshaper::testing::Vendor;
@@ -109,8 +119,16 @@ fn main() {
         .build()
         .expect("a runtime");
     println!(
-        "  {:<10} {:<7} {:<22} {:>5} {:>9} {:>8} {:>8} {:>12}",
-        "vendor", "declared", "client", "429s", "attempts", "quota", "after", "max/window"
+        "  {:<10} {:<7} {:<26} {:>5} {:>9} {:>8} {:>8} {:>12} {:>7}",
+        "vendor",
+        "declared",
+        "client",
+        "429s",
+        "attempts",
+        "quota",
+        "after",
+        "max/window",
+        "failed"
     );
     for case in zoo() {
         for (declared, quota) in [
@@ -119,8 +137,14 @@ fn main() {
         ] {
             let callshaper = rt.block_on(with_callshaper(&case, quota.clone()));
             print_row(&case, declared, "callshaper", callshaper);
-            let governor = rt.block_on(with_governor(&case, &quota));
+            let governor = rt.block_on(with_pacer(&case, governor(&quota)));
             print_row(&case, declared, "governor + retry loop", governor);
+            let bucket = rt.block_on(with_pacer(&case, leaky_bucket(&quota)));
+            print_row(&case, declared, "leaky-bucket + retry loop", bucket);
+            let tower = rt.block_on(with_tower(&case, &quota));
+            print_row(&case, declared, "tower rate_limit + retry", tower);
+            let retry = rt.block_on(with_reqwest_retry(&case));
+            print_row(&case, declared, "reqwest-retry", retry);
         }
     }
     rt.block_on(shared_quota());
@@ -186,13 +210,15 @@ struct Run {
 fn print_row(case: &Case, declared: &str, client: &str, run: Run) {
     let arrivals = run.vendor.arrivals();
     let refused = arrivals.iter().filter(|a| a.status != 200).count();
-    let ideal = case.interval * case.n.saturating_sub(case.burst) as u32;
-    let used = ideal.as_secs_f64() / run.took.as_secs_f64();
     let accepted: Vec<Duration> = arrivals
         .iter()
         .filter(|a| a.status == 200)
         .map(|a| a.at)
         .collect();
+    // Only what the vendor accepted counts as quota used: a request that
+    // ended on a refusal used nothing.
+    let ideal = case.interval * accepted.len().saturating_sub(case.burst) as u32;
+    let used = ideal.as_secs_f64() / run.took.as_secs_f64();
     // The first window: a bucket's burst, else a window's limit.
     let first_window = if case.burst > 1 {
         case.burst
@@ -207,7 +233,7 @@ fn print_row(case: &Case, declared: &str, client: &str, run: Run) {
         _ => 0.0,
     };
     println!(
-        "  {:<10} {:<7} {:<22} {:>5} {:>9.2} {:>7.1}% {:>7.1}% {:>7}/{:<4}",
+        "  {:<10} {:<7} {:<26} {:>5} {:>9.2} {:>7.1}% {:>7.1}% {:>7}/{:<4} {:>7}",
         case.name,
         declared,
         client,
@@ -217,6 +243,7 @@ fn print_row(case: &Case, declared: &str, client: &str, run: Run) {
         after * 100.0,
         run.vendor.max_in_any_window(case.window),
         case.limit,
+        case.n.saturating_sub(accepted.len()),
     );
 }
 
@@ -240,50 +267,166 @@ async fn with_callshaper(case: &Case, quota: Quota) -> Run {
     }
 }
 
-/// What a user writes without callshaper: governor at the declared quota
-/// (its burst as the bucket's capacity), and on a 429 or 403, wait the
-/// `Retry-After` (else 100 ms doubling) and go through governor again.
-async fn with_governor(case: &Case, quota: &Quota) -> Run {
-    let vendor = (case.vendor)().start().await;
+/// A pacer a user would reach for: waits until the next request may go.
+type Pacer = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+/// A quota's burst (a token bucket's capacity, else 1) and the spacing of
+/// its rate.
+fn burst_and_period(quota: &Quota) -> (u32, Duration) {
     let rate = quota.rate();
     let burst = match quota.algorithm {
-        callshaper::Algorithm::TokenBucket { capacity, .. } => capacity as u32,
+        callshaper::Algorithm::TokenBucket { capacity, .. } => {
+            u32::try_from(capacity).unwrap_or(u32::MAX)
+        }
         _ => 1,
     };
-    let period = rate.per / rate.count;
-    let limiter = std::sync::Arc::new(governor::RateLimiter::direct(
+    (burst.max(1), rate.per / rate.count)
+}
+
+/// governor at the declared quota, its burst the bucket's capacity.
+fn governor(quota: &Quota) -> Pacer {
+    let (burst, period) = burst_and_period(quota);
+    let limiter = Arc::new(governor::RateLimiter::direct(
         governor::Quota::with_period(period)
             .expect("a period")
             .allow_burst(NonZeroU32::new(burst).unwrap_or(NonZeroU32::MIN)),
     ));
+    Arc::new(move || {
+        let limiter = limiter.clone();
+        Box::pin(async move { limiter.until_ready().await })
+    })
+}
+
+/// The leaky-bucket crate at the declared quota: a bucket of the burst,
+/// full at the start, refilled one at a time.
+fn leaky_bucket(quota: &Quota) -> Pacer {
+    let (burst, period) = burst_and_period(quota);
+    let limiter = Arc::new(
+        leaky_bucket::RateLimiter::builder()
+            .max(burst as usize)
+            .initial(burst as usize)
+            .refill(1)
+            .interval(period)
+            .build(),
+    );
+    Arc::new(move || {
+        let limiter = limiter.clone();
+        Box::pin(async move { limiter.acquire_one().await })
+    })
+}
+
+/// After a 429 or 403: how long to wait, the `Retry-After` if it parses,
+/// else `backoff`, which doubles for next time.
+fn wait_after(response: &reqwest::Response, backoff: &mut Duration) -> Option<Duration> {
+    let status = response.status().as_u16();
+    if status != 429 && status != 403 {
+        return None;
+    }
+    let hint = response
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok()?.parse::<f64>().ok())
+        .and_then(|s| Duration::try_from_secs_f64(s).ok());
+    let wait = hint.unwrap_or(*backoff);
+    *backoff = (*backoff * 2).min(Duration::from_secs(10));
+    Some(wait)
+}
+
+/// What a user writes without callshaper: a pacer at the declared quota,
+/// and on a 429 or 403, wait the `Retry-After` (else 100 ms doubling) and
+/// go through the pacer again.
+async fn with_pacer(case: &Case, pacer: Pacer) -> Run {
+    let vendor = (case.vendor)().start().await;
     let client = reqwest::Client::new();
     let started = Instant::now();
     let calls: Vec<_> = (0..case.n)
         .map(|i| {
-            let (limiter, client) = (limiter.clone(), client.clone());
+            let (pacer, client) = (pacer.clone(), client.clone());
             let url = format!("{}/r/{i}", vendor.uri());
             tokio::spawn(async move {
                 let mut backoff = Duration::from_millis(100);
                 loop {
-                    limiter.until_ready().await;
+                    pacer().await;
                     let response = client.get(&url).send().await.expect("a response");
-                    let status = response.status().as_u16();
-                    if status != 429 && status != 403 {
-                        return;
+                    match wait_after(&response, &mut backoff) {
+                        Some(wait) => tokio::time::sleep(wait).await,
+                        None => return,
                     }
-                    let hint = response
-                        .headers()
-                        .get("retry-after")
-                        .and_then(|v| v.to_str().ok()?.parse::<f64>().ok())
-                        .map(Duration::from_secs_f64);
-                    tokio::time::sleep(hint.unwrap_or(backoff)).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(10));
                 }
             })
         })
         .collect();
     for call in calls {
         call.await.expect("a caller panicked");
+    }
+    Run {
+        vendor,
+        took: started.elapsed(),
+    }
+}
+
+/// tower's `RateLimit` (a fixed window of the quota's count per its
+/// period) behind a `Buffer` shared by every caller, with the same retry
+/// loop as `with_pacer` around it.
+async fn with_tower(case: &Case, quota: &Quota) -> Run {
+    use tower::{Service, ServiceExt};
+    let vendor = (case.vendor)().start().await;
+    let client = reqwest::Client::new();
+    let rate = quota.rate();
+    let service = tower::ServiceBuilder::new()
+        .buffer(case.n)
+        .rate_limit(u64::from(rate.count), rate.per)
+        .service_fn(move |request: reqwest::Request| client.execute(request));
+    let started = Instant::now();
+    let calls: Vec<_> = (0..case.n)
+        .map(|i| {
+            let mut service = service.clone();
+            let url: reqwest::Url = format!("{}/r/{i}", vendor.uri()).parse().expect("a url");
+            tokio::spawn(async move {
+                let mut backoff = Duration::from_millis(100);
+                loop {
+                    let request = reqwest::Request::new(reqwest::Method::GET, url.clone());
+                    let ready = service.ready().await.expect("the buffer");
+                    let response = ready.call(request).await.expect("a response");
+                    match wait_after(&response, &mut backoff) {
+                        Some(wait) => tokio::time::sleep(wait).await,
+                        None => return,
+                    }
+                }
+            })
+        })
+        .collect();
+    for call in calls {
+        call.await.expect("a caller panicked");
+    }
+    Run {
+        vendor,
+        took: started.elapsed(),
+    }
+}
+
+/// reqwest-retry as its docs show it, and no pacer: every request at
+/// once, a 429 retried after its exponential backoff (from 1 s, 3 times).
+async fn with_reqwest_retry(case: &Case) -> Run {
+    use reqwest_retry::policies::ExponentialBackoff;
+    let vendor = (case.vendor)().start().await;
+    let policy = ExponentialBackoff::builder().build_with_max_retries(3);
+    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(reqwest_retry::RetryTransientMiddleware::new_with_policy(
+            policy,
+        ))
+        .build();
+    let started = Instant::now();
+    let calls: Vec<_> = (0..case.n)
+        .map(|i| {
+            let client = client.clone();
+            let url = format!("{}/r/{i}", vendor.uri());
+            tokio::spawn(async move { client.get(&url).send().await.map(|r| r.status()) })
+        })
+        .collect();
+    for call in calls {
+        // A request that ends on its last 429 is counted as failed.
+        call.await.expect("a caller panicked").expect("a response");
     }
     Run {
         vendor,

@@ -24,6 +24,7 @@ use tokio::sync::futures::OwnedNotified;
 use tokio::time::Instant;
 
 use crate::adaptive::{Adaptive, Aimd};
+use crate::drain::Drain;
 use crate::meters::{Meters, Quota, Rate, Unit};
 use crate::retry::{Backoff, Ledger, RetryBudget};
 use crate::sync::{lock, shrink};
@@ -70,6 +71,8 @@ pub(crate) struct Gate {
     /// request ends at once. The flag spares the hot path a lock.
     stopped: Mutex<Option<(Instant, Arc<Stop>)>>,
     is_stopped: AtomicBool,
+    /// The level of a vendor bucket that does not say its rate.
+    drain: Mutex<Drain>,
 }
 
 /// Why a lane is paused, as [`LaneSnapshot`](crate::LaneSnapshot), the
@@ -125,9 +128,19 @@ struct Window {
 }
 
 impl Window {
-    /// The vendor's `limit` allows at least what the gate keeps to.
+    /// The vendor's `limit` (a count in the declared window) allows at
+    /// least what the gate keeps to.
     fn allows(&self, limit: u64) -> bool {
-        limit >= u64::from(self.kept.count)
+        self.declared_rate(limit)
+            .is_none_or(|rate| slower_first(rate, self.kept).is_ge())
+    }
+
+    /// `count` in the declared window, as a rate (`None`: more than any
+    /// rate holds).
+    fn declared_rate(&self, count: u64) -> Option<Rate> {
+        u32::try_from(count)
+            .ok()
+            .map(|count| Rate::new(count, self.declared.per))
     }
 }
 
@@ -193,6 +206,7 @@ impl Gate {
             registry,
             stopped: Mutex::new(None),
             is_stopped: AtomicBool::new(false),
+            drain: Mutex::new(Drain::default()),
         }
     }
 
@@ -382,7 +396,7 @@ impl Gate {
             return None;
         }
         let count = limit.unwrap_or(accepted);
-        if count == 0 || count >= u64::from(kept.count) {
+        if count == 0 || window.allows(count) {
             return None;
         }
         let length = window.length;
@@ -396,7 +410,61 @@ impl Gate {
         if !looks_declared {
             return None;
         }
-        let rate = Rate::new(u32::try_from(count).ok()?, window.declared.per);
+        let rate = window.declared_rate(count)?;
+        self.learn(rate).then_some(rate)
+    }
+
+    /// The vendor answered: true when this was its first word, which a
+    /// burst may be waiting for (see `Meters::heard`); lanes waiting for it are woken.
+    pub(crate) fn heard(&self) -> bool {
+        let first = lock(&self.meters).heard();
+        if first {
+            self.turn.notify_waiters();
+        }
+        first
+    }
+
+    /// A vendor's bucket had `remaining` requests left as it counted the
+    /// request released at `released` (`refused`: it refused it). The
+    /// meters allow no more than that (`Meters::hold_to`). For a bucket of
+    /// `capacity` that does not say its rate (`leaks`: Shopify), the rate
+    /// it leaks at is read off its levels ([`Drain`]), and once it has
+    /// refused the lane, kept to: the first estimate, then each closer one.
+    /// The quota learned, if the pace changed.
+    pub(crate) fn bucket(
+        &self,
+        remaining: u64,
+        leaks: Option<u64>,
+        released: Instant,
+        refused: bool,
+    ) -> Option<Rate> {
+        let around = {
+            let mut meters = lock(&self.meters);
+            meters.hold_to(remaining, released, Instant::now());
+            meters.releases().map(|releases| releases.around(released))
+        };
+        let (capacity, around) = (leaks?, around?);
+        let window = self.window(released)?;
+        let used = capacity.saturating_sub(remaining);
+        // Two declared windows: a level is whole units, so a short span
+        // reads a coarse rate.
+        let span = window.declared.per.saturating_mul(2);
+        let leak = lock(&self.drain).observe(used, around, released, refused, span)?;
+        // Never refused: the declared quota is not shown too fast.
+        lock(&self.pace).refused_at?;
+        // In hundredths of the declared window's count, rounded down.
+        let per = window.declared.per.saturating_mul(100);
+        let count = (leak * per.as_secs_f64()).floor();
+        if !(1.0..f64::from(u32::MAX)).contains(&count) {
+            return None;
+        }
+        let rate = Rate::new(count as u32, per);
+        let close = |a: Rate, b: Rate| (a.per_second() / b.per_second() - 1.0).abs() < 0.01;
+        if slower_first(rate, window.declared).is_ge()
+            || self.learned().is_some_and(|learned| close(learned, rate))
+        {
+            return None;
+        }
         self.learn(rate).then_some(rate)
     }
 

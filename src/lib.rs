@@ -102,6 +102,7 @@
 pub mod adaptive;
 #[cfg(feature = "config")]
 pub mod config;
+mod drain;
 pub mod error;
 mod gate;
 pub mod lane;

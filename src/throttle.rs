@@ -142,6 +142,30 @@ pub(crate) fn refused(lane: &Lane, status: StatusCode, signals: &Signals, releas
     }
 }
 
+/// Every answer to a request the lane released at `released`: a burst
+/// waiting for the vendor's first word goes, and a vendor's bucket (a
+/// request limit that [`refills`](crate::signals::Limit::refills)) holds
+/// the lane to what it says is left, so a lane declared larger than the
+/// vendor's bucket sends no more than the vendor has. A bucket that does
+/// not say its rate (no reset: Shopify) teaches it by its levels once it
+/// has refused the lane.
+pub(crate) fn answered(lane: &Lane, verdict: Verdict, signals: &Signals, released: Instant) {
+    let bucket = signals
+        .limits
+        .iter()
+        .filter(|l| l.refills && matches!(l.dimension, Dimension::Requests | Dimension::Policy(_)))
+        .find_map(|l| Some((l.remaining?, l.limit.filter(|_| l.reset.is_none()))));
+    let refused = verdict == Verdict::Throttled;
+    if let Some(learned) = lane.answered(bucket, released, refused) {
+        tracing::warn!(
+            lane = lane.key(),
+            declared = ?lane.policy().request_rate(),
+            ?learned,
+            "the vendor's bucket leaks slower than the lane's declared quota; the lane keeps to its rate"
+        );
+    }
+}
+
 /// What a vendor's body says when no pause helps: OpenAI's codes for an
 /// account out of credit or past its spending cap.
 const OUT_OF_CREDIT: &[&str] = &["insufficient_quota", "billing_hard_limit_reached"];

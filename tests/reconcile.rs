@@ -196,3 +196,69 @@ async fn a_quota_shared_with_another_consumer_is_used_and_kept() {
         );
     }
 }
+
+/// Answers through `client`, the first answer `first` late (paused time),
+/// and notes when each request was sent.
+struct SlowFirst {
+    client: callshaper::testing::HoldClock<reqwest::Client>,
+    first: Duration,
+    sent: std::sync::Arc<std::sync::Mutex<Vec<Instant>>>,
+}
+
+impl callshaper::Transport for SlowFirst {
+    fn send(
+        &self,
+        request: reqwest::Request,
+    ) -> callshaper::shaper::BoxFuture<reqwest::Result<reqwest::Response>> {
+        let is_first = {
+            let mut sent = self.sent.lock().unwrap();
+            sent.push(Instant::now());
+            sent.len() == 1
+        };
+        let delay = if is_first { self.first } else { Duration::ZERO };
+        let answer = self.client.send(request);
+        Box::pin(async move {
+            tokio::time::sleep(delay).await;
+            answer.await
+        })
+    }
+}
+
+/// A quota that allows a burst holds it for the vendor's first answer,
+/// which says what is left, but never more than a second: a slow first
+/// answer (a long generation) must not hold the burst.
+#[tokio::test(start_paused = true)]
+async fn a_burst_waits_for_the_vendors_first_word_at_most_a_second() {
+    for (first, burst_at) in [
+        (Duration::from_millis(40), Duration::from_millis(40)),
+        (3 * SECOND, SECOND),
+    ] {
+        let vendor = Vendor::token_bucket(10, 10, SECOND).start().await;
+        let sent = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let shaper = callshaper::Shaper::builder()
+            .policy(callshaper::LanePolicy::with_quotas([
+                callshaper::Quota::token_bucket(10, 10, SECOND),
+            ]))
+            .transport(SlowFirst {
+                client: callshaper::testing::HoldClock(reqwest::Client::new()),
+                first,
+                sent: sent.clone(),
+            })
+            .build()
+            .unwrap();
+        let t0 = Instant::now();
+        for outcome in burst(&shaper, &vendor.uri(), 10).await {
+            assert!(outcome.unwrap().status().is_success());
+        }
+        let sent = sent.lock().unwrap().clone();
+        assert_eq!(sent[0], t0, "the first goes at once");
+        for at in &sent[1..] {
+            let after = *at - t0;
+            assert!(
+                after >= burst_at && after <= burst_at + Duration::from_millis(5),
+                "the burst went {after:?} in, expected {burst_at:?} (first answer {first:?})"
+            );
+        }
+        assert_eq!(vendor.throttled(), 0);
+    }
+}

@@ -569,6 +569,38 @@ impl Lane {
         Some(learned)
     }
 
+    /// The vendor answered a request released at `released`: a burst
+    /// waiting for its first word goes now, and a bucket's `remaining`
+    /// (see [`Gate::bucket`]; `leaks`: its capacity, when it does not say
+    /// its rate) holds the vendor gate's meters to it. On a shared store
+    /// the local meters are only the fallback share: the store's count is
+    /// the fleet's. The quota learned, if the pace changed.
+    pub(crate) fn answered(
+        &self,
+        bucket: Option<(u64, Option<u64>)>,
+        released: Instant,
+        refused: bool,
+    ) -> Option<Rate> {
+        let first = self
+            .shared
+            .gates
+            .iter()
+            .fold(false, |first, gate| gate.heard() | first);
+        if first {
+            self.wake();
+        }
+        if self.shared.remote.is_some() {
+            return None;
+        }
+        let (remaining, leaks) = bucket?;
+        let learned = self
+            .shared
+            .vendor()
+            .bucket(remaining, leaks, released, refused)?;
+        self.shared.metrics.learned(learned);
+        Some(learned)
+    }
+
     /// A failed request is tried again.
     pub(crate) fn retried(&self) {
         self.shared.metrics.retried();

@@ -256,6 +256,18 @@ pub struct Quota {
 }
 
 impl Quota {
+    /// True when its meter lets more than one request go at once (a
+    /// leaky bucket never does; your own meter is taken not to).
+    pub(crate) fn bursts(&self) -> bool {
+        match &self.algorithm {
+            Algorithm::TokenBucket { capacity, .. } => *capacity > 1,
+            Algorithm::FixedWindow(rate)
+            | Algorithm::SlidingLog(rate)
+            | Algorithm::SlidingWindow(rate) => rate.count > 1,
+            Algorithm::LeakyBucket(_) | Algorithm::Custom(_) => false,
+        }
+    }
+
     fn new(algorithm: Algorithm) -> Self {
         Self {
             algorithm,
@@ -388,10 +400,38 @@ pub(crate) struct Meters {
     slack: Duration,
     /// The quotas the meters count, in the same order.
     quotas: Vec<Quota>,
+    /// The first release, and whether the vendor has answered since: a
+    /// burst waits for the vendor's first word (see [`FIRST_WORD`]).
+    first: Option<Instant>,
+    heard: bool,
 }
+
+/// How long a lane whose quotas allow a burst waits, after its first
+/// release, for the vendor's first answer before it sends the rest: that
+/// answer says what the vendor really has left (a bucket declared half as
+/// large again as the vendor's would otherwise send its whole excess
+/// before any answer could stop it). Bounded, as a slow first answer (a
+/// long generation) must not hold a burst for long; one interval of a
+/// quota at a request a second.
+pub(crate) const FIRST_WORD: Duration = Duration::from_secs(1);
 
 /// A meter and what it counts.
 type Counting = (Box<dyn Meter>, Unit);
+
+/// How many units `meter` lets go at once at `now` (a binary search on
+/// `earliest`, which only says "when").
+fn room(meter: &dyn Meter, now: Instant) -> u64 {
+    let (mut fits, mut over) = (0, meter.capacity().saturating_add(1));
+    while over - fits > 1 {
+        let mid = fits + (over - fits) / 2;
+        if meter.earliest(mid, now) <= now {
+            fits = mid;
+        } else {
+            over = mid;
+        }
+    }
+    fits
+}
 
 /// The ledger for `quotas`: over the longest window of those that count
 /// requests.
@@ -399,9 +439,17 @@ fn ledger(quotas: &[Quota], headroom: Duration) -> Option<Releases> {
     quotas
         .iter()
         .filter(|q| q.unit == Unit::Requests)
-        .map(Quota::rate)
-        .max_by_key(|rate| rate.per)
-        .map(|rate| Releases::new(rate.per.saturating_add(headroom), u64::from(rate.count)))
+        .max_by_key(|quota| quota.rate().per)
+        .map(|quota| {
+            let rate = quota.rate();
+            // A bucket lets its burst go on top of a window's refill.
+            let burst = match quota.algorithm {
+                Algorithm::TokenBucket { capacity, .. } => capacity,
+                _ => 0,
+            };
+            let most = u64::from(rate.count).saturating_add(burst);
+            Releases::new(rate.per.saturating_add(headroom), most)
+        })
 }
 
 impl Meters {
@@ -416,6 +464,8 @@ impl Meters {
             releases: ledger(quotas, headroom),
             slack: headroom / 2,
             quotas: quotas.to_vec(),
+            first: None,
+            heard: false,
         }
     }
 
@@ -491,7 +541,53 @@ impl Meters {
             .iter()
             .map(|(meter, unit)| meter.earliest(Self::units(*unit, cost), now));
         let pace = self.pace.iter().map(|pace| pace.earliest(1, now));
-        declared.chain(pace).max().unwrap_or(now)
+        declared
+            .chain(pace)
+            .chain(self.first_word())
+            .max()
+            .unwrap_or(now)
+    }
+
+    /// Until when a burst waits for the vendor's first answer, if it does.
+    pub(crate) fn first_word(&self) -> Option<Instant> {
+        self.first
+            .filter(|_| !self.heard && self.bursts())
+            .map(|first| later(first, FIRST_WORD))
+    }
+
+    /// True when the quotas let more than one request go at once.
+    fn bursts(&self) -> bool {
+        self.quotas.iter().any(Quota::bursts)
+    }
+
+    /// The vendor answered. True when this was its first word, which a
+    /// burst may have waited for.
+    pub(crate) fn heard(&mut self) -> bool {
+        !std::mem::replace(&mut self.heard, true) && self.first.is_some()
+    }
+
+    /// A vendor's bucket has `remaining` requests left as it counted the
+    /// request released at `released`: let no request meter allow more
+    /// now than that, less the releases since (on their way to it), plus
+    /// what the meter refills in the time since. A meter that allows more
+    /// is charged the difference, as if it had gone; one allowing less
+    /// keeps its own count (the vendor's word never makes a lane faster).
+    pub(crate) fn hold_to(&mut self, remaining: u64, released: Instant, now: Instant) {
+        let since = self.releases.as_ref().map_or(0, |releases| {
+            releases.since(later(released, Duration::from_nanos(1)))
+        });
+        let elapsed = now.saturating_duration_since(released);
+        let bursting = self.meters.iter_mut().zip(&self.quotas);
+        for ((meter, _), _) in bursting.filter(|(_, q)| q.unit == Unit::Requests && q.bursts()) {
+            let refilled = elapsed.as_nanos() / meter.interval().as_nanos().max(1);
+            let allowed = remaining
+                .saturating_sub(since)
+                .saturating_add(u64::try_from(refilled).unwrap_or(u64::MAX));
+            let room = room(meter.as_ref(), now);
+            if room > allowed {
+                meter.commit(room - allowed, now);
+            }
+        }
     }
 
     pub(crate) fn commit(&mut self, cost: u64, now: Instant) {
@@ -505,6 +601,7 @@ impl Meters {
             releases.record(now);
         }
         self.last = Some(now);
+        self.first.get_or_insert(now);
     }
 
     pub(crate) fn settle(&mut self, charged: u64, actual: u64, at: Instant) {

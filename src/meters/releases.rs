@@ -15,6 +15,9 @@ pub(crate) struct Releases {
     window: Duration,
     cap: usize,
     at: VecDeque<Instant>,
+    /// Every release ever recorded: a vendor's bucket level is read against
+    /// it over spans longer than the window.
+    total: u64,
 }
 
 /// The most releases a ledger keeps: past that it answers "at least this
@@ -28,6 +31,7 @@ impl Releases {
             window,
             cap: usize::try_from(count).unwrap_or(MOST).clamp(1, MOST),
             at: VecDeque::new(),
+            total: 0,
         }
     }
 
@@ -45,6 +49,16 @@ impl Releases {
             self.at.pop_front();
         }
         self.at.push_back(now);
+        self.total = self.total.saturating_add(1);
+    }
+
+    /// How many releases were recorded before `at`, and how many at it
+    /// (a release still within the window).
+    pub(crate) fn around(&self, at: Instant) -> (u64, u64) {
+        let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+        let after = count(self.at.iter().rev().take_while(|&&t| t > at).count());
+        let from = count(self.at.iter().rev().take_while(|&&t| t >= at).count());
+        (self.total.saturating_sub(from), from.saturating_sub(after))
     }
 
     /// Releases at or after `since` and before `until`, and the first of
@@ -110,9 +124,15 @@ mod tests {
         assert_eq!(releases.longest_gap(t0, t0 + ms(450)), ms(100));
         assert_eq!(releases.first_since(t0 + ms(150)), Some(t0 + ms(200)));
         assert_eq!(releases.longest_gap(t0, t0 + ms(900)), ms(500));
+        assert_eq!(releases.around(t0 + ms(200)), (2, 1));
         releases.record(t0 + ms(1_150));
         // The first two left the window; the rest still count.
         assert_eq!(releases.since(t0), 4);
+        assert_eq!(
+            releases.around(t0 + ms(1_150)),
+            (5, 1),
+            "the total keeps them"
+        );
     }
 
     #[test]

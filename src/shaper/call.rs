@@ -230,7 +230,11 @@ impl Shaper {
                 Err(_) => Signals::default(),
             };
             let verdict = match &outcome {
-                Ok(response) => throttle::classify(response.status(), &signals),
+                Ok(response) => {
+                    let verdict = throttle::classify(response.status(), &signals);
+                    throttle::answered(&lane, verdict, &signals, charged_at);
+                    verdict
+                }
                 Err(_) => Verdict::Failed,
             };
             let headroom = lane.policy().headroom;

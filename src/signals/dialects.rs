@@ -144,6 +144,8 @@ fn shopify(headers: &HeaderMap, _now: SystemTime, signals: &mut Signals) {
     let entry = signals.limit_mut(Dimension::Requests);
     entry.limit = Some(capacity);
     entry.remaining = Some(capacity.saturating_sub(used));
+    // A leaky bucket: it frees a unit at a time, at a rate it never says.
+    entry.refills = true;
 }
 
 /// Merge what a dialect read of one limit; false when it read nothing.

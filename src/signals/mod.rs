@@ -78,11 +78,12 @@ pub struct Limit {
     pub reset: Option<Duration>,
     /// The window the quota is counted over, when the vendor says so.
     pub window: Option<Duration>,
-    /// The reset is when the limit is *whole* again, and it refills unit by
-    /// unit before that (a token bucket: OpenAI, Anthropic). With nothing
-    /// left, the next unit comes after about `reset / limit`, not `reset`.
-    /// False when the reset is a window's end or the next unit (GitHub,
-    /// gateways, IETF `t`).
+    /// The limit is a bucket that refills (or leaks) unit by unit, and its
+    /// reset, if any, is when it is *whole* again (OpenAI, Anthropic; and
+    /// Shopify, which sends no reset). With nothing left, the next unit
+    /// comes after about `reset / limit`, not `reset`. False when the
+    /// reset is a window's end or the next unit (GitHub, gateways, IETF
+    /// `t`).
     pub refills: bool,
 }
 
@@ -426,7 +427,7 @@ mod tests {
         }
     }
 
-    /// A limit of a token bucket (OpenAI, Anthropic).
+    /// A limit of a bucket (OpenAI, Anthropic, Shopify).
     fn refilling(
         dimension: Dimension,
         limit_: Option<u64>,
@@ -642,7 +643,7 @@ mod tests {
                 &[("X-Shopify-Shop-Api-Call-Limit", b"32/40")],
                 Signals {
                     retry_after: None,
-                    limits: vec![limit(Dimension::Requests, Some(40), Some(8), None)],
+                    limits: vec![refilling(Dimension::Requests, Some(40), Some(8), None)],
                 },
             ),
             (

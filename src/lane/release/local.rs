@@ -43,6 +43,22 @@ impl Release for Local {
     }
 }
 
+/// When what holds the head until `at` is a gate waiting for the vendor's
+/// first answer: wait for that answer (any lane's), at most until `at`.
+/// Enabled while the meters are locked, so an answer after this is not
+/// missed.
+fn first_word(shared: &Shared, meters: &[MutexGuard<'_, Meters>], at: Instant) -> Option<Blocked> {
+    let (_, gate) = meters
+        .iter()
+        .zip(&shared.gates)
+        .find(|(meters, _)| meters.first_word() == Some(at))?;
+    let answer = gate.next_turn();
+    Some(Blocked::Turn(Box::pin(async move {
+        // Past `at` the burst goes anyway.
+        let _ = tokio::time::timeout_at(at, answer).await;
+    })))
+}
+
 impl Local {
     /// [`release_now`](Self::release_now) as a dispatcher step.
     pub(super) fn step(&mut self, ready: &mut Ready<'_>, head: Head, now: Instant) -> Step {
@@ -70,7 +86,7 @@ impl Local {
                 return Err(blocked);
             }
             if at > now {
-                return Err(Blocked::Until(at));
+                return Err(first_word(shared, meters, at).unwrap_or(Blocked::Until(at)));
             }
             let handed = ready.hand(head, now);
             if handed {

@@ -21,7 +21,6 @@ mod reserved;
 use std::future::Future;
 use std::pin::Pin;
 
-use tokio::sync::futures::OwnedNotified;
 use tokio::time::Instant;
 
 pub(super) use self::local::Local;
@@ -64,6 +63,7 @@ pub(super) enum Step {
 pub(super) enum Blocked {
     /// A meter (or a reserved slot) allows it then.
     Until(Instant),
-    /// Another lane is first in a gate's queue; wait for it to go.
-    Turn(Pin<Box<OwnedNotified>>),
+    /// Another lane is first in a gate's queue, or a gate waits for the
+    /// vendor's first word: wait for it.
+    Turn(Pin<Box<dyn Future<Output = ()> + Send>>),
 }

@@ -11,6 +11,7 @@
 //!
 //! ```text
 //! cargo bench --bench vendors
+//! cargo bench --bench vendors -- github shopify   # those vendors only
 //! ```
 //!
 //! Real HTTP on loopback and real time (governor keeps its own clock), so
@@ -130,7 +131,15 @@ fn main() {
         "max/window",
         "failed"
     );
-    for case in zoo() {
+    // Vendor names on the command line pick those; none: every vendor.
+    let picked: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    for case in zoo()
+        .into_iter()
+        .filter(|case| picked.is_empty() || picked.iter().any(|p| p == case.name))
+    {
         for (declared, quota) in [
             ("true", case.quota.clone()),
             ("1.5x", overstated(&case.quota)),
@@ -147,7 +156,9 @@ fn main() {
             print_row(&case, declared, "reqwest-retry", retry);
         }
     }
-    rt.block_on(shared_quota());
+    if picked.is_empty() || picked.iter().any(|p| p == "shared") {
+        rt.block_on(shared_quota());
+    }
 }
 
 /// A gateway of 100/s shared with a consumer we don't control, sending

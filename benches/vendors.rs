@@ -367,13 +367,7 @@ async fn with_pacer(case: &Case, pacer: Pacer) -> Run {
             })
         })
         .collect();
-    for call in calls {
-        call.await.expect("a caller panicked");
-    }
-    Run {
-        vendor,
-        took: started.elapsed(),
-    }
+    finish(vendor, started, calls).await
 }
 
 /// tower's `RateLimit` (a fixed window of the quota's count per its
@@ -407,13 +401,7 @@ async fn with_tower(case: &Case, quota: &Quota) -> Run {
             })
         })
         .collect();
-    for call in calls {
-        call.await.expect("a caller panicked");
-    }
-    Run {
-        vendor,
-        took: started.elapsed(),
-    }
+    finish(vendor, started, calls).await
 }
 
 /// reqwest-retry as its docs show it, and no pacer: every request at
@@ -432,12 +420,19 @@ async fn with_reqwest_retry(case: &Case) -> Run {
         .map(|i| {
             let client = client.clone();
             let url = format!("{}/r/{i}", vendor.uri());
-            tokio::spawn(async move { client.get(&url).send().await.map(|r| r.status()) })
+            // A request that ends on its last 429 is counted as failed.
+            tokio::spawn(async move {
+                client.get(&url).send().await.expect("a response");
+            })
         })
         .collect();
+    finish(vendor, started, calls).await
+}
+
+/// Wait for every caller of a run started at `started`.
+async fn finish(vendor: Vendor, started: Instant, calls: Vec<tokio::task::JoinHandle<()>>) -> Run {
     for call in calls {
-        // A request that ends on its last 429 is counted as failed.
-        call.await.expect("a caller panicked").expect("a response");
+        call.await.expect("a caller panicked");
     }
     Run {
         vendor,

@@ -243,11 +243,13 @@ impl Answer {
         let mut body = Vec::new();
         while body.len() < Self::BODY_LIMIT {
             match response.chunk().await {
-                Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+                Ok(Some(chunk)) => {
+                    let room = Self::BODY_LIMIT - body.len();
+                    body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+                }
                 _ => break,
             }
         }
-        body.truncate(Self::BODY_LIMIT);
         Self {
             status,
             headers,

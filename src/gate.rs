@@ -73,6 +73,9 @@ pub(crate) struct Gate {
     is_stopped: AtomicBool,
     /// The level of a vendor bucket that does not say its rate.
     drain: Mutex<Drain>,
+    /// The vendor has answered (the meters know it too): every later
+    /// answer skips their lock.
+    heard: AtomicBool,
 }
 
 /// Why a lane is paused, as [`LaneSnapshot`](crate::LaneSnapshot), the
@@ -207,6 +210,7 @@ impl Gate {
             stopped: Mutex::new(None),
             is_stopped: AtomicBool::new(false),
             drain: Mutex::new(Drain::default()),
+            heard: AtomicBool::new(false),
         }
     }
 
@@ -417,7 +421,11 @@ impl Gate {
     /// The vendor answered: true when this was its first word, which a
     /// burst may be waiting for (see `Meters::heard`); lanes waiting for it are woken.
     pub(crate) fn heard(&self) -> bool {
+        if self.heard.load(Ordering::Acquire) {
+            return false;
+        }
         let first = lock(&self.meters).heard();
+        self.heard.store(true, Ordering::Release);
         if first {
             self.turn.notify_waiters();
         }
@@ -459,10 +467,9 @@ impl Gate {
             return None;
         }
         let rate = Rate::new(count as u32, per);
+        // A reading within 1 % of the pace kept is no news.
         let close = |a: Rate, b: Rate| (a.per_second() / b.per_second() - 1.0).abs() < 0.01;
-        if slower_first(rate, window.declared).is_ge()
-            || self.learned().is_some_and(|learned| close(learned, rate))
-        {
+        if self.learned().is_some_and(|learned| close(learned, rate)) {
             return None;
         }
         self.learn(rate).then_some(rate)

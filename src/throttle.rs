@@ -35,7 +35,7 @@ use tokio::time::Instant;
 
 use crate::error::{Answer, Error};
 use crate::lane::{Lane, PauseCause};
-use crate::signals::{Dimension, Signals};
+use crate::signals::Signals;
 
 /// What to do with the outcome of one send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,9 +151,8 @@ pub(crate) fn refused(lane: &Lane, status: StatusCode, signals: &Signals, releas
 /// has refused the lane.
 pub(crate) fn answered(lane: &Lane, verdict: Verdict, signals: &Signals, released: Instant) {
     let bucket = signals
-        .limits
-        .iter()
-        .filter(|l| l.refills && matches!(l.dimension, Dimension::Requests | Dimension::Policy(_)))
+        .request_limits()
+        .filter(|l| l.refills)
         .find_map(|l| Some((l.remaining?, l.limit.filter(|_| l.reset.is_none()))));
     let refused = verdict == Verdict::Throttled;
     if let Some(learned) = lane.answered(bucket, released, refused) {
@@ -204,10 +203,8 @@ fn explained(signals: &Signals, explains: impl Fn(u64, u64) -> bool) -> bool {
         .filter(|l| l.remaining == Some(0) && l.reset.is_some())
         .peekable();
     exhausted.peek().is_some()
-        && exhausted.all(|l| {
-            let counts_requests = matches!(l.dimension, Dimension::Requests | Dimension::Policy(_));
-            counts_requests && l.limit.is_some_and(|limit| explains(limit, limit))
-        })
+        && exhausted
+            .all(|l| l.counts_requests() && l.limit.is_some_and(|limit| explains(limit, limit)))
 }
 
 /// A throttle answered `status`: the vendor's hint, else the vendor
@@ -239,6 +236,7 @@ pub(crate) fn throttled(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::signals::Dimension;
 
     #[test]
     fn throttles_failures_and_the_rest() {

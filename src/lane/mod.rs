@@ -581,6 +581,7 @@ impl Lane {
         released: Instant,
         refused: bool,
     ) -> Option<Rate> {
+        // Every gate hears it (`|`, not `||`): each may hold a burst.
         let first = self
             .shared
             .gates

@@ -583,6 +583,10 @@ impl Meters {
             let allowed = remaining
                 .saturating_sub(since)
                 .saturating_add(u64::try_from(refilled).unwrap_or(u64::MAX));
+            if allowed >= meter.capacity() {
+                // The vendor leaves more than the meter ever allows.
+                continue;
+            }
             let room = room(meter.as_ref(), now);
             if room > allowed {
                 meter.commit(room - allowed, now);

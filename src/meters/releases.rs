@@ -55,10 +55,18 @@ impl Releases {
     /// How many releases were recorded before `at`, and how many at it
     /// (a release still within the window).
     pub(crate) fn around(&self, at: Instant) -> (u64, u64) {
-        let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
-        let after = count(self.at.iter().rev().take_while(|&&t| t > at).count());
-        let from = count(self.at.iter().rev().take_while(|&&t| t >= at).count());
-        (self.total.saturating_sub(from), from.saturating_sub(after))
+        let (mut after, mut together) = (0_u64, 0_u64);
+        for &t in self.at.iter().rev().take_while(|&&t| t >= at) {
+            if t > at {
+                after += 1;
+            } else {
+                together += 1;
+            }
+        }
+        (
+            self.total.saturating_sub(after).saturating_sub(together),
+            together,
+        )
     }
 
     /// Releases at or after `since` and before `until`, and the first of

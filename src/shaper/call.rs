@@ -195,7 +195,7 @@ impl Shaper {
         loop {
             let turn = lane.wait(&mut place).await?;
             tally.queued = tally.queued.saturating_add(waiting_since.elapsed());
-            tally.attempts += 1;
+            tally.attempts = tally.attempts.saturating_add(1);
             let attempts = tally.attempts;
             if attempts == 1 {
                 lane.deposit();
@@ -257,7 +257,7 @@ impl Shaper {
                     return outcome.map_err(|source| Failure::Send { attempts, source });
                 }
                 (Verdict::Throttled, Ok(response)) => {
-                    tally.throttles += 1;
+                    tally.throttles = tally.throttles.saturating_add(1);
                     let pause = throttle::throttled(&lane, response.status(), &signals, headroom);
                     lane.pause_because(pause.padded, pause.cause);
                     throttle::refused(&lane, response.status(), &signals, charged_at);

@@ -99,6 +99,12 @@ impl Limit {
         }
     }
 
+    /// True when it counts requests (an IETF policy counts them too), not
+    /// tokens.
+    pub(crate) fn counts_requests(&self) -> bool {
+        matches!(self.dimension, Dimension::Requests | Dimension::Policy(_))
+    }
+
     /// How long until the vendor accepts again, with nothing left: the
     /// reset, or one unit's share of it for a limit that refills.
     fn next_unit(&self) -> Option<Duration> {
@@ -194,10 +200,9 @@ impl Signals {
         self.request_limits().filter_map(|l| l.reset).max()
     }
 
-    fn request_limits(&self) -> impl Iterator<Item = &Limit> {
-        self.limits
-            .iter()
-            .filter(|l| matches!(l.dimension, Dimension::Requests | Dimension::Policy(_)))
+    /// The limits that count requests (an IETF policy counts them too).
+    pub(crate) fn request_limits(&self) -> impl Iterator<Item = &Limit> {
+        self.limits.iter().filter(|l| l.counts_requests())
     }
 
     /// When to come back: the explicit hint, else the reset of an exhausted

@@ -61,6 +61,7 @@
 //! probation and the release of booked slots, lives in `remote.rs` and
 //! the lane's `Reserved` engine, the same for every store.
 
+mod clock;
 #[cfg(feature = "redis")]
 mod redis;
 mod remote;

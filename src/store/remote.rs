@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::clock::StoreClock;
 use super::{StoreError, StoreFailure, StoreLane, StoreMode, StoreSettings};
 use crate::gate::Gate;
 use crate::observability::StoreMetrics;
@@ -60,57 +61,6 @@ pub(crate) struct Schedule {
     pub(crate) seqs: Vec<i64>,
 }
 
-/// How the store's time (us) and this instance's clock map onto each
-/// other, learnt from the replies: each was computed at a store time `now`
-/// somewhere between its send and its receipt.
-#[derive(Debug, Default, Clone, Copy)]
-struct StoreClock {
-    /// The latest reply's send, and the store's time then: a local instant
-    /// maps to a store time no later than it was (settling looks for the
-    /// nearest charge anyway).
-    sent: Option<(Instant, i64)>,
-    /// The slowest reply seen: its receipt, and the store's time then. A
-    /// slot is released no earlier than its own reply allows, and on this
-    /// mapping: a slow reply (the first, which opens connections and loads
-    /// scripts) releases its slots late, and the slots of a later, faster
-    /// reply must not close up on them. The lane's schedule shifts once by
-    /// its slowest reply, and every gap the store reserved is kept.
-    received: Option<(Instant, i64)>,
-}
-
-impl StoreClock {
-    /// A reply computed at store time `now` was sent at `sent` and came
-    /// back at `received`.
-    fn reply(&mut self, sent: Instant, received: Instant, now: i64) {
-        self.sent = Some((sent, now));
-        let slower = self.received.is_none_or(|(local, store)| {
-            micros(received.saturating_duration_since(local)) > now.saturating_sub(store)
-        });
-        if slower {
-            self.received = Some((received, now));
-        }
-    }
-
-    /// The store time of local instant `at`.
-    fn store_time(&self, at: Instant) -> Option<i64> {
-        let (local, store) = self.sent?;
-        let offset = if at >= local {
-            micros(at - local)
-        } else {
-            -micros(local - at)
-        };
-        Some(store.saturating_add(offset))
-    }
-
-    /// When store time `t` comes on this instance's clock (never before the
-    /// slowest mapping's receipt).
-    fn local_time(&self, t: i64) -> Option<Instant> {
-        let (local, store) = self.received?;
-        let after = u64::try_from(t.saturating_sub(store)).unwrap_or(0);
-        Some(later(local, Duration::from_micros(after)))
-    }
-}
-
 impl Remote {
     /// The link of a lane whose shared `gates` are reached through `link`.
     pub(crate) fn new(
@@ -133,7 +83,7 @@ impl Remote {
                 probe_at: Instant::now(),
                 last_error: None,
                 probation: None,
-                clock: StoreClock::default(),
+                clock: StoreClock::new(keep),
             }),
             metrics,
         }
@@ -205,6 +155,12 @@ impl Remote {
 
     fn store_time(&self, at: Instant) -> Option<i64> {
         lock(&self.state).clock.store_time(at)
+    }
+
+    /// The slot reserved at store time `t` was used at `at`; the lateness
+    /// the meters forgive is `late`. Later slots keep their gap to it.
+    pub(crate) fn used(&self, at: Instant, t: i64, late: Duration) {
+        lock(&self.state).clock.used(at, t, late);
     }
 
     /// Pause every gate of the lane fleet-wide for `pause` from now.
@@ -310,57 +266,4 @@ impl Remote {
 /// A duration in microseconds, the stores' unit, saturating.
 pub(crate) fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MS: Duration = Duration::from_millis(1);
-
-    #[tokio::test(start_paused = true)]
-    async fn slots_of_a_fast_reply_keep_their_gap_to_a_slow_ones() {
-        let mut clock = StoreClock::default();
-        let t0 = Instant::now();
-        // A slow first reply: computed at store time 1_000_000 us, received
-        // 80 ms after it was sent; its first slot goes when it arrives.
-        clock.reply(t0, t0 + 80 * MS, 1_000_000);
-        let first = clock.local_time(1_000_000).unwrap();
-        assert_eq!(first, t0 + 80 * MS);
-        // The slow reply was computed early (5 ms in) and came back late.
-        // A fast reply sent 100 ms in is computed at 1_096_000: mapped by
-        // its own receipt, its slot at 1_100_000 would go at 105 ms, 25 ms
-        // after the burst the vendor saw at 80 ms. It must keep the 100 ms
-        // the store reserved between them.
-        clock.reply(t0 + 100 * MS, t0 + 101 * MS, 1_096_000);
-        let second = clock.local_time(1_100_000).unwrap();
-        assert_eq!(second - first, 100 * MS);
-        // Never before the reply itself allows: a slot at the reply's own
-        // time is not due before the reply came back.
-        assert!(clock.local_time(1_096_000).unwrap() >= t0 + 101 * MS);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_slower_reply_moves_the_mapping_later() {
-        let mut clock = StoreClock::default();
-        let t0 = Instant::now();
-        clock.reply(t0, t0 + MS, 1_000_000);
-        clock.reply(t0 + 10 * MS, t0 + 60 * MS, 1_010_000);
-        // Store time 1_010_000 is due at the second reply's receipt, 50 ms
-        // after the first mapping would have put it.
-        assert_eq!(clock.local_time(1_010_000).unwrap(), t0 + 60 * MS);
-        // Settling maps a local instant by the latest send.
-        assert_eq!(clock.store_time(t0 + 20 * MS), Some(1_020_000));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn hostile_store_times_saturate() {
-        let mut clock = StoreClock::default();
-        let t0 = Instant::now();
-        clock.reply(t0, t0, i64::MIN);
-        assert!(clock.local_time(i64::MAX).unwrap() > t0);
-        clock.reply(t0, t0, i64::MAX);
-        assert_eq!(clock.local_time(i64::MIN), Some(t0));
-        assert!(clock.store_time(t0 + MS).is_some());
-    }
 }

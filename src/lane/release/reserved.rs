@@ -27,6 +27,10 @@ use crate::store::{Remote, Source, StoreMode};
 /// not drop every slot for it.
 const LATE_MIN: Duration = Duration::from_millis(2);
 
+/// The most a slot may go before its time: tokio's timer tick. A wait
+/// shorter than that would sleep a whole tick.
+const EARLY_MAX: Duration = Duration::from_millis(1);
+
 /// Releases by slots reserved in a shared store.
 pub(in crate::lane) struct Reserved {
     remote: Arc<Remote>,
@@ -60,16 +64,23 @@ impl Reserved {
         }
     }
 
-    /// Release the head at its booked slot, or wait for it. A slot whose
-    /// time passed longer ago than half the lane's headroom (the lane
-    /// stalled, paused, or kept to its local share on probation) is
-    /// dropped, not used: used now, it would go out closer to the slots
+    /// Release the head at its booked slot, or wait for it.
+    ///
+    /// A slot whose time passed longer ago than half the lane's headroom
+    /// (the lane stalled, paused, or kept to its local share on probation)
+    /// is dropped, not used: used now, it would go out closer to the slots
     /// after it than the store allowed, and several late ones would go out
     /// at once. Half, as the local meters forgive lateness: the other half
     /// covers the network's jitter. A dropped slot is quota wasted, never
     /// exceeded.
+    ///
+    /// A slot due within a quarter of the headroom (at most [`EARLY_MAX`])
+    /// goes now: a shorter sleep costs a whole timer tick, and the slot's
+    /// time is already late by its reply's round trip (see
+    /// `store/clock.rs`).
     fn use_slot(&mut self, ready: &mut Ready<'_>, head: Head, now: Instant) -> Option<Step> {
-        let late = (ready.shared.policy.headroom / 2).max(LATE_MIN);
+        let headroom = ready.shared.policy.headroom;
+        let late = (headroom / 2).max(LATE_MIN);
         while self
             .slots
             .front()
@@ -78,7 +89,7 @@ impl Reserved {
             self.slots.pop_front();
         }
         let at = self.slots.front()?.at;
-        if at > now {
+        if at.saturating_duration_since(now) > (headroom / 4).min(EARLY_MAX) {
             return Some(Step::Wait(Blocked::Until(at)));
         }
         if self.remote.on_probation(now) {
@@ -87,8 +98,8 @@ impl Reserved {
             // of them has found the store again.
             return Some(match self.local.release_now(ready, head, now) {
                 Ok(handed) => {
-                    if handed {
-                        self.slots.pop_front();
+                    if handed && let Some(slot) = self.slots.pop_front() {
+                        self.remote.used(now, slot.t, late);
                     }
                     Step::Done
                 }
@@ -99,7 +110,10 @@ impl Reserved {
         if !ready.hand(head, now) {
             // Its caller left just now: the slot serves the next.
             self.slots.push_front(slot);
-        } else if slot.cost != head.cost {
+            return Some(Step::Done);
+        }
+        self.remote.used(now, slot.t, late);
+        if slot.cost != head.cost {
             // Reserved for another cost (a retried request came back
             // ahead): correct the meters that count cost.
             self.remote.settle_at(slot.cost, head.cost, slot.t);

@@ -1,0 +1,238 @@
+//! How the store's time (us) and this instance's clock map onto each
+//! other.
+//!
+//! Each reply was computed at a store time `now` somewhere between its send
+//! and its receipt. Mapped by its receipt, a slot is never due before the
+//! store reserved it: the mapping is late by at most the reply's round trip.
+//! Each reply maps its own slots, so a lane follows the store's clock as it
+//! drifts or steps, and one slow reply (the first, which opens connections
+//! and loads scripts) does not delay every slot after it.
+//!
+//! A fast reply after a slow one maps its slots earlier than the slow one
+//! mapped its own: the gap between them, as the vendor sees it, closes by
+//! the difference. The **floor** bounds that. A used slot `k` (released at
+//! `L_k`, reserved at store time `t_k`) keeps every later slot at
+//! `L ≥ t + (L_k − t_k) − late` for a window, so the vendor sees the pair
+//! no closer than the store reserved them, less `late`: as if slot `k` had
+//! been late by `late`, which the meters already forgive (and past which a
+//! slot is dropped, see `lane/release/reserved.rs`). The floor remembers
+//! the highest such bound per window of store time, for one to two windows,
+//! in constant space.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::remote::micros;
+use crate::time::later;
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct StoreClock {
+    /// Local instants are kept as microseconds since this one.
+    base: Instant,
+    /// The latest reply's send, and the store's time then: a local instant
+    /// maps to a store time no later than it was (settling looks for the
+    /// nearest charge anyway).
+    sent: Option<(Instant, i64)>,
+    /// The latest reply's receipt less its store time (us): local time of a
+    /// store time, never early.
+    offset: Option<i64>,
+    floor: Floor,
+}
+
+impl StoreClock {
+    /// A clock that remembers used slots for `keep` (the gates' longest
+    /// window) of store time.
+    pub(super) fn new(keep: Duration) -> Self {
+        Self {
+            base: Instant::now(),
+            sent: None,
+            offset: None,
+            floor: Floor::new(micros(keep).max(1)),
+        }
+    }
+
+    /// A reply computed at store time `now` was sent at `sent` and came
+    /// back at `received`.
+    pub(super) fn reply(&mut self, sent: Instant, received: Instant, now: i64) {
+        self.sent = Some((sent, now));
+        self.offset = Some(self.local(received).saturating_sub(now));
+    }
+
+    /// A slot reserved at store time `t` was used at `at`; the lateness the
+    /// meters forgive is `late`.
+    pub(super) fn used(&mut self, at: Instant, t: i64, late: Duration) {
+        let bound = self
+            .local(at)
+            .saturating_sub(t)
+            .saturating_sub(micros(late));
+        self.floor.note(t, bound);
+    }
+
+    /// The store time of local instant `at`.
+    pub(super) fn store_time(&self, at: Instant) -> Option<i64> {
+        let (local, store) = self.sent?;
+        Some(store.saturating_add(self.local(at).saturating_sub(self.local(local))))
+    }
+
+    /// When store time `t` comes on this instance's clock: by the latest
+    /// reply, and no closer to a slot used in the last window than the
+    /// floor allows.
+    pub(super) fn local_time(&self, t: i64) -> Option<Instant> {
+        let offset = match self.floor.at(t) {
+            Some(floor) => self.offset?.max(floor),
+            None => self.offset?,
+        };
+        let after = u64::try_from(t.saturating_add(offset)).unwrap_or(0);
+        Some(later(self.base, Duration::from_micros(after)))
+    }
+
+    /// Microseconds from `base` to `at`, negative before it.
+    fn local(&self, at: Instant) -> i64 {
+        if at >= self.base {
+            micros(at - self.base)
+        } else {
+            -micros(self.base - at)
+        }
+    }
+}
+
+/// The highest bound noted in each window of store time, for the current
+/// window and the one before: a bound noted at `t` holds at least until
+/// `t + keep`, at most until `t + 2·keep`.
+#[derive(Debug, Clone, Copy)]
+struct Floor {
+    keep: i64,
+    /// Where the current window starts (store time).
+    start: i64,
+    current: Option<i64>,
+    previous: Option<i64>,
+}
+
+impl Floor {
+    fn new(keep: i64) -> Self {
+        Self {
+            keep,
+            start: i64::MIN,
+            current: None,
+            previous: None,
+        }
+    }
+
+    fn note(&mut self, t: i64, bound: i64) {
+        if t >= self.start.saturating_add(self.keep) {
+            self.previous = if t >= self.start.saturating_add(self.keep.saturating_mul(2)) {
+                None
+            } else {
+                self.current
+            };
+            self.current = None;
+            self.start = t;
+        }
+        self.current = self.current.max(Some(bound));
+    }
+
+    /// The bound on a slot at store time `t`.
+    fn at(&self, t: i64) -> Option<i64> {
+        if t >= self.start.saturating_add(self.keep.saturating_mul(2)) {
+            None
+        } else if t >= self.start.saturating_add(self.keep) {
+            self.current
+        } else {
+            self.current.max(self.previous)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+    const LATE: Duration = Duration::from_millis(2);
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slot_is_never_due_before_its_reply_came_back() {
+        let mut clock = StoreClock::new(Duration::from_secs(1));
+        let t0 = Instant::now();
+        clock.reply(t0, t0 + 80 * MS, 1_000_000);
+        assert_eq!(clock.local_time(1_000_000), Some(t0 + 80 * MS));
+        assert_eq!(clock.local_time(1_050_000), Some(t0 + 130 * MS));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fast_reply_keeps_its_gap_to_a_used_slow_slot_less_the_lateness_forgiven() {
+        let mut clock = StoreClock::new(Duration::from_secs(1));
+        let t0 = Instant::now();
+        // A slow first reply: computed at store time 1_000_000 us, received
+        // 80 ms after it was sent; its slot goes when it arrives.
+        clock.reply(t0, t0 + 80 * MS, 1_000_000);
+        let first = clock.local_time(1_000_000).unwrap();
+        clock.used(first, 1_000_000, LATE);
+        // A fast reply sent 100 ms in, computed at 1_096_000: by its own
+        // receipt its slot at 1_100_000 would go at 105 ms, 25 ms after the
+        // first where the store reserved 100 ms between them.
+        clock.reply(t0 + 100 * MS, t0 + 101 * MS, 1_096_000);
+        let second = clock.local_time(1_100_000).unwrap();
+        assert_eq!(second - first, 100 * MS - LATE);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_reply_delays_the_lane_for_a_window_at_most() {
+        let keep = Duration::from_secs(1);
+        let mut clock = StoreClock::new(keep);
+        let t0 = Instant::now();
+        clock.reply(t0, t0 + 80 * MS, 0);
+        clock.used(t0 + 80 * MS, 0, LATE);
+        // Two windows of store time later, only the fast reply counts.
+        clock.reply(t0 + 2000 * MS, t0 + 2001 * MS, 2_000_000);
+        assert_eq!(clock.local_time(2_000_000), Some(t0 + 2001 * MS));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_lane_follows_a_store_clock_that_drifts() {
+        // The store's clock gains 1 ms every second on ours (1,000 ppm,
+        // twice what NTP slews at most): the lane's slots stay within a
+        // millisecond of their replies, where a mapping pinned to the first
+        // reply would lag 10 ms after 10 s.
+        let keep = Duration::from_secs(1);
+        let mut clock = StoreClock::new(keep);
+        let t0 = Instant::now();
+        for second in 0..=10_i64 {
+            let local = t0 + Duration::from_secs(second as u64);
+            let store = second * 1_001_000;
+            clock.reply(local, local + MS, store);
+            let slot = clock.local_time(store).unwrap();
+            clock.used(slot, store, LATE);
+            assert!(slot - (local + MS) <= MS, "{second}: {:?}", slot - local);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn settling_maps_a_local_instant_by_the_latest_send() {
+        let mut clock = StoreClock::new(Duration::from_secs(1));
+        let t0 = Instant::now();
+        assert_eq!(clock.store_time(t0), None);
+        clock.reply(t0 + 10 * MS, t0 + 60 * MS, 1_010_000);
+        assert_eq!(clock.store_time(t0 + 20 * MS), Some(1_020_000));
+        assert_eq!(clock.store_time(t0), Some(1_000_000));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn hostile_store_times_saturate() {
+        let mut clock = StoreClock::new(Duration::MAX);
+        let t0 = Instant::now();
+        clock.reply(t0, t0, i64::MIN);
+        assert!(clock.local_time(i64::MAX).unwrap() > t0);
+        clock.used(t0, i64::MAX, Duration::MAX);
+        clock.reply(t0, t0, i64::MAX);
+        assert_eq!(clock.local_time(i64::MIN), Some(t0));
+        clock.used(t0 + MS, i64::MIN, LATE);
+        assert!(clock.local_time(0).is_some());
+        assert!(clock.store_time(t0 + MS).is_some());
+        let mut zero = StoreClock::new(Duration::ZERO);
+        zero.reply(t0, t0, 5);
+        zero.used(t0, 5, LATE);
+        assert!(zero.local_time(5).is_some());
+    }
+}

@@ -3,12 +3,99 @@
 
 use std::time::{Duration, SystemTime};
 
-use reqwest::header::HeaderMap;
+use reqwest::header::{HeaderMap, HeaderName};
 
 use super::formats::{epoch_or_delta, go_duration, integer, number, rfc3339, seconds, sf_list};
 use super::{Dimension, Signals, retry_after};
 
 pub(super) type Reader = fn(&HeaderMap, SystemTime, &mut Signals);
+
+/// One limit's headers. Named once, not formatted per response: every
+/// answer is read by every dialect.
+struct Trio {
+    limit: HeaderName,
+    remaining: HeaderName,
+    reset: HeaderName,
+}
+
+impl Trio {
+    const fn new(limit: &'static str, remaining: &'static str, reset: &'static str) -> Self {
+        Self {
+            limit: HeaderName::from_static(limit),
+            remaining: HeaderName::from_static(remaining),
+            reset: HeaderName::from_static(reset),
+        }
+    }
+
+    /// The limit and remaining, as integers.
+    fn counts(&self, headers: &HeaderMap) -> (Option<u64>, Option<u64>) {
+        (
+            headers.get(&self.limit).and_then(integer),
+            headers.get(&self.remaining).and_then(integer),
+        )
+    }
+}
+
+/// GitHub's names, then X's; each with Discord's `reset-after`.
+static GITHUB: [(Trio, HeaderName); 2] = [
+    (
+        Trio::new(
+            "x-ratelimit-limit",
+            "x-ratelimit-remaining",
+            "x-ratelimit-reset",
+        ),
+        HeaderName::from_static("x-ratelimit-reset-after"),
+    ),
+    (
+        Trio::new(
+            "x-rate-limit-limit",
+            "x-rate-limit-remaining",
+            "x-rate-limit-reset",
+        ),
+        HeaderName::from_static("x-rate-limit-reset-after"),
+    ),
+];
+
+/// Requests, then tokens.
+static OPENAI: [Trio; 2] = [
+    Trio::new(
+        "x-ratelimit-limit-requests",
+        "x-ratelimit-remaining-requests",
+        "x-ratelimit-reset-requests",
+    ),
+    Trio::new(
+        "x-ratelimit-limit-tokens",
+        "x-ratelimit-remaining-tokens",
+        "x-ratelimit-reset-tokens",
+    ),
+];
+
+/// Requests, tokens, input tokens, output tokens.
+static ANTHROPIC: [Trio; 4] = [
+    Trio::new(
+        "anthropic-ratelimit-requests-limit",
+        "anthropic-ratelimit-requests-remaining",
+        "anthropic-ratelimit-requests-reset",
+    ),
+    Trio::new(
+        "anthropic-ratelimit-tokens-limit",
+        "anthropic-ratelimit-tokens-remaining",
+        "anthropic-ratelimit-tokens-reset",
+    ),
+    Trio::new(
+        "anthropic-ratelimit-input-tokens-limit",
+        "anthropic-ratelimit-input-tokens-remaining",
+        "anthropic-ratelimit-input-tokens-reset",
+    ),
+    Trio::new(
+        "anthropic-ratelimit-output-tokens-limit",
+        "anthropic-ratelimit-output-tokens-remaining",
+        "anthropic-ratelimit-output-tokens-reset",
+    ),
+];
+
+/// The IETF draft's older trio.
+static IETF: Trio = Trio::new("ratelimit-limit", "ratelimit-remaining", "ratelimit-reset");
 
 /// Every built-in dialect, in the order they read a response.
 pub(super) const BUILT_IN: &[Reader] = &[
@@ -30,28 +117,25 @@ fn retry_after_dialects(headers: &HeaderMap, now: SystemTime, signals: &mut Sign
 /// seconds. Discord adds `x-ratelimit-reset-after` (seconds with
 /// milliseconds), which needs no clock of ours and wins.
 fn github(headers: &HeaderMap, now: SystemTime, signals: &mut Signals) {
-    for prefix in ["x-ratelimit", "x-rate-limit"] {
-        let get = |field: &str| headers.get(format!("{prefix}-{field}").as_str());
-        let limit = get("limit").and_then(integer);
-        let remaining = get("remaining").and_then(integer);
-        let reset = get("reset-after")
+    for (names, reset_after) in &GITHUB {
+        let (limit, remaining) = names.counts(headers);
+        let reset = headers
+            .get(reset_after)
             .and_then(number)
             .map(seconds)
-            .or_else(|| get("reset").and_then(|v| epoch_or_delta(v, now)));
+            .or_else(|| {
+                let reset = headers.get(&names.reset)?;
+                epoch_or_delta(reset, now)
+            });
         fill(signals, Dimension::Requests, limit, remaining, reset);
     }
 }
 
 /// OpenAI: `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`.
 fn openai(headers: &HeaderMap, _now: SystemTime, signals: &mut Signals) {
-    for (suffix, dimension) in [
-        ("requests", Dimension::Requests),
-        ("tokens", Dimension::Tokens),
-    ] {
-        let get = |field: &str| headers.get(format!("x-ratelimit-{field}-{suffix}").as_str());
-        let limit = get("limit").and_then(integer);
-        let remaining = get("remaining").and_then(integer);
-        let reset = get("reset").and_then(go_duration);
+    for (names, dimension) in OPENAI.iter().zip([Dimension::Requests, Dimension::Tokens]) {
+        let (limit, remaining) = names.counts(headers);
+        let reset = headers.get(&names.reset).and_then(go_duration);
         if fill(signals, dimension.clone(), limit, remaining, reset) {
             refills(signals, &dimension);
         }
@@ -61,16 +145,15 @@ fn openai(headers: &HeaderMap, _now: SystemTime, signals: &mut Signals) {
 /// Anthropic: `anthropic-ratelimit-<dimension>-{limit,remaining,reset}`,
 /// reset as an RFC 3339 timestamp.
 fn anthropic(headers: &HeaderMap, now: SystemTime, signals: &mut Signals) {
-    for (part, dimension) in [
-        ("requests", Dimension::Requests),
-        ("tokens", Dimension::Tokens),
-        ("input-tokens", Dimension::InputTokens),
-        ("output-tokens", Dimension::OutputTokens),
-    ] {
-        let get = |field: &str| headers.get(format!("anthropic-ratelimit-{part}-{field}").as_str());
-        let limit = get("limit").and_then(integer);
-        let remaining = get("remaining").and_then(integer);
-        let reset = get("reset").and_then(|v| rfc3339(v, now));
+    let dimensions = [
+        Dimension::Requests,
+        Dimension::Tokens,
+        Dimension::InputTokens,
+        Dimension::OutputTokens,
+    ];
+    for (names, dimension) in ANTHROPIC.iter().zip(dimensions) {
+        let (limit, remaining) = names.counts(headers);
+        let reset = headers.get(&names.reset).and_then(|v| rfc3339(v, now));
         if fill(signals, dimension.clone(), limit, remaining, reset) {
             refills(signals, &dimension);
         }
@@ -119,10 +202,11 @@ fn ietf(headers: &HeaderMap, _now: SystemTime, signals: &mut Signals) {
             }
         }
     }
-    let get = |field: &str| headers.get(format!("ratelimit-{field}").as_str());
-    let limit = get("limit").and_then(integer);
-    let remaining = get("remaining").and_then(integer);
-    let reset = get("reset").and_then(integer).map(Duration::from_secs);
+    let (limit, remaining) = IETF.counts(headers);
+    let reset = headers
+        .get(&IETF.reset)
+        .and_then(integer)
+        .map(Duration::from_secs);
     fill(signals, Dimension::Requests, limit, remaining, reset);
 }
 

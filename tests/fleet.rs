@@ -7,6 +7,7 @@
 
 mod common;
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use callshaper::store::{RedisOptions, RedisStore, StoreError};
@@ -700,4 +701,73 @@ async fn a_custom_meter_is_refused_with_a_store() {
         .build()
         .expect_err("a custom meter cannot live in Redis");
     assert_eq!(refused.field, "levels.vendor.quotas", "{refused}");
+}
+
+/// Answers 200 at once and notes when each request went: a lane this fast
+/// outruns any HTTP server on two cores, and what is tested is its store.
+struct Sends(Arc<Mutex<Vec<Instant>>>);
+
+impl callshaper::Transport for Sends {
+    fn send(
+        &self,
+        _request: reqwest::Request,
+    ) -> callshaper::BoxFuture<reqwest::Result<reqwest::Response>> {
+        self.0.lock().unwrap().push(Instant::now());
+        Box::pin(async {
+            Ok(reqwest::Response::from(http::Response::new(
+                reqwest::Body::from(""),
+            )))
+        })
+    }
+}
+
+/// A lane whose slots come faster than a timer tick reserves the next
+/// batches while it uses the slots it holds: full batches, each request
+/// released once, and never more than the quota in any window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lane_reserving_ahead_holds_the_quota_in_full_batches() {
+    let redis = RedisServer::start();
+    let store = RedisStore::connect(&redis.url()).await.unwrap();
+    let window = Duration::from_millis(100);
+    let sends = Arc::new(Mutex::new(Vec::new()));
+    let shaper = Shaper::builder()
+        .rate(4_000, window)
+        .headroom(HEADROOM)
+        .store(store.clone())
+        .transport(Sends(sends.clone()))
+        .build()
+        .unwrap();
+    let (callers, each) = (64, 100);
+    let tasks: Vec<_> = (0..callers)
+        .map(|_| {
+            let shaper = shaper.clone();
+            tokio::spawn(async move {
+                for _ in 0..each {
+                    let response = shaper.get("http://vendor.invalid/x").send().await;
+                    assert_eq!(response.unwrap().status(), 200);
+                }
+            })
+        })
+        .collect();
+    common::join_all(tasks).await;
+
+    let mut sends = sends.lock().unwrap().clone();
+    sends.sort();
+    assert_eq!(sends.len(), callers * each, "each request sent once");
+    let busiest = (0..sends.len())
+        .map(|i| sends[i..].partition_point(|&at| at < sends[i] + window))
+        .max()
+        .unwrap();
+    assert!(busiest <= 4_000, "{busiest} sends in one window of 4,000");
+    // 6,400 requests need more than a window and a half.
+    let span = sends[sends.len() - 1] - sends[0];
+    assert!(span >= window * 3 / 2, "6,400 requests in {span:?}");
+    let trips = store.round_trips() as f64 / (callers * each) as f64;
+    println!(
+        "reserving ahead: {busiest} in the busiest window, {trips:.3} round trips per request, {span:?}"
+    );
+    assert!(
+        trips < 0.07,
+        "{trips:.3} round trips per request: batches not full"
+    );
 }

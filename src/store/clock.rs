@@ -2,22 +2,23 @@
 //! other.
 //!
 //! Each reply was computed at a store time `now` somewhere between its send
-//! and its receipt. Mapped by its receipt, a slot is never due before the
-//! store reserved it: the mapping is late by at most the reply's round trip.
-//! Each reply maps its own slots, so a lane follows the store's clock as it
-//! drifts or steps, and one slow reply (the first, which opens connections
-//! and loads scripts) does not delay every slot after it.
+//! and its receipt, so `receipt − now` is never less than the true offset
+//! between the clocks: mapped by it, a slot is never due before the store
+//! reserved it. The least such offset of the replies of the last
+//! [`FRESH`] (one reply, on a lane paced by its quota) is the closest, and
+//! it follows the store's clock as it drifts or steps: a reply that was
+//! slow to come back (the first, which opens connections and loads
+//! scripts; or a busy instance) does not map its slots late. They arrive
+//! late instead, and a slot late by more than the lane forgives is dropped
+//! (see `lane/release/reserved.rs`).
 //!
-//! A fast reply after a slow one maps its slots earlier than the slow one
-//! mapped its own: the gap between them, as the vendor sees it, closes by
-//! the difference. The **floor** bounds that. A used slot `k` (released at
-//! `L_k`, reserved at store time `t_k`) keeps every later slot at
-//! `L ≥ t + (L_k − t_k) − late` for a window, so the vendor sees the pair
-//! no closer than the store reserved them, less `late`: as if slot `k` had
-//! been late by `late`, which the meters already forgive (and past which a
-//! slot is dropped, see `lane/release/reserved.rs`). The floor remembers
-//! the highest such bound per window of store time, for one to two windows,
-//! in constant space.
+//! A slot used late closes its gap to the slots after it. The **floor**
+//! bounds that. A used slot `k` (released at `L_k`, reserved at store time
+//! `t_k`) keeps every later slot at `L ≥ t + (L_k − t_k) − late` for a
+//! window, so the vendor sees the pair no closer than the store reserved
+//! them, less `late`: as if slot `k` had been late by `late`, which the
+//! meters already forgive. The floor remembers the highest such bound per
+//! window of store time, for one to two windows, in constant space.
 
 use std::time::Duration;
 
@@ -25,6 +26,11 @@ use tokio::time::Instant;
 
 use super::remote::micros;
 use crate::time::later;
+
+/// How far back (store time) a reply's offset still counts: replies that
+/// close in time see the same clocks, and the drift of two clocks over it
+/// is a few microseconds.
+const FRESH: i64 = 100_000;
 
 #[derive(Debug, Clone, Copy)]
 pub(super) struct StoreClock {
@@ -34,10 +40,11 @@ pub(super) struct StoreClock {
     /// maps to a store time no later than it was (settling looks for the
     /// nearest charge anyway).
     sent: Option<(Instant, i64)>,
-    /// The latest reply's receipt less its store time (us): local time of a
-    /// store time, never early.
+    /// Each recent reply's receipt less its store time (us), least first.
+    offsets: Epochs,
+    /// The least of `offsets` when the latest reply came.
     offset: Option<i64>,
-    floor: Floor,
+    floor: Epochs,
 }
 
 impl StoreClock {
@@ -47,8 +54,9 @@ impl StoreClock {
         Self {
             base: Instant::now(),
             sent: None,
+            offsets: Epochs::new(FRESH, i64::min),
             offset: None,
-            floor: Floor::new(micros(keep).max(1)),
+            floor: Epochs::new(micros(keep).max(1), i64::max),
         }
     }
 
@@ -56,7 +64,9 @@ impl StoreClock {
     /// back at `received`.
     pub(super) fn reply(&mut self, sent: Instant, received: Instant, now: i64) {
         self.sent = Some((sent, now));
-        self.offset = Some(self.local(received).saturating_sub(now));
+        self.offsets
+            .note(now, self.local(received).saturating_sub(now));
+        self.offset = self.offsets.at(now);
     }
 
     /// A slot reserved at store time `t` was used at `at`; the lateness the
@@ -75,9 +85,9 @@ impl StoreClock {
         Some(store.saturating_add(self.local(at).saturating_sub(self.local(local))))
     }
 
-    /// When store time `t` comes on this instance's clock: by the latest
-    /// reply, and no closer to a slot used in the last window than the
-    /// floor allows.
+    /// When store time `t` comes on this instance's clock: by the closest
+    /// recent offset, and no closer to a slot used in the last window than
+    /// the floor allows.
     pub(super) fn local_time(&self, t: i64) -> Option<Instant> {
         let offset = match self.floor.at(t) {
             Some(floor) => self.offset?.max(floor),
@@ -97,31 +107,35 @@ impl StoreClock {
     }
 }
 
-/// The highest bound noted in each window of store time, for the current
-/// window and the one before: a bound noted at `t` holds at least until
-/// `t + keep`, at most until `t + 2·keep`.
+/// The extreme (`pick`: the least or the highest) of the values noted in
+/// each span of store time, for the current span and the one before: a
+/// value noted at `t` counts at least until `t + span`, at most until
+/// `t + 2·span`.
 #[derive(Debug, Clone, Copy)]
-struct Floor {
-    keep: i64,
-    /// Where the current window starts (store time).
+struct Epochs {
+    span: i64,
+    pick: fn(i64, i64) -> i64,
+    /// Where the current span starts (store time).
     start: i64,
     current: Option<i64>,
     previous: Option<i64>,
 }
 
-impl Floor {
-    fn new(keep: i64) -> Self {
+impl Epochs {
+    fn new(span: i64, pick: fn(i64, i64) -> i64) -> Self {
         Self {
-            keep,
+            span,
+            pick,
             start: i64::MIN,
             current: None,
             previous: None,
         }
     }
 
-    fn note(&mut self, t: i64, bound: i64) {
-        if t >= self.start.saturating_add(self.keep) {
-            self.previous = if t >= self.start.saturating_add(self.keep.saturating_mul(2)) {
+    fn note(&mut self, t: i64, value: i64) {
+        let elapsed = t.saturating_sub(self.start);
+        if elapsed >= self.span {
+            self.previous = if elapsed >= self.span.saturating_mul(2) {
                 None
             } else {
                 self.current
@@ -129,17 +143,21 @@ impl Floor {
             self.current = None;
             self.start = t;
         }
-        self.current = self.current.max(Some(bound));
+        self.current = Some(self.current.map_or(value, |c| (self.pick)(c, value)));
     }
 
-    /// The bound on a slot at store time `t`.
+    /// What counts at store time `t`.
     fn at(&self, t: i64) -> Option<i64> {
-        if t >= self.start.saturating_add(self.keep.saturating_mul(2)) {
+        let elapsed = t.saturating_sub(self.start);
+        if elapsed >= self.span.saturating_mul(2) {
             None
-        } else if t >= self.start.saturating_add(self.keep) {
+        } else if elapsed >= self.span {
             self.current
         } else {
-            self.current.max(self.previous)
+            match (self.current, self.previous) {
+                (Some(a), Some(b)) => Some((self.pick)(a, b)),
+                (a, b) => a.or(b),
+            }
         }
     }
 }
@@ -152,7 +170,7 @@ mod tests {
     const LATE: Duration = Duration::from_millis(2);
 
     #[tokio::test(start_paused = true)]
-    async fn a_slot_is_never_due_before_its_reply_came_back() {
+    async fn a_lone_reply_maps_its_slots_by_its_receipt() {
         let mut clock = StoreClock::new(Duration::from_secs(1));
         let t0 = Instant::now();
         clock.reply(t0, t0 + 80 * MS, 1_000_000);
@@ -175,6 +193,20 @@ mod tests {
         clock.reply(t0 + 100 * MS, t0 + 101 * MS, 1_096_000);
         let second = clock.local_time(1_100_000).unwrap();
         assert_eq!(second - first, 100 * MS - LATE);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reply_slow_to_come_back_maps_its_slots_by_a_recent_fast_one() {
+        let mut clock = StoreClock::new(Duration::from_secs(1));
+        let t0 = Instant::now();
+        clock.reply(t0, t0 + MS, 1_000_000);
+        // Computed 10 ms later, but back only 6 ms after that: its slot is
+        // due when the store's time says, 4 ms before it arrived.
+        clock.reply(t0 + 10 * MS, t0 + 17 * MS, 1_010_000);
+        assert_eq!(clock.local_time(1_012_000), Some(t0 + 13 * MS));
+        // A fresh window counts the replies in it only.
+        clock.reply(t0 + 300 * MS, t0 + 305 * MS, 1_300_000);
+        assert_eq!(clock.local_time(1_300_000), Some(t0 + 305 * MS));
     }
 
     #[tokio::test(start_paused = true)]

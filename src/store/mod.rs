@@ -14,7 +14,9 @@
 //! of every instance's requests, and nobody polls.
 //!
 //! - **Batches.** With several requests waiting, one round trip reserves a
-//!   slot for each (up to [`RedisOptions::batch`]).
+//!   slot for each (up to [`RedisOptions::batch`]). A lane whose slots come
+//!   due faster than a timer tick (a quota far above its demand) reserves
+//!   the next full batches (up to four) while it uses the slots it holds.
 //! - **Horizon.** No slot is reserved further ahead than
 //!   [`RedisOptions::horizon`] (1 s by default). A lane whose next slot is
 //!   later is told when, without being charged, and asks again then: a
@@ -74,7 +76,7 @@ use std::time::Duration;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{Clock, RedisOptions, RedisStore};
-pub(crate) use self::remote::{Remote, Source};
+pub(crate) use self::remote::{Remote, Schedule, Source};
 pub use crate::error::StoreError;
 use crate::gate::Gate;
 use crate::meters::Quota;

@@ -2,7 +2,10 @@
 //! their time comes.
 //!
 //! A lane asks the store for a slot for its head and for those behind it
-//! (one round trip for a batch), then sleeps until each. The store's
+//! (one round trip for a batch), then sleeps until each. A lane whose
+//! slots all come due at once (a quota far above its demand) asks for the
+//! next batch while it uses them, so it does not wait a round trip per
+//! batch. The store's
 //! failure policy ([`Remote`]) says where a release comes from when the
 //! store is down: the [`Local`] engine at the fallback share (fail-open),
 //! or nowhere, refusing everyone waiting at once (fail-closed).
@@ -12,15 +15,16 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::{Blocked, Local, Release, Step};
-use crate::error::Error;
+use crate::error::{Error, StoreError};
 use crate::gate::PauseCause;
 use crate::lane::Shared;
 use crate::lane::dispatcher::Ready;
 use crate::lane::queue::Head;
-use crate::store::{Remote, Source, StoreMode};
+use crate::store::{Remote, Schedule, Source, StoreMode};
 
 /// The least lateness a slot may have and still be used: timers fire a
 /// little late even on an idle machine, and a lane with no headroom must
@@ -30,6 +34,10 @@ const LATE_MIN: Duration = Duration::from_millis(2);
 /// The most a slot may go before its time: tokio's timer tick. A wait
 /// shorter than that would sleep a whole tick.
 const EARLY_MAX: Duration = Duration::from_millis(1);
+
+/// The most reservations a lane keeps on their way: enough to keep the
+/// store and the lane both busy, few enough that a pause gives back little.
+const AHEAD_MAX: usize = 4;
 
 /// Releases by slots reserved in a shared store.
 pub(in crate::lane) struct Reserved {
@@ -43,6 +51,15 @@ pub(in crate::lane) struct Reserved {
     seqs: Vec<i64>,
     /// The next slot is beyond the store's horizon: ask again then.
     hold: Option<Instant>,
+    /// The next batches, asked for while the slots held are used, oldest
+    /// first.
+    ahead: VecDeque<Ahead>,
+}
+
+/// A reservation on its way, for the requests behind the slots held.
+struct Ahead {
+    costs: Vec<u64>,
+    reply: JoinHandle<Result<Schedule, StoreError>>,
 }
 
 struct Booking {
@@ -61,6 +78,7 @@ impl Reserved {
             slots: VecDeque::new(),
             seqs: Vec::new(),
             hold: None,
+            ahead: VecDeque::new(),
         }
     }
 
@@ -88,8 +106,9 @@ impl Reserved {
         {
             self.slots.pop_front();
         }
+        let early = (headroom / 4).min(EARLY_MAX);
         let at = self.slots.front()?.at;
-        if at.saturating_duration_since(now) > (headroom / 4).min(EARLY_MAX) {
+        if at.saturating_duration_since(now) > early {
             return Some(Step::Wait(Blocked::Until(at)));
         }
         if self.remote.on_probation(now) {
@@ -118,18 +137,64 @@ impl Reserved {
             // ahead): correct the meters that count cost.
             self.remote.settle_at(slot.cost, head.cost, slot.t);
         }
+        self.ask_ahead(ready, head, slot.at + early);
         Some(Step::Done)
+    }
+
+    /// Reserve for the requests behind the slots held while those are
+    /// used, when the lane holds slots and every one is due by `due` (the
+    /// slot just used, and the early tolerance): the store hands out slots
+    /// faster than the lane uses them, and the lane will need the next
+    /// batches before any timer fires. A lane paced by its quota holds
+    /// slots further apart than that, and asks when they run out.
+    fn ask_ahead(&mut self, ready: &mut Ready<'_>, head: Head, due: Instant) {
+        let room = AHEAD_MAX - self.ahead.len().min(AHEAD_MAX);
+        if room == 0 || self.hold.is_some() || self.slots.back().is_none_or(|s| s.at > due) {
+            return;
+        }
+        let batch = self.remote.batch().max(1);
+        let asked = self.slots.len() + self.ahead.iter().map(|a| a.costs.len()).sum::<usize>();
+        let waiting = ready.shared.waiting.load(Ordering::SeqCst);
+        // Full batches only: the rest wait for the slots held to run out,
+        // and ask then for whoever waits, as a lane does.
+        let batches = (waiting.saturating_sub(asked) / batch).min(room);
+        if batches == 0 {
+            return;
+        }
+        let costs = ready.queue.costs(head.class, asked + batches * batch);
+        for costs in costs.get(asked..).unwrap_or_default().chunks_exact(batch) {
+            let remote = self.remote.clone();
+            let booked = costs.to_vec();
+            let reply = tokio::spawn(async move { remote.reserve(&booked, waiting).await });
+            self.ahead.push_back(Ahead {
+                costs: costs.to_vec(),
+                reply,
+            });
+        }
     }
 
     /// Reserve slots for the head and those behind it, in one round trip.
     async fn reserve(&mut self, ready: &mut Ready<'_>, head: Head, now: Instant) -> Step {
-        let remote = self.remote.clone();
+        let costs = ready.queue.costs(head.class, self.remote.batch());
+        let waiting = ready.shared.waiting.load(Ordering::SeqCst);
+        let reply = self.remote.reserve(&costs, waiting).await;
+        self.absorb(ready, head, now, costs, reply)
+    }
+
+    /// Take a reservation's slots for `costs`, or follow the store's
+    /// failure policy.
+    fn absorb(
+        &mut self,
+        ready: &mut Ready<'_>,
+        head: Head,
+        now: Instant,
+        costs: Vec<u64>,
+        reply: Result<Schedule, StoreError>,
+    ) -> Step {
         let shared = ready.shared;
-        let costs = ready.queue.costs(head.class, remote.batch());
-        let waiting = shared.waiting.load(Ordering::SeqCst);
-        match remote.reserve(&costs, waiting).await {
+        match reply {
             Ok(schedule) => {
-                remote.recovered(&shared.key);
+                self.remote.recovered(&shared.key);
                 if let Some(paused) = schedule.paused {
                     shared.vendor().pause_for(paused, PauseCause::Fleet);
                 }
@@ -140,13 +205,18 @@ impl Reserved {
                 self.hold = schedule.ask_again;
                 Step::Done
             }
-            Err(error) => match remote.failed(error, &shared.key) {
-                StoreMode::Unavailable => {
-                    self.refuse_all(ready);
-                    Step::Done
+            Err(error) => {
+                // Slots held from before are of no use off the store: the
+                // fallback keeps its own count.
+                self.slots.clear();
+                match self.remote.failed(error, &shared.key) {
+                    StoreMode::Unavailable => {
+                        self.refuse_all(ready);
+                        Step::Done
+                    }
+                    _ => self.fallback(ready, head, now),
                 }
-                _ => self.fallback(ready, head, now),
-            },
+            }
         }
     }
 
@@ -175,14 +245,35 @@ impl Reserved {
         });
     }
 
-    /// Give back the slots this lane reserved and will not use.
+    /// Give back the slots this lane reserved and will not use, latest
+    /// first; a reservation still on its way was made after them, and goes
+    /// back with them once it arrives.
     fn give_back(&mut self) {
         self.hold = None;
-        if self.slots.is_empty() {
+        let mut slots: Vec<(i64, u64)> = self.slots.drain(..).map(|b| (b.t, b.cost)).collect();
+        let seqs = std::mem::take(&mut self.seqs);
+        let remote = self.remote.clone();
+        if self.ahead.is_empty() {
+            slots.reverse();
+            remote.give_back(slots, seqs);
             return;
         }
-        let slots = self.slots.drain(..).rev().map(|b| (b.t, b.cost)).collect();
-        self.remote.give_back(slots, std::mem::take(&mut self.seqs));
+        let ahead = std::mem::take(&mut self.ahead);
+        tokio::spawn(async move {
+            let mut seqs = seqs;
+            for ahead in ahead {
+                // One that failed booked nothing, or nobody knows what: the
+                // count then refuses the give-back, which wastes the slots
+                // but never hands them out twice.
+                if let Ok(Ok(schedule)) = ahead.reply.await {
+                    let times = schedule.slots.iter().map(|&(_, t)| t);
+                    slots.extend(times.zip(ahead.costs));
+                    seqs = schedule.seqs;
+                }
+            }
+            slots.reverse();
+            remote.give_back(slots, seqs);
+        });
     }
 }
 
@@ -195,6 +286,18 @@ impl Release for Reserved {
                 self.refuse_all(ready);
                 return Step::Done;
             }
+        }
+        let arrived = self
+            .ahead
+            .front()
+            .is_some_and(|ahead| self.slots.is_empty() || ahead.reply.is_finished());
+        if arrived && let Some(ahead) = self.ahead.pop_front() {
+            let reply = ahead.reply.await.unwrap_or_else(|ended| {
+                Err(StoreError::Failed(format!(
+                    "the reservation ended: {ended}"
+                )))
+            });
+            return self.absorb(ready, head, now, ahead.costs, reply);
         }
         if let Some(step) = self.use_slot(ready, head, now) {
             return step;

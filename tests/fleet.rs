@@ -23,6 +23,10 @@ use tokio::task::JoinHandle;
 /// it.
 const HEADROOM: Duration = Duration::from_millis(30);
 
+/// The headroom of the fleets whose use of the quota is measured: 15 ms
+/// leaves 98.5 % of it.
+const TIGHT: Duration = Duration::from_millis(15);
+
 fn instance(store: RedisStore) -> Shaper {
     instance_failing(store, StoreFailure::default())
 }
@@ -133,8 +137,8 @@ async fn run_fleet(shapers: &[Shaper], vendor: &Vendor, total: usize) {
     }
 }
 
-/// The quota is held fleet-wide, and used.
-fn assert_quota_held_and_used(vendor: &Vendor, total: usize) {
+/// The quota is held fleet-wide, and at least `floor` of it used.
+fn assert_quota_held_and_used(vendor: &Vendor, total: usize, floor: f64) {
     assert_eq!(vendor.throttled(), 0, "no 429 from the vendor");
     let busiest = vendor.max_in_any_window(SECOND);
     assert!(busiest <= 10, "{busiest} requests in one second");
@@ -147,7 +151,7 @@ fn assert_quota_held_and_used(vendor: &Vendor, total: usize) {
         "{total} requests in {span:?}: {:.1} % of the quota",
         utilization * 100.0
     );
-    assert!(utilization >= 0.95, "fleet utilization {utilization:.3}");
+    assert!(utilization >= floor, "fleet utilization {utilization:.3}");
 }
 
 async fn fleet_of(size: usize) {
@@ -158,10 +162,17 @@ async fn fleet_of(size: usize) {
     for _ in 0..size {
         let store = RedisStore::connect(&redis.url()).await.unwrap();
         stores.push(store.clone());
-        shapers.push(instance(store));
+        shapers.push(
+            Shaper::builder()
+                .rate(10, SECOND)
+                .headroom(TIGHT)
+                .store(store)
+                .build()
+                .unwrap(),
+        );
     }
     run_fleet(&shapers, &vendor, 200).await;
-    assert_quota_held_and_used(&vendor, 200);
+    assert_quota_held_and_used(&vendor, 200, 0.98);
     let trips: u64 = stores.iter().map(RedisStore::round_trips).sum();
     println!("{size} instances: {trips} Redis round trips for 200 requests");
 
@@ -203,7 +214,7 @@ async fn a_redis_cluster_shares_the_quota_too() {
         shapers.push(instance(store));
     }
     run_fleet(&shapers, &vendor, 200).await;
-    assert_quota_held_and_used(&vendor, 200);
+    assert_quota_held_and_used(&vendor, 200, 0.95);
 
     // The pause reaches every instance through the cluster too.
     let vendor = Vendor::strict(10, SECOND).start().await;
@@ -581,7 +592,7 @@ async fn instance_clocks_work_where_scripts_may_not_read_time() {
         shapers.push(instance(store));
     }
     run_fleet(&shapers, &vendor, 40).await;
-    assert_quota_held_and_used(&vendor, 40);
+    assert_quota_held_and_used(&vendor, 40, 0.95);
 }
 
 /// Tenants under one vendor, on two instances: A (capped at 2/s) floods 20

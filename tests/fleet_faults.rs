@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use callshaper::store::RedisStore;
-use callshaper::testing::{RedisServer, Vendor};
+use callshaper::testing::{RedisCluster, RedisServer, Vendor};
 use callshaper::{Shaper, StoreFailure, StoreMode};
 use common::SECOND;
 use tokio::task::JoinHandle;
@@ -20,19 +20,26 @@ const HEADROOM: Duration = Duration::from_millis(30);
 /// request to `vendor` (connections open, scripts loaded), so the run
 /// measures the fleet, not its first round trips.
 async fn fleet(redis: &RedisServer, vendor: &Vendor, size: u32) -> Vec<Shaper> {
+    fleet_on(&[redis.url()], false, vendor, size).await
+}
+
+/// As [`fleet`], on a Redis Cluster when `cluster`.
+async fn fleet_on(urls: &[String], cluster: bool, vendor: &Vendor, size: u32) -> Vec<Shaper> {
     let mut shapers = Vec::new();
     for _ in 0..size {
-        let store = RedisStore::options()
+        let options = RedisStore::options()
             .fleet_size(size)
             .timeout(Duration::from_millis(100))
-            .probe_every(Duration::from_millis(200))
-            .connect(&redis.url())
-            .await
-            .unwrap();
+            .probe_every(Duration::from_millis(200));
+        let store = if cluster {
+            options.cluster(urls).await
+        } else {
+            options.connect(&urls[0]).await
+        };
         let shaper = Shaper::builder()
             .rate(10, SECOND)
             .headroom(HEADROOM)
-            .store(store)
+            .store(store.unwrap())
             .on_store_failure(StoreFailure::Open)
             .build()
             .unwrap();
@@ -254,4 +261,124 @@ async fn equal_backlogs_share_the_quota_fairly() {
     );
     assert!(last <= first * 1.10, "finished {finished:?}");
     assert!(fraction <= 0.05, "{fraction:.3} of pairs out of order");
+}
+
+/// A replica promoted after missing its master's last writes (stopped for
+/// 300 ms, then its master killed): the lanes fall back to their share
+/// while the cluster fails over (its node timeout, 2 s), then come back to
+/// the promoted replica, whose state is 300 ms behind the fleet's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_promoted_after_missing_writes_never_lets_the_fleet_bunch() {
+    let vendor = promoted("promoted replica", false).await;
+    assert_quota_held(&vendor, "promoted replica");
+}
+
+/// The worst case of a lost-writes failover, which no marker can detect:
+/// the replica that missed 300 ms of the fleet's writes takes over at once
+/// (`CLUSTER FAILOVER TAKEOVER`), while the slots booked in what it missed
+/// are still ahead. The README's bound: at most one window of excess.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_taking_over_at_once_exceeds_by_one_window_at_most() {
+    let vendor = promoted("takeover", true).await;
+    let busiest = vendor.max_in_any_window(SECOND);
+    println!(
+        "takeover: {} arrivals, at most {busiest} in any second, {} x 429",
+        vendor.arrivals().len(),
+        vendor.throttled()
+    );
+    assert!(busiest <= 20, "takeover: {busiest} requests in one second");
+}
+
+/// Three instances with 25 requests each on a cluster with replicas; 1.5 s
+/// in, the replica of the master holding the vendor's keys misses 300 ms of
+/// writes and is promoted: after its master is killed, or at once
+/// (`takeover`). Every request is served, and every lane is back on the
+/// store within a probe and a window of the promotion.
+async fn promoted(what: &str, takeover: bool) -> Vendor {
+    let mut cluster = RedisCluster::with_replicas();
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let shapers = fleet_on(&cluster.urls(), true, &vendor, 3).await;
+    let tasks = backlog(&shapers, &vendor, 25);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+
+    // SCAN on a cluster node lists only the keys it holds (a replica too).
+    let master = (0..cluster.nodes.len())
+        .find(|&node| {
+            cluster.is_master(node)
+                && cluster.nodes[node]
+                    .cli(&["--scan", "--pattern", "callshaper:*"])
+                    .contains("callshaper:")
+        })
+        .expect("one master holds the vendor's keys");
+    let replica = cluster
+        .replica_of(master)
+        .expect("the master has a replica");
+    // The replica is stopped and its link cut, so it can neither receive
+    // nor reconnect: what the fleet writes for the next 300 ms reaches the
+    // master only.
+    cluster.nodes[replica].freeze();
+    let cut = cluster.nodes[master].cli(&["client", "kill", "type", "replica"]);
+    assert_eq!(cut.trim(), "1", "the replica's link is cut");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let written = info(&cluster.nodes[master], "replication", "master_repl_offset");
+    if takeover {
+        // Asked while it is stopped, the takeover runs as it wakes, before
+        // it reconnects to its master and catches up.
+        std::thread::scope(|scope| {
+            let node = &cluster.nodes[replica];
+            let reply = scope.spawn(|| node.cli(&["cluster", "failover", "takeover"]));
+            std::thread::sleep(Duration::from_millis(50));
+            node.thaw();
+            let reply = reply.join().expect("redis-cli");
+            assert_eq!(reply.trim(), "OK", "{what}: CLUSTER FAILOVER TAKEOVER");
+        });
+    } else {
+        cluster.nodes[master].kill();
+        cluster.nodes[replica].thaw();
+    }
+    let fault = std::time::Instant::now();
+    let kept = info(&cluster.nodes[replica], "replication", "master_repl_offset");
+    println!(
+        "{what}: {} bytes of the fleet's writes lost",
+        written.saturating_sub(kept)
+    );
+    assert!(kept < written, "{what}: the replica missed nothing");
+    let off = || {
+        shapers.iter().any(|shaper| {
+            shaper
+                .lanes()
+                .iter()
+                .any(|lane| lane.store != Some(StoreMode::Shared))
+        })
+    };
+    let mut left = false;
+    while !cluster.is_master(replica) {
+        assert!(
+            fault.elapsed() < 15 * SECOND,
+            "{what}: the replica was never promoted"
+        );
+        left |= off();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let promoted = fault.elapsed();
+    assert!(
+        takeover || left,
+        "{what}: no lane noticed its master was gone"
+    );
+    let back = loop {
+        let since = fault.elapsed() - promoted;
+        if !off() {
+            break since;
+        }
+        assert!(
+            since <= Duration::from_millis(1_200),
+            "{what}: a lane is still off the store {since:?} after the promotion"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    println!(
+        "{what}: promoted {promoted:?} after the fault, every lane on the store {back:?} later"
+    );
+    assert_all_served(tasks).await;
+    vendor
 }

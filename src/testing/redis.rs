@@ -172,11 +172,12 @@ impl Drop for RedisServer {
     }
 }
 
-/// A real Redis Cluster: three masters, no replicas, slots spread by
-/// `redis-cli --cluster create`.
+/// A real Redis Cluster: three masters (each with a replica, from
+/// [`with_replicas`](Self::with_replicas)), slots spread by `redis-cli
+/// --cluster create`, a node timeout of 2 s.
 #[derive(Debug)]
 pub struct RedisCluster {
-    /// Its three nodes.
+    /// Its nodes: the masters first as created, then their replicas.
     pub nodes: Vec<RedisServer>,
 }
 
@@ -189,7 +190,22 @@ impl RedisCluster {
     /// When `redis-server` or `redis-cli` is missing, or the cluster does
     /// not form.
     pub fn start() -> Self {
-        let nodes: Vec<RedisServer> = (0..3)
+        Self::form(0)
+    }
+
+    /// Start three masters and a replica of each (six servers), and wait
+    /// until every replica is in sync: a master killed then fails over to
+    /// its replica after the node timeout.
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](Self::start).
+    pub fn with_replicas() -> Self {
+        Self::form(1)
+    }
+
+    fn form(replicas: usize) -> Self {
+        let nodes: Vec<RedisServer> = (0..3 * (1 + replicas))
             .map(|_| RedisServer::launch(free_port(), true))
             .collect();
         let addresses: Vec<String> = nodes
@@ -200,7 +216,7 @@ impl RedisCluster {
             .arg("--cluster")
             .arg("create")
             .args(&addresses)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .output()
             .expect("redis-cli (Debian: apt-get install redis-tools)");
         assert!(
@@ -208,18 +224,56 @@ impl RedisCluster {
             "redis-cli --cluster create failed: {}",
             String::from_utf8_lossy(&output.stdout)
         );
+        let cluster = Self { nodes };
         let deadline = Instant::now() + Duration::from_secs(20);
-        for node in &nodes {
-            while !node.cli(&["cluster", "info"]).contains("cluster_state:ok") {
+        for (index, node) in cluster.nodes.iter().enumerate() {
+            let ready = || {
+                node.cli(&["cluster", "info"]).contains("cluster_state:ok")
+                    && (cluster.master_of(index).is_none()
+                        || node
+                            .cli(&["info", "replication"])
+                            .contains("master_link_status:up"))
+            };
+            while !ready() {
                 assert!(Instant::now() < deadline, "the cluster did not become ok");
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
-        Self { nodes }
+        cluster
     }
 
     /// Every node's URL.
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The index of the node that node `index` replicates, if it is a
+    /// replica of a node of this cluster that is still running.
+    pub fn master_of(&self, index: usize) -> Option<usize> {
+        let info = self.nodes.get(index)?.cli(&["info", "replication"]);
+        if !info.contains("role:slave") {
+            return None;
+        }
+        let port: u16 = info
+            .lines()
+            .find_map(|line| line.strip_prefix("master_port:"))?
+            .trim()
+            .parse()
+            .ok()?;
+        self.nodes
+            .iter()
+            .position(|node| node.port == port && node.child.is_some())
+    }
+
+    /// The index of a replica of node `index`.
+    pub fn replica_of(&self, index: usize) -> Option<usize> {
+        (0..self.nodes.len()).find(|&other| self.master_of(other) == Some(index))
+    }
+
+    /// True when node `index` serves as a master.
+    pub fn is_master(&self, index: usize) -> bool {
+        self.nodes
+            .get(index)
+            .is_some_and(|node| node.cli(&["role"]).starts_with("master"))
     }
 }

@@ -44,6 +44,7 @@ use serde::Deserialize;
 
 use crate::Shaper;
 use crate::adaptive::Adaptive;
+use crate::answers::Answers;
 use crate::error::ConfigError;
 use crate::lane::LanePolicy;
 use crate::meters::Quota;
@@ -98,6 +99,9 @@ pub struct Defaults {
     pub adaptive: Option<Adaptive>,
     /// See [`LanePolicy::batch_share`](crate::LanePolicy::batch_share).
     pub batch_share: Option<u32>,
+    /// What answers mean, e.g. `{ throttles = [429, 420] }`; see
+    /// [`Answers`].
+    pub answers: Option<Answers>,
     /// Retry limits, backoff and budget; fields left out keep
     /// [`RetryPolicy`]'s defaults.
     pub retry: Option<RetryPolicy>,
@@ -129,6 +133,8 @@ pub struct VendorConfig {
     pub routes: Vec<RouteConfig>,
     /// This vendor's choice when the shared store fails.
     pub on_store_failure: Option<StoreFailure>,
+    /// What this vendor's answers mean, instead of `[defaults] answers`.
+    pub answers: Option<Answers>,
 }
 
 /// A family of quotas, one set per key.
@@ -258,6 +264,7 @@ impl Defaults {
             idle_timeout,
             adaptive,
             batch_share,
+            answers,
         } = &mut policy;
         *headroom = self.headroom.unwrap_or(*headroom);
         *queue_capacity = self.queue_capacity.unwrap_or(*queue_capacity);
@@ -268,6 +275,9 @@ impl Defaults {
         *idle_timeout = self.idle_timeout.unwrap_or(*idle_timeout);
         *adaptive = self.adaptive.or(*adaptive);
         *batch_share = self.batch_share.unwrap_or(*batch_share);
+        if let Some(read) = &self.answers {
+            answers.clone_from(read);
+        }
         policy
     }
 }
@@ -278,6 +288,9 @@ impl VendorConfig {
     /// levels, then the vendor's quotas, and nothing shaper-wide.
     fn routes(&self, name: &str) -> Result<Vec<Route>, ConfigError> {
         let quotas = quotas_of(&self.quotas)?;
+        if let Some(answers) = &self.answers {
+            answers.validate()?;
+        }
         let key = self.key.clone().unwrap_or(LaneKey::Origin);
         let mut levels = Vec::with_capacity(self.levels.len() + 1);
         for (i, level) in self.levels.iter().enumerate() {
@@ -323,11 +336,17 @@ impl VendorConfig {
             if let Some(failure) = route.on_store_failure.or(self.on_store_failure) {
                 shaped = shaped.on_store_failure(failure);
             }
+            if let Some(answers) = &self.answers {
+                shaped = shaped.answers(answers.clone());
+            }
             routes.push(levels.iter().cloned().fold(shaped, Route::level));
         }
         let mut rest = Route::new(name).host(&self.host).alone();
         if let Some(failure) = self.on_store_failure {
             rest = rest.on_store_failure(failure);
+        }
+        if let Some(answers) = &self.answers {
+            rest = rest.answers(answers.clone());
         }
         routes.push(levels.into_iter().fold(rest, Route::level));
         Ok(routes)

@@ -100,6 +100,7 @@
 #![forbid(unsafe_code)]
 
 pub mod adaptive;
+pub mod answers;
 #[cfg(feature = "config")]
 pub mod config;
 mod drain;
@@ -124,6 +125,7 @@ mod throttle;
 mod time;
 
 pub use adaptive::Adaptive;
+pub use answers::Answers;
 #[cfg(feature = "config")]
 pub use config::ShaperConfig;
 pub use error::{Answer, ConfigError, Error};

@@ -26,6 +26,7 @@ use std::sync::Arc;
 use reqwest::header::HeaderName;
 use reqwest::{Method, Request};
 
+use crate::answers::Answers;
 use crate::meters::Quota;
 use crate::store::StoreFailure;
 
@@ -169,6 +170,7 @@ pub struct Route {
     pub(crate) levels: Vec<Level>,
     pub(crate) alone: bool,
     pub(crate) store_failure: Option<StoreFailure>,
+    pub(crate) answers: Option<Answers>,
 }
 
 impl Route {
@@ -182,6 +184,7 @@ impl Route {
             levels: Vec::new(),
             alone: false,
             store_failure: None,
+            answers: None,
         }
     }
 
@@ -198,6 +201,13 @@ impl Route {
     /// vendor that bans keys).
     pub fn on_store_failure(mut self, failure: StoreFailure) -> Self {
         self.store_failure = Some(failure);
+        self
+    }
+
+    /// What this route's answers mean, instead of the shaper's (see
+    /// [`Answers`]): for a vendor that throttles or fails in its own way.
+    pub fn answers(mut self, answers: Answers) -> Self {
+        self.answers = Some(answers);
         self
     }
 

@@ -9,6 +9,9 @@
 //! says for how long and why ([`Pause`], [`PauseCause`]); the request's loop
 //! (`shaper/call.rs`) applies it.
 //!
+//! Which statuses are which is the vendor's [`Answers`] (the defaults
+//! below; a shaper or a route can say its own).
+//!
 //! - **Throttles:** 429, 503 and 529, and a 403 that carries `Retry-After` or a
 //!   used-up request limit (as GitHub sends). The pause is the vendor's
 //!   hint plus the headroom (the vendor's clock and ours are not the same
@@ -33,6 +36,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use tokio::time::Instant;
 
+use crate::answers::Answers;
 use crate::error::{Answer, Error};
 use crate::lane::{Lane, PauseCause};
 use crate::signals::Signals;
@@ -48,31 +52,15 @@ pub(crate) enum Verdict {
     Failed,
 }
 
-/// Statuses that mean "the lane is too fast": 429, and the overloaded
-/// vendor's 503 and 529 (Anthropic's "overloaded").
-pub(crate) fn is_throttle(status: StatusCode) -> bool {
-    status == StatusCode::TOO_MANY_REQUESTS || is_overload(status)
-}
-
-/// A vendor that is overloaded, not a quota the lane is over: it pauses
-/// the lane but teaches it no quota.
-fn is_overload(status: StatusCode) -> bool {
-    status == StatusCode::SERVICE_UNAVAILABLE || status.as_u16() == 529
-}
-
-/// What to do with a response, from its status and what its headers said.
-pub(crate) fn classify(status: StatusCode, signals: &Signals) -> Verdict {
+/// What to do with a response, from its status, what its headers said,
+/// and what the vendor's statuses mean.
+pub(crate) fn classify(status: StatusCode, signals: &Signals, answers: &Answers) -> Verdict {
     let throttled_403 = status == StatusCode::FORBIDDEN
+        && !answers.is_failure(status)
         && (signals.retry_after.is_some() || signals.requests_exhausted());
-    if is_throttle(status) || throttled_403 {
+    if answers.is_throttle(status) || throttled_403 {
         Verdict::Throttled
-    } else if matches!(
-        status,
-        StatusCode::INTERNAL_SERVER_ERROR
-            | StatusCode::BAD_GATEWAY
-            | StatusCode::GATEWAY_TIMEOUT
-            | StatusCode::REQUEST_TIMEOUT
-    ) {
+    } else if answers.is_failure(status) {
         Verdict::Failed
     } else {
         Verdict::Done
@@ -123,7 +111,7 @@ pub(crate) fn spent(
 /// really allows (see `Gate::refused`), so one refusal, not one per
 /// window, tells a lane declared too fast.
 pub(crate) fn refused(lane: &Lane, status: StatusCode, signals: &Signals, released: Instant) {
-    if is_overload(status) {
+    if lane.policy().answers.is_overload(status) {
         return;
     }
     if status.is_success() && signals.request_limit().is_none() {
@@ -165,24 +153,14 @@ pub(crate) fn answered(lane: &Lane, verdict: Verdict, signals: &Signals, release
     }
 }
 
-/// What a vendor's body says when no pause helps: OpenAI's codes for an
-/// account out of credit or past its spending cap.
-const OUT_OF_CREDIT: &[&str] = &["insufficient_quota", "billing_hard_limit_reached"];
-
-/// Whether an answer of `status` may say the account is out of credit:
-/// only then is its body read before the request goes again.
-pub(crate) fn may_be_out_of_credit(status: StatusCode) -> bool {
-    status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::PAYMENT_REQUIRED
-}
-
-/// A 429 (or 402) whose body says the account is out of credit: pausing
-/// and retrying would only repeat it for hours. Stops the vendor's lanes
-/// for `max_pause` (every waiting and new request ends at once) and gives
-/// the error this request ends with.
+/// A throttle (or 402) whose body says the account is out of credit (see
+/// [`Answers`]): pausing and retrying would only repeat it for hours.
+/// Stops the vendor's lanes for `max_pause` (every waiting and new request
+/// ends at once) and gives the error this request ends with.
 pub(crate) fn out_of_credit(lane: &Lane, answer: &Answer) -> Option<Error> {
     let status = answer.status;
-    if !may_be_out_of_credit(status) || !OUT_OF_CREDIT.iter().any(|code| answer.body.contains(code))
-    {
+    let answers = &lane.policy().answers;
+    if !answers.may_be_out_of_credit(status) || !answers.says_out_of_credit(&answer.body) {
         return None;
     }
     tracing::error!(
@@ -241,7 +219,8 @@ mod tests {
     #[test]
     fn throttles_failures_and_the_rest() {
         let none = Signals::default();
-        let verdict = |status| classify(status, &none);
+        let answers = Answers::default();
+        let verdict = |status| classify(status, &none, &answers);
         assert_eq!(verdict(StatusCode::TOO_MANY_REQUESTS), Verdict::Throttled);
         assert_eq!(verdict(StatusCode::SERVICE_UNAVAILABLE), Verdict::Throttled);
         let overloaded = StatusCode::from_u16(529).unwrap();
@@ -257,12 +236,36 @@ mod tests {
             retry_after: Some(Duration::from_secs(3)),
             ..Signals::default()
         };
-        assert_eq!(classify(StatusCode::FORBIDDEN, &hinted), Verdict::Throttled);
+        assert_eq!(
+            classify(StatusCode::FORBIDDEN, &hinted, &answers),
+            Verdict::Throttled
+        );
         let mut spent = Signals::default();
         spent
             .limit_mut(crate::signals::Dimension::Requests)
             .remaining = Some(0);
-        assert_eq!(classify(StatusCode::FORBIDDEN, &spent), Verdict::Throttled);
+        assert_eq!(
+            classify(StatusCode::FORBIDDEN, &spent, &answers),
+            Verdict::Throttled
+        );
+        // A vendor's own meanings: 420 throttles, 503 fails one request, a
+        // 403 it calls a failure is one even with a Retry-After.
+        let own = Answers::default()
+            .throttle(StatusCode::from_u16(420).unwrap())
+            .failure(StatusCode::SERVICE_UNAVAILABLE)
+            .failure(StatusCode::FORBIDDEN)
+            .final_answer(StatusCode::BAD_GATEWAY);
+        let verdict = |status, signals| classify(status, signals, &own);
+        assert_eq!(
+            verdict(StatusCode::from_u16(420).unwrap(), &none),
+            Verdict::Throttled
+        );
+        assert_eq!(
+            verdict(StatusCode::SERVICE_UNAVAILABLE, &none),
+            Verdict::Failed
+        );
+        assert_eq!(verdict(StatusCode::FORBIDDEN, &hinted), Verdict::Failed);
+        assert_eq!(verdict(StatusCode::BAD_GATEWAY, &none), Verdict::Done);
     }
 
     #[tokio::test(start_paused = true)]

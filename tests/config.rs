@@ -159,6 +159,21 @@ fn a_malformed_config_names_the_field_and_the_problem() {
             "vendors.payments.on_store_failure",
             "unknown variant `sometimes`",
         ),
+        (
+            with("throttles = [429, 420]", "throttles = [429, 420, 503]"),
+            "vendors.sms.answers.throttles",
+            "503 is in `failures` too",
+        ),
+        (
+            with("throttles = [429, 420]", "throttles = [429, 42]"),
+            "vendors.sms.answers.throttles",
+            "42 is not an HTTP status",
+        ),
+        (
+            with("throttles = [429, 420]", "throttles = [429, 70000]"),
+            "vendors.sms.answers.throttles[1]",
+            "expected u16",
+        ),
         (with("[vendors.sms]", "[vendors.sms"), "(file)", "line"),
     ];
     for (outcome, field, problem) in cases {
@@ -181,6 +196,7 @@ fn every_setting_reads_from_a_file() {
         fallback_pause = { base = "500ms", cap = "30s" }
         adaptive = { decrease = 0.5 }
         batch_share = 7
+        answers = { throttles = [429, 420], out_of_credit = ["no_credit"] }
         retry = { max_attempts = 5, backoff = { base = "50ms", cap = "2s" }, budget = { ratio = 0.1 } }
     "#;
     let config = ShaperConfig::from_toml(toml).unwrap();
@@ -201,6 +217,16 @@ fn every_setting_reads_from_a_file() {
         ..Adaptive::default()
     };
     assert_eq!(d.adaptive, Some(adaptive));
+    let enhance = reqwest::StatusCode::from_u16(420).unwrap();
+    let answers = callshaper::Answers::default()
+        .throttle(enhance)
+        .never_out_of_credit()
+        .out_of_credit("no_credit");
+    assert_eq!(
+        d.answers,
+        Some(answers),
+        "lists left out keep their defaults"
+    );
     let retry = d.retry.clone().unwrap();
     let defaults = RetryPolicy::default();
     assert_eq!(retry.max_attempts, 5);
@@ -217,7 +243,12 @@ fn every_setting_reads_from_a_file() {
 
     let builder = config.builder().unwrap();
     let shown = format!("{builder:?}");
-    for setting in ["batch_share: 7", "decrease: 0.5", "max_attempts: 5"] {
+    for setting in [
+        "batch_share: 7",
+        "decrease: 0.5",
+        "max_attempts: 5",
+        "throttles: [429, 420]",
+    ] {
         assert!(shown.contains(setting), "{setting} in {shown}");
     }
     config.build().unwrap();

@@ -252,3 +252,57 @@ async fn a_vendor_with_a_skewed_clock_is_read_on_its_own_clock() {
         );
     }
 }
+
+/// A vendor that throttles with 420 (as Twitter did) and whose 503 is one
+/// failed request: told so, the lane pauses for the 420's `Retry-After`
+/// and retries the 503 at once; left to the defaults, the 420 is the
+/// caller's answer.
+#[tokio::test(start_paused = true)]
+async fn a_vendor_says_what_its_statuses_mean() {
+    use wiremock::matchers::any;
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    let server = MockServer::start().await;
+    let enhance = reqwest::StatusCode::from_u16(420).unwrap();
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(420).insert_header("retry-after", "2"))
+        .up_to_n_times(1)
+        .mount(&server)
+        .await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(503))
+        .up_to_n_times(1)
+        .mount(&server)
+        .await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&server)
+        .await;
+    let told = shaper(10)
+        .answers(
+            callshaper::Answers::default()
+                .throttle(enhance)
+                .failure(reqwest::StatusCode::SERVICE_UNAVAILABLE),
+        )
+        .build()
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let response = told.get(server.uri()).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "paused for the 420's Retry-After"
+    );
+    let sends = server.received_requests().await.unwrap().len();
+    assert_eq!(sends, 3, "420, then 503, then 200");
+
+    server.reset().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(420).insert_header("retry-after", "2"))
+        .mount(&server)
+        .await;
+    let plain = shaper(10).build().unwrap();
+    let response = plain.get(server.uri()).send().await.unwrap();
+    assert_eq!(response.status(), enhance, "a 420 is final by default");
+    assert_eq!(server.received_requests().await.unwrap().len(), 1);
+}

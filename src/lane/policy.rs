@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use crate::adaptive::Adaptive;
+use crate::answers::Answers;
 use crate::error::ConfigError;
 use crate::gate::{self, GateSettings};
 use crate::meters::{Quota, Rate};
@@ -51,6 +52,10 @@ pub struct LanePolicy {
     /// When interactive and batch requests both wait, one release in this
     /// many goes to batch. Default 5 (batch keeps 20% of a busy lane).
     pub batch_share: u32,
+    /// What the vendor's answers mean: which statuses throttle the lane,
+    /// which fail one request, which bodies say the account is out of
+    /// credit. Default: [`Answers::default`].
+    pub answers: Answers,
 }
 
 impl LanePolicy {
@@ -72,6 +77,7 @@ impl LanePolicy {
             idle_timeout: Duration::from_secs(60),
             adaptive: None,
             batch_share: 5,
+            answers: Answers::default(),
         }
     }
 
@@ -103,6 +109,7 @@ impl LanePolicy {
                 .validate()
                 .map_err(|e| e.within(&format!("quotas[{i}]")))?;
         }
+        self.answers.validate()?;
         if self.headroom > MAX_HEADROOM {
             return Err(ConfigError::new(
                 "headroom",

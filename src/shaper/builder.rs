@@ -9,6 +9,7 @@ use reqwest::Request;
 
 use super::{CostFn, Inner, Registry, Shaper, Transport};
 use crate::adaptive::Adaptive;
+use crate::answers::Answers;
 use crate::error::ConfigError;
 use crate::lane::LanePolicy;
 use crate::meters::Quota;
@@ -146,6 +147,13 @@ impl ShaperBuilder {
     /// goes to batch (default 5).
     pub fn batch_share(self, n: u32) -> Self {
         self.edit(move |p| p.batch_share = n)
+    }
+
+    /// What the vendor's answers mean (which statuses throttle, which fail
+    /// one request, which bodies say out of credit); a route can say its
+    /// own ([`Route::answers`]).
+    pub fn answers(self, answers: Answers) -> Self {
+        self.edit(move |p| p.answers = answers)
     }
 
     /// Label every metric series with its lane as well (`lane`), besides
@@ -288,6 +296,13 @@ impl ShaperBuilder {
             ..self.policy
         };
         policy.validate()?;
+        for route in &self.routes {
+            if let Some(answers) = &route.answers {
+                answers
+                    .validate()
+                    .map_err(|e| e.within(&format!("routes.{}", route.name)))?;
+            }
+        }
         for level in levels
             .iter()
             .chain(self.routes.iter().flat_map(|r| &r.levels))

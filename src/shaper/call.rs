@@ -231,7 +231,8 @@ impl Shaper {
             };
             let verdict = match &outcome {
                 Ok(response) => {
-                    let verdict = throttle::classify(response.status(), &signals);
+                    let answers = &lane.policy().answers;
+                    let verdict = throttle::classify(response.status(), &signals, answers);
                     throttle::answered(&lane, verdict, &signals, charged_at);
                     verdict
                 }
@@ -284,7 +285,7 @@ impl Shaper {
                     let status = response.status();
                     let give_up = tally.throttles >= policy.max_throttles;
                     // Going again: the answer's body is ours to read.
-                    if give_up || throttle::may_be_out_of_credit(status) {
+                    if give_up || lane.policy().answers.may_be_out_of_credit(status) {
                         let answer = Answer::read(response).await;
                         if let Some(error) = throttle::out_of_credit(&lane, &answer) {
                             return Err(error.into());

@@ -188,10 +188,13 @@ impl Shaper {
             let link = store.link(shared.clone(), &keys, &quotas, headroom, failure, metrics);
             Arc::new(link)
         });
-        let policy = LanePolicy {
+        let mut policy = LanePolicy {
             quotas: Vec::new(),
             ..self.inner.policy.clone()
         };
+        if let Some(answers) = self.route_for(request).and_then(|r| r.answers.clone()) {
+            policy.answers = answers;
+        }
         let on_idle = evict_when_idle(Arc::downgrade(&self.inner.registry.lanes), name.clone());
         let metrics = LaneMetrics::new(&labels, per_lane);
         let lane = Arc::new(Lane::spawn(

@@ -136,6 +136,9 @@ struct State {
     style: Style,
     /// How far the vendor's wall clock is from ours, ahead when positive.
     clock_offset: i64,
+    /// A limit past the quotas (GitHub's secondary limits): refused with
+    /// `Retry-After` while the quotas still have room.
+    secondary: Option<Quota>,
 }
 
 impl Quota {
@@ -355,6 +358,7 @@ impl Vendor {
                     announce_policy: false,
                     style: Style::Gateway,
                     clock_offset: 0,
+                    secondary: None,
                 }),
             }),
             server: None,
@@ -370,6 +374,22 @@ impl Vendor {
             window: window.max(Duration::from_nanos(1)),
             counting: Counting::Sliding(VecDeque::new()),
             cost_header: Some(header.to_ascii_lowercase()),
+        });
+        self
+    }
+
+    /// A secondary limit, as GitHub enforces beside its hourly quota (80
+    /// content-creating requests a minute, 900 points a minute per
+    /// endpoint): past `limit` in any sliding `window`, a request is
+    /// refused while the quota still has room, with `Retry-After` in whole
+    /// seconds and a message saying so; a GitHub vendor refuses with 403,
+    /// any other with 429 (see [`Style::secondary`]).
+    pub fn secondary(self, limit: usize, window: Duration) -> Self {
+        self.state().secondary = Some(Quota {
+            limit: limit as u64,
+            window: window.max(Duration::from_nanos(1)),
+            counting: Counting::Sliding(VecDeque::new()),
+            cost_header: None,
         });
         self
     }
@@ -441,9 +461,14 @@ impl Vendor {
         self.state().log.clone()
     }
 
-    /// How many 429s the vendor answered.
+    /// How many requests the vendor refused: its 429s, and a GitHub
+    /// vendor's 403s (the only 403s a test vendor answers).
     pub fn throttled(&self) -> usize {
-        self.state().log.iter().filter(|a| a.status == 429).count()
+        self.state()
+            .log
+            .iter()
+            .filter(|a| a.status == 429 || a.status == 403)
+            .count()
     }
 
     /// The most arrivals (any status) in any window `(t - window, t]`.
@@ -526,6 +551,13 @@ impl Respond for Vendor {
             .zip(&costs)
             .filter_map(|(q, &c)| q.check(c, now, start).err())
             .max();
+        if let Some(secondary) = &mut state.secondary {
+            secondary.age(now, start);
+        }
+        let secondary = match &state.secondary {
+            Some(limit) if refused.is_none() => limit.check(1, now, start).err(),
+            _ => None,
+        };
         let offset = Duration::from_secs(state.clock_offset.unsigned_abs());
         // An offset no clock can hold leaves the vendor on ours.
         let now_wall = SystemTime::now();
@@ -537,10 +569,17 @@ impl Respond for Vendor {
         .unwrap_or(now_wall);
         let (status, mut template) = match (forced, refused) {
             (Some(hint), _) => (429, with_hint(ResponseTemplate::new(429), &hint, wall)),
+            (None, None) if let Some(wait) = secondary => {
+                let said = state.quotas[0].said(now, start, wall);
+                state.style.secondary(&said, wait)
+            }
             (None, refused) => {
                 if refused.is_none() {
                     for (quota, &c) in state.quotas.iter_mut().zip(&costs) {
                         quota.charge(c, now);
+                    }
+                    if let Some(secondary) = &mut state.secondary {
+                        secondary.charge(1, now);
                     }
                 }
                 let said = state.quotas[0].said(now, start, wall);

@@ -306,3 +306,50 @@ async fn a_vendor_says_what_its_statuses_mean() {
     assert_eq!(response.status(), enhance, "a 420 is final by default");
     assert_eq!(server.received_requests().await.unwrap().len(), 1);
 }
+
+/// GitHub's secondary limit (here 60 a minute, beside 5,000 an hour): past
+/// it, a 403 with `retry-after` while the hourly quota still has room. The
+/// lane pauses for it as a whole, nothing arrives before it ends, and every
+/// request ends in a 200, not the 403.
+#[tokio::test(start_paused = true)]
+async fn githubs_secondary_limit_pauses_the_lane_for_its_retry_after() {
+    let minute = Duration::from_secs(60);
+    let vendor = Vendor::github(5_000, Duration::from_secs(3_600))
+        .secondary(60, minute)
+        .start()
+        .await;
+    let shaper = shaper(2).build().unwrap();
+    let outcomes = burst(&shaper, &vendor.uri(), 120).await;
+    for outcome in outcomes {
+        assert_eq!(outcome.unwrap().status(), 200);
+    }
+    let arrivals = vendor.arrivals();
+    let refusals: Vec<_> = arrivals
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| a.status == 403)
+        .collect();
+    println!(
+        "secondary limit: {} refused, 120 served in {:?}",
+        refusals.len(),
+        arrivals.last().unwrap().at
+    );
+    assert!(
+        !refusals.is_empty(),
+        "the secondary limit was never reached"
+    );
+    assert!(refusals.len() <= 2, "{} refusals", refusals.len());
+    assert_eq!(vendor.throttled(), refusals.len(), "a 403 is a refusal");
+    assert!(vendor.max_in_any_window(minute) <= 60 + refusals.len());
+    for &(i, refusal) in &refusals {
+        // The vendor said to come back when the oldest of the minute's 60
+        // leaves it: 30 s after a minute's 60 at 2/s.
+        if let Some(next) = arrivals.get(i + 1) {
+            assert!(
+                next.at - refusal.at >= Duration::from_secs(29),
+                "{:?} after a secondary 403",
+                next.at - refusal.at
+            );
+        }
+    }
+}

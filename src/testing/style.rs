@@ -73,6 +73,39 @@ impl Style {
             (Style::GitHub, Some(_)) => 403,
             (_, Some(_)) => 429,
         };
+        let answer = self
+            .headers(said, refused)
+            .into_iter()
+            .fold(ResponseTemplate::new(status), |answer, (name, value)| {
+                answer.insert_header(name, value.as_str())
+            });
+        (status, answer)
+    }
+
+    /// A refusal past a secondary limit while the quota `said` still has
+    /// room, `wait` until the limit lets a request in. GitHub's: a 403
+    /// with its quota headers (`remaining` above zero), `retry-after` in
+    /// whole seconds and its documented message; any other vendor's a 429
+    /// with its headers and `retry-after`.
+    pub(super) fn secondary(self, said: &Said, wait: Duration) -> (u16, ResponseTemplate) {
+        let status = if self == Style::GitHub { 403 } else { 429 };
+        let mut headers = self.headers(said, None);
+        headers.retain(|(name, _)| *name != "retry-after");
+        headers.push(("retry-after", whole_secs_up(wait).max(1).to_string()));
+        let body = json_message(
+            "You have exceeded a secondary rate limit. Please wait a few minutes before you try again.",
+        );
+        let answer = headers
+            .into_iter()
+            .fold(ResponseTemplate::new(status), |answer, (name, value)| {
+                answer.insert_header(name, value.as_str())
+            })
+            .set_body_raw(body, "application/json");
+        (status, answer)
+    }
+
+    /// The headers of an answer, accepted or refused after `refused`.
+    fn headers(self, said: &Said, refused: Option<Duration>) -> Vec<(&'static str, String)> {
         let mut headers: Vec<(&str, String)> = Vec::new();
         let mut header = |name, value| headers.push((name, value));
         let limit = said.limit.to_string();
@@ -153,13 +186,13 @@ impl Style {
             }
             Style::Silent => {}
         }
-        let answer = headers
-            .into_iter()
-            .fold(ResponseTemplate::new(status), |answer, (name, value)| {
-                answer.insert_header(name, value.as_str())
-            });
-        (status, answer)
+        headers
     }
+}
+
+/// `{"message": ...}`, as GitHub's error bodies are.
+fn json_message(message: &str) -> String {
+    format!("{{\"message\":\"{message}\"}}")
 }
 
 /// Whole seconds, rounded up, as most vendors send a delta.

@@ -76,6 +76,9 @@ pub(crate) struct Gate {
     /// The vendor has answered (the meters know it too): every later
     /// answer skips their lock.
     heard: AtomicBool,
+    /// A quota learned from a refusal is being probed back up: successes
+    /// look at the pace (else they skip its lock).
+    probing: AtomicBool,
 }
 
 /// Why a lane is paused, as [`LaneSnapshot`](crate::LaneSnapshot), the
@@ -162,7 +165,34 @@ struct Pace {
     /// When the last refused request had been released: releases before
     /// it were not all accepted.
     refused_at: Option<Instant>,
+    /// How a quota learned from a refusal is probed back up.
+    probe: Option<Probe>,
 }
+
+/// Probing a quota learned from a refusal back up towards the declared
+/// one, slowly: a refusal may have come from a consumer since gone, or an
+/// outage, and a lane must not keep a low pace for ever.
+///
+/// After `quiet` without a refusal ([`PROBE_QUIET`] declared windows at
+/// first), the pace rises by a twentieth (at least one request) per
+/// declared window, up to the declared quota, where probing ends. A
+/// refusal while raised puts the pace back where it was and doubles
+/// `quiet`: against a vendor that really allows the learned quota, probing
+/// costs one refusal after 30 windows, then after 60, 120, ... (at most 2
+/// in the first 60 windows, 7 in 3,600).
+#[derive(Debug, Clone, Copy)]
+struct Probe {
+    /// When the pace next rises.
+    at: Instant,
+    quiet: Duration,
+    /// The quota the refusal taught, which a refused probe returns to.
+    base: Rate,
+    /// True once the pace rose above `base`.
+    raised: bool,
+}
+
+/// Declared windows without a refusal before a learned quota is probed.
+const PROBE_QUIET: u32 = 30;
 
 impl Gate {
     /// A gate for `quotas`, with `settings` (headroom, pause limits,
@@ -200,6 +230,7 @@ impl Gate {
                 learned: None,
                 aimd,
                 refused_at: None,
+                probe: None,
             }),
             ledger: Mutex::new(Ledger::new(settings.budget)),
             throttle_streak: AtomicU32::new(0),
@@ -211,6 +242,7 @@ impl Gate {
             is_stopped: AtomicBool::new(false),
             drain: Mutex::new(Drain::default()),
             heard: AtomicBool::new(false),
+            probing: AtomicBool::new(false),
         }
     }
 
@@ -326,6 +358,38 @@ impl Gate {
     pub(crate) fn succeeded(&self) {
         self.throttle_streak.store(0, Ordering::Relaxed);
         self.adapt(Aimd::succeeded);
+        if self.probing.load(Ordering::Relaxed) {
+            self.probe(Instant::now());
+        }
+    }
+
+    /// Raise a learned quota a step, once its probe is due (see [`Probe`]).
+    fn probe(&self, now: Instant) {
+        let mut pace = lock(&self.pace);
+        let (Some(probe), Some(learned), Some(declared)) =
+            (pace.probe, pace.learned, pace.declared)
+        else {
+            self.probing.store(false, Ordering::Relaxed);
+            return;
+        };
+        if now < probe.at {
+            return;
+        }
+        let step = (learned.count / 20).max(1);
+        let raised = Rate::new(learned.count.saturating_add(step), learned.per);
+        if slower_first(raised, declared).is_ge() {
+            pace.learned = None;
+            pace.probe = None;
+            self.probing.store(false, Ordering::Relaxed);
+        } else {
+            pace.learned = Some(raised);
+            pace.probe = Some(Probe {
+                at: later(now, declared.per),
+                raised: true,
+                ..probe
+            });
+        }
+        self.repace(&pace);
     }
 
     fn adapt(&self, step: fn(&mut Aimd)) {
@@ -348,6 +412,8 @@ impl Gate {
             return false;
         }
         pace.learned = Some(announced);
+        // Announced or read, a quota is the vendor's word: not probed.
+        pace.probe = None;
         self.repace(&pace);
         true
     }
@@ -378,6 +444,20 @@ impl Gate {
             let mut pace = lock(&self.pace);
             let previous = pace.refused_at;
             pace.refused_at = Some(previous.map_or(released, |p| p.max(released)));
+            if let Some(probe) = pace.probe.filter(|p| p.raised) {
+                // The probe went past what the vendor allows: back to what
+                // the refusal taught, and wait twice as long to try again.
+                let quiet = probe.quiet.saturating_mul(2);
+                pace.learned = Some(probe.base);
+                pace.probe = Some(Probe {
+                    at: later(Instant::now(), quiet),
+                    quiet,
+                    raised: false,
+                    ..probe
+                });
+                self.repace(&pace);
+                return None;
+            }
             previous
         };
         if let Some(previous) = previous {
@@ -415,7 +495,18 @@ impl Gate {
             return None;
         }
         let rate = window.declared_rate(count)?;
-        self.learn(rate).then_some(rate)
+        if !self.learn(rate) {
+            return None;
+        }
+        let quiet = window.declared.per.saturating_mul(PROBE_QUIET);
+        lock(&self.pace).probe = Some(Probe {
+            at: later(Instant::now(), quiet),
+            quiet,
+            base: rate,
+            raised: false,
+        });
+        self.probing.store(true, Ordering::Relaxed);
+        Some(rate)
     }
 
     /// The vendor answered: true when this was its first word, which a

@@ -262,3 +262,102 @@ async fn a_burst_waits_for_the_vendors_first_word_at_most_a_second() {
         assert_eq!(vendor.throttled(), 0);
     }
 }
+
+/// A quota learned from a refusal is probed back up. Against a silent
+/// vendor (a bare 429, as Stripe's), another consumer takes half of a
+/// 10/s quota for the first 12 s: the lane, refused, keeps to what the
+/// vendor accepted. The other consumer leaves; 30 windows later the lane
+/// raises its pace a step a window, and is back at the declared 10/s.
+#[tokio::test(start_paused = true)]
+async fn a_quota_learned_from_a_refusal_is_probed_back_up() {
+    let vendor = Vendor::stripe(10, SECOND).start().await;
+    let uri = vendor.uri();
+    let other = tokio::spawn(async move {
+        let client = reqwest::Client::new();
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(12) {
+            let sent = callshaper::testing::hold_clock(client.get(format!("{uri}/other")).send());
+            let _ = sent.await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    let shaper = shaper(10).build().unwrap();
+    let lane = {
+        let shaper = shaper.clone();
+        let uri = vendor.uri();
+        tokio::spawn(async move { burst(&shaper, &uri, 900).await })
+    };
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let learned = shaper.lanes()[0].learned;
+    assert!(
+        learned.is_some_and(|rate| rate.count < 10),
+        "the refusal taught {learned:?}"
+    );
+    for outcome in lane.await.unwrap() {
+        assert_eq!(outcome.unwrap().status(), 200);
+    }
+    other.await.unwrap();
+    assert_eq!(
+        shaper.lanes()[0].learned,
+        None,
+        "back at the declared quota"
+    );
+    let ours: Vec<_> = vendor
+        .arrivals()
+        .into_iter()
+        .filter(|a| a.path.starts_with("/r/"))
+        .collect();
+    let refused = ours.iter().filter(|a| a.status == 429).count();
+    let last = ours.last().unwrap().at;
+    let late = ours
+        .iter()
+        .filter(|a| a.status == 200 && a.at + Duration::from_secs(10) > last)
+        .count();
+    println!(
+        "probed back up: taught {learned:?}, {refused} of ours refused, {late} in the last 10 s, done at {last:?}"
+    );
+    assert!(late >= 95, "{late} in the last 10 s");
+    assert!(refused <= 6, "{refused} refused");
+}
+
+/// Probing a vendor that really allows what the lane learned costs a
+/// refusal after 30 quiet windows, then after 60 more: declared at 15/s
+/// against a silent 10/s vendor (bare 429s) for 2 minutes, the refusals
+/// that taught the lane, then two, and the lane keeps to 10/s. (A vendor
+/// that says its limit is heard before it refuses: its probes end in a
+/// pause, not a 429.)
+#[tokio::test(start_paused = true)]
+async fn probing_a_quota_the_vendor_really_has_costs_a_refusal_per_doubling_quiet() {
+    let vendor = Vendor::stripe(10, SECOND).start().await;
+    let shaper = shaper(15).build().unwrap();
+    for outcome in burst(&shaper, &vendor.uri(), 1_200).await {
+        assert_eq!(outcome.unwrap().status(), 200);
+    }
+    let arrivals = vendor.arrivals();
+    let refusals: Vec<Duration> = arrivals
+        .iter()
+        .filter(|a| a.status == 429)
+        .map(|a| a.at)
+        .collect();
+    println!(
+        "probing a real 10/s: refused at {refusals:?}, done at {:?}",
+        arrivals.last().unwrap().at
+    );
+    let probes: Vec<Duration> = refusals
+        .iter()
+        .copied()
+        .filter(|&at| at >= Duration::from_secs(5))
+        .collect();
+    assert!(refusals.len() - probes.len() <= 2, "{refusals:?}");
+    assert_eq!(probes.len(), 2, "{refusals:?}");
+    assert!(probes[0] >= Duration::from_secs(30), "{refusals:?}");
+    assert!(
+        probes[1] >= probes[0] + Duration::from_secs(60),
+        "{refusals:?}"
+    );
+    assert_eq!(
+        shaper.lanes()[0].learned,
+        Some(callshaper::Rate::new(10, SECOND))
+    );
+    assert!(vendor.max_in_any_window(SECOND) <= 11);
+}

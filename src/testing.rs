@@ -383,7 +383,7 @@ impl Vendor {
     /// endpoint): past `limit` in any sliding `window`, a request is
     /// refused while the quota still has room, with `Retry-After` in whole
     /// seconds and a message saying so; a GitHub vendor refuses with 403,
-    /// any other with 429 (see [`Style::secondary`]).
+    /// any other with 429.
     pub fn secondary(self, limit: usize, window: Duration) -> Self {
         self.state().secondary = Some(Quota {
             limit: limit as u64,

@@ -4,11 +4,11 @@
 //! A lane asks the store for a slot for its head and for those behind it
 //! (one round trip for a batch), then sleeps until each. A lane whose
 //! slots all come due at once (a quota far above its demand) asks for the
-//! next batch while it uses them, so it does not wait a round trip per
-//! batch. The store's
-//! failure policy ([`Remote`]) says where a release comes from when the
-//! store is down: the [`Local`] engine at the fallback share (fail-open),
-//! or nowhere, refusing everyone waiting at once (fail-closed).
+//! next batches while it uses them, so it does not wait a round trip per
+//! batch. The store's failure policy ([`Remote`]) says where a release
+//! comes from when the store is down: the [`Local`] engine at the fallback
+//! share (fail-open), or nowhere, refusing everyone waiting at once
+//! (fail-closed).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -25,6 +25,7 @@ use crate::lane::Shared;
 use crate::lane::dispatcher::Ready;
 use crate::lane::queue::Head;
 use crate::store::{Remote, Schedule, Source, StoreMode};
+use crate::time::later;
 
 /// The least lateness a slot may have and still be used: timers fire a
 /// little late even on an idle machine, and a lane with no headroom must
@@ -137,7 +138,7 @@ impl Reserved {
             // ahead): correct the meters that count cost.
             self.remote.settle_at(slot.cost, head.cost, slot.t);
         }
-        self.ask_ahead(ready, head, slot.at + early);
+        self.ask_ahead(ready, head, later(slot.at, early));
         Some(Step::Done)
     }
 

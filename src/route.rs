@@ -206,6 +206,8 @@ impl Route {
 
     /// What this route's answers mean, instead of the shaper's (see
     /// [`Answers`]): for a vendor that throttles or fails in its own way.
+    /// A route without levels of its own still gets lanes of its own (under
+    /// the same gates), so its settings never reach other requests.
     pub fn answers(mut self, answers: Answers) -> Self {
         self.answers = Some(answers);
         self

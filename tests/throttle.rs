@@ -305,6 +305,40 @@ async fn a_vendor_says_what_its_statuses_mean() {
     let response = plain.get(server.uri()).send().await.unwrap();
     assert_eq!(response.status(), enhance, "a 420 is final by default");
     assert_eq!(server.received_requests().await.unwrap().len(), 1);
+
+    // A route's own answers win over the shaper's, for its lanes only.
+    server.reset().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(420).insert_header("retry-after", "2"))
+        .up_to_n_times(1)
+        .mount(&server)
+        .await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&server)
+        .await;
+    let routed = shaper(10)
+        .route(
+            callshaper::Route::new("enhance")
+                .path("/calm/*")
+                .answers(callshaper::Answers::default().throttle(enhance)),
+        )
+        .build()
+        .unwrap();
+    let calm = routed.get(format!("{}/calm/1", server.uri())).send().await;
+    assert_eq!(calm.unwrap().status(), 200, "the route pauses for its 420");
+    assert_eq!(server.received_requests().await.unwrap().len(), 2);
+    server.reset().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(420).insert_header("retry-after", "2"))
+        .mount(&server)
+        .await;
+    let other = routed.get(format!("{}/other", server.uri())).send().await;
+    assert_eq!(
+        other.unwrap().status(),
+        enhance,
+        "elsewhere the default holds"
+    );
 }
 
 /// GitHub's secondary limit (here 60 a minute, beside 5,000 an hour): past

@@ -143,7 +143,13 @@ impl Shaper {
                 url: request.url().to_string(),
             });
         }
-        let name = keys.join(" | ");
+        let mut name = keys.join(" | ");
+        // A route without levels of its own still has settings of its own
+        // (its answers, its store failure): its requests wait in a lane of
+        // their own, under the same gates.
+        if let Some(route) = self.route_for(request).filter(|r| r.levels.is_empty()) {
+            name = format!("{} | {name}", route.name);
+        }
         let mut lanes = lock(&self.inner.registry.lanes);
         if self.inner.shut.load(Ordering::Acquire) {
             return Err(Error::Shutdown);

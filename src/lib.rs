@@ -16,7 +16,8 @@
 //! [`signals`]) moves the pause forward, never back. A 429 or 503 pauses the
 //! *lane*, not one request: the throttled request goes back to the head of
 //! the queue and the lane resumes at its nominal pace when the pause ends,
-//! with no catch-up burst.
+//! with no catch-up burst. Which statuses throttle, fail or are final is
+//! the vendor's [`Answers`].
 //!
 //! ```text
 //! caller ──► Shaper ──► lane(key) ──► FIFO queue ──► turn ──► reqwest ──► vendor
@@ -56,6 +57,7 @@
 //! | [`route`] | which lane a request waits in: keys, levels, routes |
 //! | [`signals`] | what a response says about its limits, in every common dialect |
 //! | [`adaptive`] | pacing for vendors that announce nothing (AIMD) |
+//! | [`answers`] | what a vendor's statuses and bodies mean, per vendor |
 //! | `throttle` | what a response means: final, throttle or failure; which pause, and why |
 //! | [`retry`] | which failures are tried again, the backoff, the retry budget |
 //! | [`observability`] | a `tracing` span per request and attempt; `metrics` series (feature `metrics`) |

@@ -253,31 +253,45 @@ async fn a_vendor_with_a_skewed_clock_is_read_on_its_own_clock() {
     }
 }
 
+/// Answer each of `first` once, in order, then 200 with `then_ok`, else
+/// the last of `first` for ever.
+async fn answers_then(
+    server: &wiremock::MockServer,
+    first: &[wiremock::ResponseTemplate],
+    then_ok: bool,
+) {
+    use wiremock::matchers::any;
+    use wiremock::{Mock, ResponseTemplate};
+
+    server.reset().await;
+    for (i, answer) in first.iter().enumerate() {
+        let mock = Mock::given(any()).respond_with(answer.clone());
+        let last = i + 1 == first.len() && !then_ok;
+        let mock = if last { mock } else { mock.up_to_n_times(1) };
+        mock.mount(server).await;
+    }
+    if then_ok {
+        Mock::given(any())
+            .respond_with(ResponseTemplate::new(200))
+            .mount(server)
+            .await;
+    }
+}
+
 /// A vendor that throttles with 420 (as Twitter did) and whose 503 is one
 /// failed request: told so, the lane pauses for the 420's `Retry-After`
 /// and retries the 503 at once; left to the defaults, the 420 is the
-/// caller's answer.
+/// caller's answer; a route's own answers hold for its requests only.
 #[tokio::test(start_paused = true)]
 async fn a_vendor_says_what_its_statuses_mean() {
-    use wiremock::matchers::any;
-    use wiremock::{Mock, MockServer, ResponseTemplate};
+    use wiremock::{MockServer, ResponseTemplate};
 
     let server = MockServer::start().await;
     let enhance = reqwest::StatusCode::from_u16(420).unwrap();
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(420).insert_header("retry-after", "2"))
-        .up_to_n_times(1)
-        .mount(&server)
-        .await;
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(503))
-        .up_to_n_times(1)
-        .mount(&server)
-        .await;
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(200))
-        .mount(&server)
-        .await;
+    let calm_down = ResponseTemplate::new(420).insert_header("retry-after", "2");
+    let unavailable = ResponseTemplate::new(503);
+
+    answers_then(&server, &[calm_down.clone(), unavailable], true).await;
     let told = shaper(10)
         .answers(
             callshaper::Answers::default()
@@ -296,27 +310,14 @@ async fn a_vendor_says_what_its_statuses_mean() {
     let sends = server.received_requests().await.unwrap().len();
     assert_eq!(sends, 3, "420, then 503, then 200");
 
-    server.reset().await;
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(420).insert_header("retry-after", "2"))
-        .mount(&server)
-        .await;
+    answers_then(&server, std::slice::from_ref(&calm_down), false).await;
     let plain = shaper(10).build().unwrap();
     let response = plain.get(server.uri()).send().await.unwrap();
     assert_eq!(response.status(), enhance, "a 420 is final by default");
     assert_eq!(server.received_requests().await.unwrap().len(), 1);
 
     // A route's own answers win over the shaper's, for its lanes only.
-    server.reset().await;
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(420).insert_header("retry-after", "2"))
-        .up_to_n_times(1)
-        .mount(&server)
-        .await;
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(200))
-        .mount(&server)
-        .await;
+    answers_then(&server, std::slice::from_ref(&calm_down), true).await;
     let routed = shaper(10)
         .route(
             callshaper::Route::new("enhance")
@@ -328,11 +329,7 @@ async fn a_vendor_says_what_its_statuses_mean() {
     let calm = routed.get(format!("{}/calm/1", server.uri())).send().await;
     assert_eq!(calm.unwrap().status(), 200, "the route pauses for its 420");
     assert_eq!(server.received_requests().await.unwrap().len(), 2);
-    server.reset().await;
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(420).insert_header("retry-after", "2"))
-        .mount(&server)
-        .await;
+    answers_then(&server, &[calm_down], false).await;
     let other = routed.get(format!("{}/other", server.uri())).send().await;
     assert_eq!(
         other.unwrap().status(),

@@ -404,16 +404,23 @@ impl Gate {
     /// request rate becomes its pace (never a higher one: the user's
     /// declaration is the ceiling). True when this changed the pace.
     pub(crate) fn learn(&self, announced: Rate) -> bool {
+        // Announced or read, a quota is the vendor's word: not probed.
+        self.keep_to(announced, None)
+    }
+
+    /// Keep to `rate` from now on, probed back up as `probe` says (see
+    /// [`Gate::learn`]). True when this changed the pace.
+    fn keep_to(&self, rate: Rate, probe: Option<Probe>) -> bool {
         let mut pace = lock(&self.pace);
         let Some(declared) = pace.declared else {
             return false;
         };
-        if slower_first(announced, declared).is_ge() || pace.learned == Some(announced) {
+        if slower_first(rate, declared).is_ge() || pace.learned == Some(rate) {
             return false;
         }
-        pace.learned = Some(announced);
-        // Announced or read, a quota is the vendor's word: not probed.
-        pace.probe = None;
+        pace.learned = Some(rate);
+        pace.probe = probe;
+        self.probing.store(probe.is_some(), Ordering::Relaxed);
         self.repace(&pace);
         true
     }
@@ -495,18 +502,14 @@ impl Gate {
             return None;
         }
         let rate = window.declared_rate(count)?;
-        if !self.learn(rate) {
-            return None;
-        }
         let quiet = window.declared.per.saturating_mul(PROBE_QUIET);
-        lock(&self.pace).probe = Some(Probe {
+        let probe = Probe {
             at: later(Instant::now(), quiet),
             quiet,
             base: rate,
             raised: false,
-        });
-        self.probing.store(true, Ordering::Relaxed);
-        Some(rate)
+        };
+        self.keep_to(rate, Some(probe)).then_some(rate)
     }
 
     /// The vendor answered: true when this was its first word, which a

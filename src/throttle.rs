@@ -39,6 +39,7 @@ use tokio::time::Instant;
 use crate::answers::Answers;
 use crate::error::{Answer, Error};
 use crate::lane::{Lane, PauseCause};
+use crate::meters::Rate;
 use crate::signals::Signals;
 
 /// What to do with the outcome of one send.
@@ -121,13 +122,22 @@ pub(crate) fn refused(lane: &Lane, status: StatusCode, signals: &Signals, releas
     }
     let (limit, reset) = (signals.request_limit(), signals.request_reset());
     if let Some(learned) = lane.refused(limit, reset, released) {
-        tracing::warn!(
-            lane = lane.key(),
-            declared = ?lane.policy().request_rate(),
-            ?learned,
-            "the vendor refused the lane below its declared quota; the lane keeps to what it accepted"
+        slowed(
+            lane,
+            learned,
+            "the vendor refused the lane below its declared quota",
         );
     }
+}
+
+/// The lane keeps to `learned`, below its declared quota, because `why`.
+fn slowed(lane: &Lane, learned: Rate, why: &str) {
+    tracing::warn!(
+        lane = lane.key(),
+        declared = ?lane.policy().request_rate(),
+        ?learned,
+        "{why}; the lane keeps to what the vendor allows"
+    );
 }
 
 /// Every answer to a request the lane released at `released`: a burst
@@ -144,11 +154,10 @@ pub(crate) fn answered(lane: &Lane, verdict: Verdict, signals: &Signals, release
         .find_map(|l| Some((l.remaining?, l.limit.filter(|_| l.reset.is_none()))));
     let refused = verdict == Verdict::Throttled;
     if let Some(learned) = lane.answered(bucket, released, refused) {
-        tracing::warn!(
-            lane = lane.key(),
-            declared = ?lane.policy().request_rate(),
-            ?learned,
-            "the vendor's bucket leaks slower than the lane's declared quota; the lane keeps to its rate"
+        slowed(
+            lane,
+            learned,
+            "the vendor's bucket leaks slower than the lane's declared quota",
         );
     }
 }

@@ -78,15 +78,29 @@ async fn assert_all_served(tasks: Vec<JoinHandle<Result<reqwest::Response, calls
     }
 }
 
-fn assert_quota_held(vendor: &Vendor, what: &str) {
+/// Print what the vendor saw; the most in any second.
+fn busiest(vendor: &Vendor, what: &str) -> usize {
     let busiest = vendor.max_in_any_window(SECOND);
     println!(
         "{what}: {} arrivals, at most {busiest} in any second, {} x 429",
         vendor.arrivals().len(),
         vendor.throttled()
     );
+    busiest
+}
+
+fn assert_quota_held(vendor: &Vendor, what: &str) {
+    let busiest = busiest(vendor, what);
     assert!(busiest <= 10, "{what}: {busiest} requests in one second");
     assert_eq!(vendor.throttled(), 0, "{what}: no 429");
+}
+
+/// True when one of `shaper`'s lanes is off the shared store.
+fn off_store(shaper: &Shaper) -> bool {
+    shaper
+        .lanes()
+        .iter()
+        .any(|lane| lane.store != Some(StoreMode::Shared))
 }
 
 /// Three instances with `per` requests each; 1.5 s into the run, `fault`
@@ -106,11 +120,7 @@ async fn survives(what: &str, per: usize, fault: impl AsyncFnOnce(&mut RedisServ
     let watch = std::time::Instant::now();
     while watch.elapsed() < 2 * SECOND {
         for (shaper, since) in shapers.iter().zip(&mut off_since) {
-            let off = shaper
-                .lanes()
-                .iter()
-                .any(|lane| lane.store != Some(StoreMode::Shared));
-            match (off, *since) {
+            match (off_store(shaper), *since) {
                 (true, None) => *since = Some(std::time::Instant::now()),
                 (false, Some(at)) => {
                     longest = longest.max(at.elapsed());
@@ -280,12 +290,7 @@ async fn a_replica_promoted_after_missing_writes_never_lets_the_fleet_bunch() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_taking_over_at_once_exceeds_by_one_window_at_most() {
     let vendor = promoted("takeover", true).await;
-    let busiest = vendor.max_in_any_window(SECOND);
-    println!(
-        "takeover: {} arrivals, at most {busiest} in any second, {} x 429",
-        vendor.arrivals().len(),
-        vendor.throttled()
-    );
+    let busiest = busiest(&vendor, "takeover");
     assert!(busiest <= 20, "takeover: {busiest} requests in one second");
 }
 
@@ -343,14 +348,7 @@ async fn promoted(what: &str, takeover: bool) -> Vendor {
         written.saturating_sub(kept)
     );
     assert!(kept < written, "{what}: the replica missed nothing");
-    let off = || {
-        shapers.iter().any(|shaper| {
-            shaper
-                .lanes()
-                .iter()
-                .any(|lane| lane.store != Some(StoreMode::Shared))
-        })
-    };
+    let off = || shapers.iter().any(off_store);
     let mut left = false;
     while !cluster.is_master(replica) {
         assert!(

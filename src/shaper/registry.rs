@@ -104,10 +104,9 @@ impl Shaper {
 }
 
 impl Shaper {
-    /// The levels `request` goes through: its route's, then the shaper's
-    /// (unless the route stands alone).
-    fn levels_for(&self, request: &Request) -> impl Iterator<Item = &Level> {
-        let route = self.route_for(request);
+    /// The levels a request on `route` goes through: the route's, then the
+    /// shaper's (unless the route stands alone).
+    fn levels_for<'a>(&'a self, route: Option<&'a Route>) -> impl Iterator<Item = &'a Level> {
         let shared = if route.is_some_and(|route| route.alone) {
             &[][..]
         } else {
@@ -133,7 +132,8 @@ impl Shaper {
         request: &Request,
         tag: Option<&Tag>,
     ) -> Result<Arc<Lane>, Error> {
-        let levels: Vec<&Level> = self.levels_for(request).collect();
+        let route = self.route_for(request);
+        let levels: Vec<&Level> = self.levels_for(route).collect();
         let keys: Vec<String> = levels
             .iter()
             .map(|level| level.lane_name(request, tag))
@@ -147,7 +147,7 @@ impl Shaper {
         // A route without levels of its own still has settings of its own
         // (its answers, its store failure): its requests wait in a lane of
         // their own, under the same gates.
-        if let Some(route) = self.route_for(request).filter(|r| r.levels.is_empty()) {
+        if let Some(route) = route.filter(|r| r.levels.is_empty()) {
             name = format!("{} | {name}", route.name);
         }
         let mut lanes = lock(&self.inner.registry.lanes);
@@ -176,15 +176,11 @@ impl Shaper {
                 "" => "vendor".to_owned(),
                 name => name.to_owned(),
             },
-            route: self
-                .route_for(request)
-                .map(|route| route.name.clone())
-                .unwrap_or_default(),
+            route: route.map(|route| route.name.clone()).unwrap_or_default(),
         };
         let per_lane = self.inner.metrics_per_lane.then_some(name.as_str());
         let remote = self.inner.store.as_ref().map(|store| {
-            let failure = self
-                .route_for(request)
+            let failure = route
                 .and_then(|route| route.store_failure)
                 .unwrap_or(self.inner.store_failure);
             let quotas: Vec<Vec<Quota>> = levels.iter().map(|l| self.quotas_of(l)).collect();
@@ -198,7 +194,7 @@ impl Shaper {
             quotas: Vec::new(),
             ..self.inner.policy.clone()
         };
-        if let Some(answers) = self.route_for(request).and_then(|r| r.answers.clone()) {
+        if let Some(answers) = route.and_then(|r| r.answers.clone()) {
             policy.answers = answers;
         }
         let on_idle = evict_when_idle(Arc::downgrade(&self.inner.registry.lanes), name.clone());

@@ -24,8 +24,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::remote::micros;
-use crate::time::later;
+use crate::time::{later, micros};
 
 /// How far back (store time) a reply's offset still counts: replies that
 /// close in time see the same clocks, and the drift of two clocks over it
@@ -40,10 +39,9 @@ pub(super) struct StoreClock {
     /// maps to a store time no later than it was (settling looks for the
     /// nearest charge anyway).
     sent: Option<(Instant, i64)>,
-    /// Each recent reply's receipt less its store time (us), least first.
+    /// Each recent reply's receipt less its store time (us): the least
+    /// counts.
     offsets: Epochs,
-    /// The least of `offsets` when the latest reply came.
-    offset: Option<i64>,
     floor: Epochs,
 }
 
@@ -55,7 +53,6 @@ impl StoreClock {
             base: Instant::now(),
             sent: None,
             offsets: Epochs::new(FRESH, i64::min),
-            offset: None,
             floor: Epochs::new(micros(keep).max(1), i64::max),
         }
     }
@@ -66,7 +63,6 @@ impl StoreClock {
         self.sent = Some((sent, now));
         self.offsets
             .note(now, self.local(received).saturating_sub(now));
-        self.offset = self.offsets.at(now);
     }
 
     /// A slot reserved at store time `t` was used at `at`; the lateness the
@@ -89,10 +85,10 @@ impl StoreClock {
     /// recent offset, and no closer to a slot used in the last window than
     /// the floor allows.
     pub(super) fn local_time(&self, t: i64) -> Option<Instant> {
-        let offset = match self.floor.at(t) {
-            Some(floor) => self.offset?.max(floor),
-            None => self.offset?,
-        };
+        // The least offset of the replies fresh when the latest came.
+        let (_, latest) = self.sent?;
+        let offset = self.offsets.at(latest)?;
+        let offset = self.floor.at(t).map_or(offset, |floor| offset.max(floor));
         let after = u64::try_from(t.saturating_add(offset)).unwrap_or(0);
         Some(later(self.base, Duration::from_micros(after)))
     }

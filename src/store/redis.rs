@@ -14,11 +14,11 @@ use redis::cluster_async::ClusterConnection;
 use redis::{FromRedisValue, Script};
 use tokio::sync::oneshot;
 
-use super::remote::micros;
 use super::{Pending, Reservation, SharedStore, Store, StoreError, StoreLane, StoreSettings};
 use crate::gate::{Gate, PauseCause};
 use crate::meters::{Algorithm, Quota, Unit};
 use crate::sync::{lock, shrink};
+use crate::time::micros;
 
 static RESERVE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(

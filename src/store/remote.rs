@@ -262,8 +262,3 @@ impl Remote {
         state.last_error = None;
     }
 }
-
-/// A duration in microseconds, the stores' unit, saturating.
-pub(crate) fn micros(d: Duration) -> i64 {
-    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
-}

@@ -23,6 +23,11 @@ pub(crate) fn later(at: Instant, by: Duration) -> Instant {
     at.checked_add(by.min(FAR)).unwrap_or(at)
 }
 
+/// A duration in microseconds (the stores' unit), saturating.
+pub(crate) fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -19,7 +19,8 @@
 //! (and 403s) the vendor answered, attempts per request, the share of the
 //! quota the vendor made available that its accepted requests used over the whole run and
 //! after the first window (its burst, and for a client declared too fast,
-//! the refusal that teaches it), and the most requests in any window of
+//! the refusal that teaches it; what a bucket still held then counts as
+//! made available), and the most requests in any window of
 //! the vendor's against its limit (a bucket's limit is its burst plus a
 //! window's refill), and the requests that never got a 200 (a retry
 //! policy that gave up).
@@ -236,8 +237,17 @@ fn print_row(case: &Case, declared: &str, client: &str, run: Run) {
     } else {
         case.limit
     };
-    let rest = &accepted[first_window.min(accepted.len())..];
+    let from = first_window.min(accepted.len());
+    let rest = &accepted[from..];
     let after = match (rest.first(), rest.last()) {
+        // A bucket may still hold units when the rest begins: they were
+        // made available too (else a lane that spread its first burst
+        // would show more than the refill rate).
+        (Some(first), Some(last)) if case.burst > 1 && last > first => {
+            let held = bucket_level(case, &accepted[..from], *first);
+            let refilled = (*last - *first).as_secs_f64() / case.interval.as_secs_f64();
+            rest.len() as f64 / (held + refilled)
+        }
         (Some(first), Some(last)) if last > first => {
             (case.interval * (rest.len() as u32 - 1)).as_secs_f64() / (*last - *first).as_secs_f64()
         }
@@ -256,6 +266,21 @@ fn print_row(case: &Case, declared: &str, client: &str, run: Run) {
         case.limit,
         case.n.saturating_sub(accepted.len()),
     );
+}
+
+/// The units a bucket vendor held at `at`, full at the start, after the
+/// `accepted` requests before it and one unit refilled every interval.
+fn bucket_level(case: &Case, accepted: &[Duration], at: Duration) -> f64 {
+    let capacity = case.burst as f64;
+    let refill = |from: Duration, to: Duration| {
+        to.saturating_sub(from).as_secs_f64() / case.interval.as_secs_f64()
+    };
+    let (mut level, mut then) = (capacity, Duration::ZERO);
+    for &arrival in accepted {
+        level = (level + refill(then, arrival)).min(capacity) - 1.0;
+        then = arrival;
+    }
+    (level + refill(then, at)).min(capacity)
 }
 
 async fn with_callshaper(case: &Case, quota: Quota) -> Run {

@@ -17,7 +17,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::sync::Notify;
 use tokio::sync::futures::OwnedNotified;
@@ -55,7 +55,7 @@ pub(crate) struct Gate {
     headroom: Duration,
     max_pause: Duration,
     meters: Mutex<Meters>,
-    paused_until: Mutex<Option<(Instant, PauseCause)>>,
+    paused_until: Mutex<Option<Paused>>,
     pace: Mutex<Pace>,
     ledger: Mutex<Ledger>,
     throttle_streak: AtomicU32,
@@ -94,6 +94,12 @@ pub enum PauseCause {
     /// A final answer said the quota is used up until a reset, and the
     /// lane's own releases did not explain it.
     Spent,
+    /// A final answer said one unit is left, and the lane's own releases
+    /// did not explain the rest spent: another consumer spends the same
+    /// quota and is as likely to take that unit as the lane's next
+    /// request. The lane leaves it and waits until its own oldest release
+    /// frees one.
+    Contested,
     /// A throttle said when to come back (`Retry-After` or a reset).
     Hinted,
     /// A throttle said nothing usable: the growing fallback pause.
@@ -109,12 +115,22 @@ impl PauseCause {
     pub(crate) fn label(self) -> &'static str {
         match self {
             Self::Spent => "spent",
+            Self::Contested => "contested",
             Self::Hinted => "hinted",
             Self::Unhinted => "unhinted",
             Self::Fleet => "fleet",
             Self::Requested => "requested",
         }
     }
+}
+
+/// A pause in force: until when, why, and what the vendor said that asked
+/// for it, as it said it (`retry-after: 2`), if it did.
+#[derive(Debug, Clone)]
+pub(crate) struct Paused {
+    pub(crate) until: Instant,
+    pub(crate) cause: PauseCause,
+    pub(crate) said: Option<Arc<str>>,
 }
 
 /// Why a gate refuses everything for a while, as the vendor said it.
@@ -124,6 +140,26 @@ pub(crate) struct Stop {
     pub(crate) body: String,
 }
 
+/// Whose releases a vendor's signal is read against.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Spending {
+    /// This process's own: the lane is the quota's only user here.
+    Own,
+    /// A fleet's, as the shared store's ledger counted them.
+    Fleet(Booked),
+    /// A fleet's, which the store did not say.
+    Unknown,
+}
+
+/// What a fleet booked in a gate's request window ending at a release, as
+/// its shared store counted it: at least `count` slots (the count errs
+/// high), the oldest of which leaves the window at `leaves`, if known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Booked {
+    pub(crate) count: u64,
+    pub(crate) leaves: Option<Instant>,
+}
+
 /// A gate's request window, as a vendor's signal is read against it.
 struct Window {
     since: Instant,
@@ -131,14 +167,23 @@ struct Window {
     declared: Rate,
     /// The pace kept now: a learned quota, else the declared one.
     kept: Rate,
+    /// The declared bucket's capacity, if a token bucket counts requests.
+    bucket: Option<u64>,
 }
 
 impl Window {
-    /// The vendor's `limit` (a count in the declared window) allows at
-    /// least what the gate keeps to.
+    /// The vendor's `limit` allows at least what the gate keeps to: as a
+    /// count in the declared window, or, where the lane declared a token
+    /// bucket, as the bucket's capacity. A vendor running a bucket says
+    /// its capacity as its limit, whatever its refill (5 for a burst of 5
+    /// at 10/s), and a declared bucket of that size already holds the lane
+    /// to it; read as 5 a second, it would pause the lane after every
+    /// burst and keep it to half the quota.
     fn allows(&self, limit: u64) -> bool {
-        self.declared_rate(limit)
-            .is_none_or(|rate| slower_first(rate, self.kept).is_ge())
+        self.bucket.is_some_and(|capacity| limit >= capacity)
+            || self
+                .declared_rate(limit)
+                .is_none_or(|rate| slower_first(rate, self.kept).is_ge())
     }
 
     /// `count` in the declared window, as a rate (`None`: more than any
@@ -158,6 +203,9 @@ struct Pace {
     /// The slowest of the gate's quotas that count requests: the ceiling a
     /// learned quota or adaptive pacing is measured against.
     declared: Option<Rate>,
+    /// The smallest token bucket among them, if one is (see
+    /// `Window::allows`).
+    bucket: Option<u64>,
     /// A lower quota the vendor announced.
     learned: Option<Rate>,
     /// Adaptive pacing's share of the request rate.
@@ -167,6 +215,71 @@ struct Pace {
     refused_at: Option<Instant>,
     /// How a quota learned from a refusal is probed back up.
     probe: Option<Probe>,
+    /// The capacity of the vendor's bucket, when `learned` is its rate (a
+    /// leak read off its levels, or a quota a bucket vendor taught by a
+    /// refusal): then the lane may use the room the vendor reports, and
+    /// the learned rate refills it (`Meters::set_leak`) rather than
+    /// spacing every request.
+    leak: Option<u64>,
+    /// A bucket that does not say its rate refused the lane, and its levels
+    /// have not shown the rate yet: the lane keeps to its declared rate
+    /// without bursts, so the bucket neither fills at once (another
+    /// refusal) nor runs empty, and its levels show what leaks.
+    unread: bool,
+    /// The ends of the vendor's fixed window, as it wrote them.
+    ends: WindowEnds,
+    /// What the vendor's bucket last said it had left, and when the request
+    /// it counted last had been released (for a lane on a shared store,
+    /// whose bursts keep within it).
+    left: Option<(u64, Instant)>,
+}
+
+/// The ends a vendor wrote for its fixed window (GitHub's epoch second),
+/// the step between the last two, and when the last one was first heard.
+/// A reset read at a refusal may say anything from nothing to the window
+/// plus its precision, wherever the window began; an end stays put through
+/// its window, so the step to the next is the window itself, to the second.
+/// A lane idle for a window sees a step of two, which looks like no
+/// declared window and teaches nothing.
+#[derive(Debug, Default)]
+struct WindowEnds {
+    last: Option<SystemTime>,
+    step: Option<Duration>,
+    /// When the first answer that carried `last` came, if the end before
+    /// it was heard too: that window was open by then.
+    opened: Option<Instant>,
+}
+
+impl WindowEnds {
+    fn saw(&mut self, end: SystemTime, at: Instant) {
+        match self.last.map(|last| end.duration_since(last)) {
+            Some(Ok(step)) if step.is_zero() => return,
+            Some(Ok(step)) => {
+                self.step = Some(step);
+                self.opened = Some(at);
+            }
+            // The first end, or an earlier one: an answer that overtook
+            // another, or the vendor's clock stepped back.
+            _ => self.opened = None,
+        }
+        self.last = Some(end);
+    }
+
+    /// Whether the last step looks like a window of `length`.
+    fn steps_like(&self, length: Duration) -> bool {
+        self.step
+            .is_some_and(|step| step.abs_diff(length) <= slack(length))
+    }
+
+    /// When the window ending at `end` closes at the latest, by our clock:
+    /// it was open when its first answer came, and lasts a step. (A step
+    /// over an idle window is longer than the window: later, never early.)
+    fn closes(&self, end: SystemTime) -> Option<Instant> {
+        if self.last != Some(end) {
+            return None;
+        }
+        Some(later(self.opened?, self.step?))
+    }
 }
 
 /// Probing a quota learned from a refusal back up towards the declared
@@ -189,6 +302,12 @@ struct Probe {
     base: Rate,
     /// True once the pace rose above `base`.
     raised: bool,
+}
+
+/// How far a vendor's window may be from the declared `length` and still
+/// look like it: a tenth, at most a second.
+fn slack(length: Duration) -> Duration {
+    (length / 10).min(Duration::from_secs(1))
 }
 
 /// Declared windows without a refusal before a learned quota is probed.
@@ -227,10 +346,15 @@ impl Gate {
             paused_until: Mutex::new(None),
             pace: Mutex::new(Pace {
                 declared: request_rate,
+                bucket: request_bucket(quotas),
                 learned: None,
                 aimd,
                 refused_at: None,
                 probe: None,
+                leak: None,
+                unread: false,
+                ends: WindowEnds::default(),
+                left: None,
             }),
             ledger: Mutex::new(Ledger::new(settings.budget)),
             throttle_streak: AtomicU32::new(0),
@@ -317,27 +441,42 @@ impl Gate {
 
     /// The pause in force at `now`, if any.
     pub(crate) fn paused_until(&self, now: Instant) -> Option<Instant> {
-        self.pause(now).map(|(until, _)| until)
+        lock(&self.paused_until)
+            .as_ref()
+            .map(|pause| pause.until)
+            .filter(|until| *until > now)
     }
 
     /// The pause in force at `now` and why, if any.
-    pub(crate) fn pause(&self, now: Instant) -> Option<(Instant, PauseCause)> {
-        let pause = (*lock(&self.paused_until))?;
-        (pause.0 > now).then_some(pause)
+    pub(crate) fn pause(&self, now: Instant) -> Option<Paused> {
+        lock(&self.paused_until)
+            .as_ref()
+            .filter(|pause| pause.until > now)
+            .cloned()
     }
 
     /// Pause for `pause` from now, clamped to `max_pause`, because of
-    /// `cause`; never backward (a shorter pause keeps the longer one and
-    /// its cause).
-    pub(crate) fn pause_for(&self, pause: Duration, cause: PauseCause) -> Instant {
+    /// `cause` and what the vendor `said`; never backward (a shorter pause
+    /// keeps the longer one and its cause).
+    pub(crate) fn pause_for(
+        &self,
+        pause: Duration,
+        cause: PauseCause,
+        said: Option<&Arc<str>>,
+    ) -> Instant {
         let until = later(Instant::now(), pause.min(self.max_pause));
         let mut paused = lock(&self.paused_until);
-        let pause = match *paused {
-            Some(current) if current.0 >= until => current,
-            _ => (until, cause),
-        };
-        *paused = Some(pause);
-        pause.0
+        match paused.as_ref() {
+            Some(current) if current.until >= until => current.until,
+            _ => {
+                *paused = Some(Paused {
+                    until,
+                    cause,
+                    said: said.cloned(),
+                });
+                until
+            }
+        }
     }
 
     /// A throttle: the vendor's hint, else the fallback backoff, which grows
@@ -404,13 +543,14 @@ impl Gate {
     /// request rate becomes its pace (never a higher one: the user's
     /// declaration is the ceiling). True when this changed the pace.
     pub(crate) fn learn(&self, announced: Rate) -> bool {
-        // Announced or read, a quota is the vendor's word: not probed.
-        self.keep_to(announced, None)
+        // An announced quota is the vendor's word: not probed.
+        self.keep_to(announced, None, None)
     }
 
     /// Keep to `rate` from now on, probed back up as `probe` says (see
-    /// [`Gate::learn`]). True when this changed the pace.
-    fn keep_to(&self, rate: Rate, probe: Option<Probe>) -> bool {
+    /// [`Gate::learn`]); `leak`: the rate is that of a vendor's bucket of
+    /// this capacity. True when this changed the pace.
+    fn keep_to(&self, rate: Rate, probe: Option<Probe>, leak: Option<u64>) -> bool {
         let mut pace = lock(&self.pace);
         let Some(declared) = pace.declared else {
             return false;
@@ -420,9 +560,30 @@ impl Gate {
         }
         pace.learned = Some(rate);
         pace.probe = probe;
+        pace.leak = leak;
         self.probing.store(probe.is_some(), Ordering::Relaxed);
         self.repace(&pace);
         true
+    }
+
+    /// The vendor wrote `end` as the end of its fixed window, in an answer
+    /// that came at `at`.
+    pub(crate) fn saw_end(&self, end: SystemTime, at: Instant) {
+        lock(&self.pace).ends.saw(end, at);
+    }
+
+    /// When the vendor's fixed window that ends at `end` (as it wrote it)
+    /// closes at the latest, if the lane saw it open and the step between
+    /// its ends looks like the declared window. (A sliding window written
+    /// as instants moves its end with every request: its steps say nothing
+    /// of when a unit frees.)
+    pub(crate) fn window_closes(&self, end: SystemTime) -> Option<Instant> {
+        let length = self.window(Instant::now())?.length;
+        let pace = lock(&self.pace);
+        if !pace.ends.steps_like(length) {
+            return None;
+        }
+        pace.ends.closes(end)
     }
 
     /// The vendor refused a request this gate released at `released` (a
@@ -432,22 +593,31 @@ impl Gate {
     /// before the refusal (those since the previous refusal, if one was in
     /// the window), over the declared window; never faster than the pace
     /// already kept. Only a vendor whose window looks like the declared one
-    /// teaches: its reset between a quarter of the window and the window
-    /// (give or take a rounded-up second), or without a reset, a refusal at
+    /// teaches: the step between the last two ends of its fixed window
+    /// (see [`saw_end`](Self::saw_end)) within a tenth of the window (at
+    /// most a second); else its reset (read as `(reset, precision)`) between a quarter
+    /// of the window and the window, give or take its precision (a bucket's
+    /// whole-second "full again" at a 1 s window may read 2) and a tenth of
+    /// the window (at most a second); or without a reset, a refusal at
     /// least a quarter into the lane's window. A lane declared 1,000 a
     /// minute against a vendor counting 10 a second hears a reset of a
     /// second, and one declared 10 a second against 3 per 2 s hears two:
     /// the vendor's window is not the declared one, and the pause until
-    /// its reset is the answer. The quota learned, if the pace changed.
+    /// its reset is the answer. A vendor whose limit is a bucket of
+    /// `bucket` units (one that refills: OpenAI, Anthropic) has the quota
+    /// learned refill that bucket, so the lane still uses what the vendor
+    /// says is left after a pause, rather than spacing every request. The
+    /// quota learned, if the pace changed.
     pub(crate) fn refused(
         &self,
         limit: Option<u64>,
-        reset: Option<Duration>,
+        reset: Option<(Duration, Duration)>,
         released: Instant,
+        bucket: Option<u64>,
     ) -> Option<Rate> {
         let window = self.window(released)?;
         let mut since = window.since;
-        let previous = {
+        let (previous, steps_like) = {
             let mut pace = lock(&self.pace);
             let previous = pace.refused_at;
             pace.refused_at = Some(previous.map_or(released, |p| p.max(released)));
@@ -465,7 +635,7 @@ impl Gate {
                 self.repace(&pace);
                 return None;
             }
-            previous
+            (previous, pace.ends.steps_like(window.length))
         };
         if let Some(previous) = previous {
             // Releases before the previous refusal were not all accepted.
@@ -491,13 +661,14 @@ impl Gate {
             return None;
         }
         let length = window.length;
-        let looks_declared = match reset {
-            Some(reset) => {
-                let rounding = (length / 10).min(Duration::from_secs(1));
-                reset >= length / 4 && reset <= length.saturating_add(rounding)
-            }
-            None => released.saturating_duration_since(first?) >= length / 4,
-        };
+        let looks_declared = steps_like
+            || match reset {
+                Some((reset, precision)) => {
+                    reset.saturating_add(precision) >= length / 4
+                        && reset.saturating_sub(precision) <= length.saturating_add(slack(length))
+                }
+                None => released.saturating_duration_since(first?) >= length / 4,
+            };
         if !looks_declared {
             return None;
         }
@@ -509,7 +680,37 @@ impl Gate {
             base: rate,
             raised: false,
         };
-        self.keep_to(rate, Some(probe)).then_some(rate)
+        self.keep_to(rate, Some(probe), bucket).then_some(rate)
+    }
+
+    /// True once the vendor answered a request of this gate's.
+    pub(crate) fn has_heard(&self) -> bool {
+        self.heard.load(Ordering::Acquire)
+    }
+
+    /// The vendor's bucket said it has `remaining` left, counting the
+    /// request released at `released`. A later report wins; one about an
+    /// earlier request (an answer that overtook another) does not.
+    pub(crate) fn said_left(&self, remaining: u64, released: Instant) {
+        let mut pace = lock(&self.pace);
+        if pace.left.is_none_or(|(_, counted)| counted <= released) {
+            pace.left = Some((remaining, released));
+        }
+    }
+
+    /// What the vendor's bucket has left at `now` by what it last said,
+    /// plus what the pace the gate keeps refills since, and when the
+    /// request that answer counted had been released. The vendor's bucket
+    /// refills too: a word from before a quiet spell must not hold a burst
+    /// after it. `None` without a word, or without a request pace.
+    pub(crate) fn left(&self, now: Instant) -> Option<(u64, Instant)> {
+        let pace = lock(&self.pace);
+        let (left, counted) = pace.left?;
+        let rate = pace.learned.or(pace.declared)?;
+        let since = now.saturating_duration_since(counted).as_nanos();
+        let refilled = since.saturating_mul(u128::from(rate.count)) / rate.per.as_nanos().max(1);
+        let refilled = u64::try_from(refilled).unwrap_or(u64::MAX);
+        Some((left.saturating_add(refilled), counted))
     }
 
     /// The vendor answered: true when this was its first word, which a
@@ -518,11 +719,11 @@ impl Gate {
         if self.heard.load(Ordering::Acquire) {
             return false;
         }
-        let first = lock(&self.meters).heard();
+        let first = lock(&self.meters).heard(Instant::now());
         self.heard.store(true, Ordering::Release);
-        if first {
-            self.turn.notify_waiters();
-        }
+        // Lanes on a shared store wait for it too, with nothing released
+        // from these meters.
+        self.turn.notify_waiters();
         first
     }
 
@@ -551,9 +752,21 @@ impl Gate {
         // Two declared windows: a level is whole units, so a short span
         // reads a coarse rate.
         let span = window.declared.per.saturating_mul(2);
-        let leak = lock(&self.drain).observe(used, around, released, refused, span)?;
-        // Never refused: the declared quota is not shown too fast.
-        lock(&self.pace).refused_at?;
+        let leak = lock(&self.drain).observe(used, around, released, refused, span);
+        {
+            let mut pace = lock(&self.pace);
+            // Refused: paced until the levels show the leak; read: the
+            // reading paces from now on.
+            let read = leak.is_some() && pace.refused_at.is_some();
+            let unread = !read && (pace.unread || refused);
+            if unread != pace.unread {
+                pace.unread = unread;
+                self.repace(&pace);
+            }
+            // Never refused: the declared quota is not shown too fast.
+            pace.refused_at?;
+        }
+        let leak = leak?;
         // In hundredths of the declared window's count, rounded down.
         let per = window.declared.per.saturating_mul(100);
         let count = (leak * per.as_secs_f64()).floor();
@@ -566,7 +779,8 @@ impl Gate {
         if self.learned().is_some_and(|learned| close(learned, rate)) {
             return None;
         }
-        self.learn(rate).then_some(rate)
+        // A reading is the vendor's word: not probed.
+        self.keep_to(rate, None, Some(capacity)).then_some(rate)
     }
 
     /// When the vendor frees a unit by this gate's releases alone: its
@@ -576,11 +790,24 @@ impl Gate {
     /// a vendor sending whole-second resets ("1") would otherwise hold the
     /// lane a second each time another consumer fills the window, when
     /// the lane's own oldest request leaves it a few milliseconds later.
-    pub(crate) fn frees_at(&self, limit: u64, released: Instant) -> Option<Instant> {
+    ///
+    /// A fleet's ledger says when its oldest slot leaves the window, which
+    /// is the same instant.
+    pub(crate) fn frees_at(
+        &self,
+        limit: u64,
+        released: Instant,
+        spending: Spending,
+    ) -> Option<Instant> {
         let window = self.window(released).filter(|w| w.allows(limit))?;
-        let oldest = lock(&self.meters).releases()?.first_since(window.since)?;
-        let interval = window.kept.interval(self.headroom);
-        Some(later(oldest, window.length.saturating_add(interval)))
+        match spending {
+            Spending::Own => {
+                let oldest = lock(&self.meters).releases()?.first_since(window.since)?;
+                Some(later(oldest, window.length))
+            }
+            Spending::Fleet(booked) => booked.leaves,
+            Spending::Unknown => None,
+        }
     }
 
     /// Whether this gate's own releases explain a vendor saying `used` of
@@ -591,17 +818,28 @@ impl Gate {
     /// at full quota, which its meters already pace; otherwise somebody
     /// else spends the quota, or the vendor counts less than declared.
     ///
-    /// With `ledger` false (a fleet on a shared store, whose releases this
-    /// process does not see), the first condition alone decides: the
-    /// store's meters keep the fleet within the quota.
-    pub(crate) fn explains(&self, limit: u64, used: u64, released: Instant, ledger: bool) -> bool {
+    /// A fleet's releases are what its store counted booked in that window
+    /// as it booked the slot (`store/meters.lua`, `ledger_count`); where the
+    /// store did not say (a turn from the local fallback), the first
+    /// condition alone decides, as the store's meters keep the fleet within
+    /// the quota.
+    pub(crate) fn explains(
+        &self,
+        limit: u64,
+        used: u64,
+        released: Instant,
+        spending: Spending,
+    ) -> bool {
         let Some(window) = self.window(released).filter(|w| w.allows(limit)) else {
             return false;
         };
-        !ledger
-            || lock(&self.meters)
+        match spending {
+            Spending::Own => lock(&self.meters)
                 .releases()
-                .is_some_and(|releases| releases.since(window.since) >= used)
+                .is_some_and(|releases| releases.since(window.since) >= used),
+            Spending::Fleet(booked) => booked.count >= used,
+            Spending::Unknown => true,
+        }
     }
 
     /// The declared request window (stretched by headroom) that ends with a
@@ -618,6 +856,7 @@ impl Gate {
             // A quota the vendor announced and the lane now keeps to counts
             // as declared.
             kept: pace.learned.unwrap_or(declared),
+            bucket: pace.bucket,
         })
     }
 
@@ -644,6 +883,7 @@ impl Gate {
         let mut pace = lock(&self.pace);
         let declared = request_rate(quotas);
         pace.declared = declared;
+        pace.bucket = request_bucket(quotas);
         if let (Some(aimd), Some(ceiling)) = (pace.aimd.as_mut(), declared) {
             aimd.set_ceiling(ceiling);
         }
@@ -661,23 +901,39 @@ impl Gate {
         lock(&self.pace).learned
     }
 
-    /// Keep requests apart by the slowest of the learned quota and adaptive
-    /// pacing's share of the request rate; neither: as declared. Never
+    /// Keep requests apart by the slowest of the learned quota, adaptive
+    /// pacing's share of the request rate and, while a bucket's levels are
+    /// unread, the declared rate without bursts; none: as declared. A
+    /// learned leak instead refills the vendor's bucket in the meters. Never
     /// further apart than `max_pause`: a vendor announcing one request a
     /// day must not hold every request for a day.
     fn repace(&self, pace: &Pace) {
         let learned = pace.learned.map(|rate| rate.interval(self.headroom));
+        // A bucket's leak refills the room the vendor reports; any other
+        // learned quota spaces every request.
+        let (learned, leak) = match pace.leak {
+            Some(capacity) => (None, learned.map(|interval| (capacity, interval))),
+            None => (learned, None),
+        };
         let adaptive = pace.aimd.as_ref().and_then(|aimd| {
             let nominal = pace.declared?.interval(self.headroom);
             let stretched = nominal.as_secs_f64() / aimd.share();
             (aimd.share() < 1.0)
                 .then(|| Duration::try_from_secs_f64(stretched).unwrap_or(self.max_pause))
         });
-        let interval = learned.max(adaptive).map(|i| i.min(self.max_pause));
+        let unread = pace
+            .declared
+            .filter(|_| pace.unread)
+            .map(|rate| rate.interval(self.headroom));
+        let interval = learned
+            .max(adaptive)
+            .max(unread)
+            .map(|i| i.min(self.max_pause));
         let mut meters = lock(&self.meters);
         if meters.pace() != interval {
             meters.set_pace(interval);
         }
+        meters.set_leak(leak, Instant::now());
     }
 
     pub(crate) fn deposit(&self) {
@@ -718,6 +974,16 @@ pub(crate) fn request_rate(quotas: &[Quota]) -> Option<Rate> {
         .min_by(|a, b| slower_first(*a, *b))
 }
 
+/// The smallest capacity among `quotas`' token buckets that count
+/// requests.
+fn request_bucket(quotas: &[Quota]) -> Option<u64> {
+    quotas
+        .iter()
+        .filter(|q| q.unit == Unit::Requests)
+        .filter_map(Quota::bucket_capacity)
+        .min()
+}
+
 /// Orders rates slowest first, comparing `count / per` without division.
 fn slower_first(a: Rate, b: Rate) -> std::cmp::Ordering {
     let a_speed = u128::from(a.count) * b.per.as_nanos();
@@ -730,17 +996,20 @@ mod tests {
     use super::*;
     use crate::meters::Quota;
 
-    #[tokio::test(start_paused = true)]
-    async fn the_lane_that_waited_longest_is_first_and_its_going_wakes_the_rest() {
-        let quotas = [Quota::leaky_bucket(10, Duration::from_secs(1))];
-        let settings = GateSettings {
-            headroom: Duration::from_millis(5),
+    fn settings(headroom: Duration) -> GateSettings {
+        GateSettings {
+            headroom,
             max_pause: Duration::from_secs(120),
             fallback: Backoff::new(Duration::from_secs(1), Duration::from_secs(60)),
             adaptive: None,
             budget: RetryBudget::default(),
-        };
-        let gate = Gate::new("", &quotas, settings, None, 1);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_lane_that_waited_longest_is_first_and_its_going_wakes_the_rest() {
+        let quotas = [Quota::leaky_bucket(10, Duration::from_secs(1))];
+        let gate = Gate::new("", &quotas, settings(Duration::from_millis(5)), None, 1);
         let t0 = Instant::now();
         let (older, newer) = ((t0, 7), (t0 + Duration::from_millis(5), 3));
         assert!(!gate.has_queue());
@@ -756,5 +1025,102 @@ mod tests {
             .expect("the next lane is woken");
         gate.delist(newer);
         assert!(!gate.has_queue());
+    }
+
+    /// A vendor's limit is read against the declared quota: as a count in
+    /// its window, or as a declared bucket's capacity, which a bucket
+    /// vendor says as its limit (5 for a burst of 5 at 10/s).
+    #[tokio::test(start_paused = true)]
+    async fn a_limit_the_size_of_the_declared_bucket_is_its_capacity() {
+        let second = Duration::from_secs(1);
+        let bucket = [Quota::token_bucket(5, 10, second)];
+        let window = [Quota::sliding_log(10, second)];
+        for (quotas, limit, explained) in [
+            (&bucket, 5, true),
+            (&bucket, 4, false),
+            (&bucket, 10, true),
+            (&window, 5, false),
+            (&window, 10, true),
+        ] {
+            let gate = Gate::new("", quotas, settings(Duration::ZERO), None, 1);
+            let t0 = Instant::now();
+            for _ in 0..limit {
+                gate.meters().commit(1, t0);
+            }
+            assert_eq!(
+                gate.explains(limit, limit, t0, Spending::Own),
+                explained,
+                "{quotas:?}, {limit} spent"
+            );
+        }
+    }
+
+    /// On a shared store the fleet's count, as the store booked the slot,
+    /// stands for the lane's own releases; where the store did not say, a
+    /// limit the gate keeps within is the fleet's own spending.
+    #[tokio::test(start_paused = true)]
+    async fn a_fleets_count_is_read_as_a_lanes_own_releases() {
+        let second = Duration::from_secs(1);
+        let quotas = [Quota::sliding_log(10, second)];
+        let gate = Gate::new("", &quotas, settings(Duration::ZERO), None, 1);
+        let t0 = Instant::now();
+        let leaves = t0 + Duration::from_millis(400);
+        let full = Booked {
+            count: 10,
+            leaves: Some(leaves),
+        };
+        let short = Booked { count: 7, ..full };
+        assert!(gate.explains(10, 10, t0, Spending::Fleet(full)));
+        assert!(!gate.explains(10, 10, t0, Spending::Fleet(short)));
+        assert!(gate.explains(10, 10, t0, Spending::Unknown));
+        assert!(!gate.explains(3, 3, t0, Spending::Unknown), "a lower limit");
+        assert_eq!(
+            gate.frees_at(10, t0, Spending::Fleet(short)),
+            Some(leaves),
+            "when the fleet's oldest leaves"
+        );
+        assert_eq!(gate.frees_at(10, t0, Spending::Unknown), None);
+    }
+
+    /// What a vendor's bucket has left: its latest word (not one about an
+    /// earlier request), plus what the gate's pace refilled since.
+    #[tokio::test(start_paused = true)]
+    async fn what_the_vendor_said_is_left_refills_at_the_gates_pace() {
+        let quotas = [Quota::token_bucket(10, 10, Duration::from_secs(1))];
+        let gate = Gate::new("", &quotas, settings(Duration::ZERO), None, 1);
+        let t0 = Instant::now();
+        assert_eq!(gate.left(t0), None);
+        gate.said_left(3, t0);
+        gate.said_left(7, t0 - Duration::from_millis(1));
+        assert_eq!(gate.left(t0), Some((3, t0)), "an older word loses");
+        let later = t0 + Duration::from_millis(250);
+        assert_eq!(gate.left(later), Some((5, t0)), "2.5 refilled at 10/s");
+        let quiet = t0 + Duration::from_secs(3_600);
+        assert_eq!(gate.left(quiet), Some((36_003, t0)));
+    }
+
+    /// A fixed window's end read again says nothing; the next end gives
+    /// the step, and the window it ends closes a step after it was first
+    /// heard. An end that goes back (an answer that overtook another)
+    /// places no window until the next step.
+    #[test]
+    fn the_step_between_window_ends_is_the_window() {
+        let second = Duration::from_secs(1);
+        let end = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let t0 = Instant::now();
+        let mut ends = WindowEnds::default();
+        ends.saw(end, t0);
+        ends.saw(end, t0 + second / 2);
+        assert_eq!((ends.step, ends.closes(end)), (None, None));
+        ends.saw(end + second, t0 + second);
+        ends.saw(end + second, t0 + second * 3 / 2);
+        assert_eq!(ends.step, Some(second));
+        assert_eq!(ends.closes(end + second), Some(t0 + 2 * second));
+        assert_eq!(ends.closes(end), None, "not the window heard last");
+        ends.saw(end, t0 + second * 3 / 2);
+        assert_eq!(ends.closes(end), None, "an end that went back");
+        ends.saw(end + 4 * second, t0 + 4 * second);
+        assert_eq!(ends.step, Some(4 * second), "an idle window in between");
+        assert_eq!(ends.closes(end + 4 * second), Some(t0 + 8 * second));
     }
 }

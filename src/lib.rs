@@ -138,5 +138,5 @@ pub use meters::{Algorithm, CustomMeter, Meter, Quota, Rate, Unit};
 pub use retry::{Backoff, RetryBudget, RetryPolicy};
 pub use route::{Cost, LaneKey, Level, Route, Tag};
 pub use shaper::{BoxFuture, MaxWait, RequestBuilder, Settle, Shaper, ShaperBuilder, Transport};
-pub use signals::{Dialect, Signals};
+pub use signals::{Dialect, Signals, SystemClock, WallClock};
 pub use store::{Store, StoreError, StoreFailure, StoreMode};

@@ -23,6 +23,10 @@
 //! includes the moments a request is on the wire to that thread. Send through
 //! [`HoldClock`] in such tests: it keeps the clock still while an attempt is
 //! on the wire, so the vendor and the shaper agree on when things happened.
+//! The vendor writes its wall-clock times (epoch resets, RFC 3339 instants,
+//! HTTP-dates, `Date`) off [`TokioWall`], which moves with tokio's clock;
+//! give the shaper the same ([`ShaperBuilder::wall_clock`](crate::ShaperBuilder::wall_clock))
+//! so that it reads them as a real vendor's would be read.
 
 #[cfg(feature = "redis")]
 mod redis;
@@ -34,7 +38,7 @@ pub use self::style::Style;
 use self::style::{Said, epoch_secs_after};
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use reqwest::{Request, Response};
@@ -44,6 +48,7 @@ use wiremock::matchers::any;
 use wiremock::{Mock, MockServer, Respond, ResponseTemplate};
 
 use crate::shaper::{BoxFuture, Transport};
+use crate::signals::WallClock;
 
 /// How a throttled answer says when to come back.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -260,6 +265,20 @@ fn window_end(start: Instant, window: Duration, now: Instant) -> Instant {
     let window = window.as_nanos();
     let end = (elapsed / window + 1) * window;
     start + Duration::from_nanos(u64::try_from(end).unwrap_or(u64::MAX))
+}
+
+impl Drop for Vendor {
+    /// The last handle takes the server down on a thread of its own.
+    /// wiremock's server checks itself on drop with a blocking executor;
+    /// inside a tokio task that has spent its cooperative budget (one that
+    /// awaited many ready results in one go), tokio's locks answer "not
+    /// yet" and wake at once, and that executor spins forever. Outside any
+    /// runtime the budget does not apply.
+    fn drop(&mut self) {
+        if let Some(server) = self.server.take().and_then(Arc::into_inner) {
+            let _ = std::thread::spawn(move || drop(server)).join();
+        }
+    }
 }
 
 impl Vendor {
@@ -519,6 +538,51 @@ pub fn max_in_any_window(sorted: impl IntoIterator<Item = Duration>, window: Dur
     most
 }
 
+/// A wall clock that moves with tokio's clock: the system's time when this
+/// process first read it, plus however far tokio's clock has gone since.
+///
+/// Under `start_paused` the system's clock stands still while tokio's runs
+/// ahead, so a vendor writing its window's end in epoch seconds off one and
+/// a shaper reading it off the other would disagree by every second the
+/// test skipped, and an end that stays put through a real window would move
+/// within a paused one. The zoo's vendors write their times (epoch resets,
+/// RFC 3339 instants, HTTP-dates, `Date`) off this clock; give it to the
+/// shaper too ([`ShaperBuilder::wall_clock`](crate::ShaperBuilder::wall_clock)).
+/// Outside a paused clock it is the system's clock, give or take the
+/// adjustments made to that since.
+///
+/// ```
+/// use std::time::Duration;
+/// use callshaper::{Shaper, testing::TokioWall};
+///
+/// let shaper = Shaper::builder()
+///     .rate(10, Duration::from_secs(1))
+///     .wall_clock(TokioWall)
+///     .build()?;
+/// # Ok::<(), callshaper::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TokioWall;
+
+impl WallClock for TokioWall {
+    fn now(&self) -> SystemTime {
+        wall_at(Instant::now())
+    }
+}
+
+/// The wall time at `at` on tokio's clock (see [`TokioWall`]).
+fn wall_at(at: Instant) -> SystemTime {
+    static ANCHOR: LazyLock<(SystemTime, std::time::Instant)> =
+        LazyLock::new(|| (SystemTime::now(), std::time::Instant::now()));
+    let (wall, anchor) = *ANCHOR;
+    let at = at.into_std();
+    match at.checked_duration_since(anchor) {
+        Some(since) => wall.checked_add(since),
+        None => wall.checked_sub(anchor.saturating_duration_since(at)),
+    }
+    .unwrap_or(wall)
+}
+
 /// Tokio's clock of `runtime` (virtual under a paused test clock), or the
 /// real one.
 fn now(runtime: Option<&Handle>) -> Instant {
@@ -560,7 +624,7 @@ impl Respond for Vendor {
         };
         let offset = Duration::from_secs(state.clock_offset.unsigned_abs());
         // An offset no clock can hold leaves the vendor on ours.
-        let now_wall = SystemTime::now();
+        let now_wall = wall_at(now);
         let wall = if state.clock_offset >= 0 {
             now_wall.checked_add(offset)
         } else {
@@ -586,9 +650,9 @@ impl Respond for Vendor {
                 state.style.answer(&said, refused)
             }
         };
-        if state.clock_offset != 0 {
-            template = template.insert_header("date", httpdate::fmt_http_date(wall).as_str());
-        }
+        // Its own clock's, as every vendor's is (else the server would
+        // write the system's, which a paused test clock leaves behind).
+        template = template.insert_header("date", httpdate::fmt_http_date(wall).as_str());
         if state.announce_policy {
             let first = &state.quotas[0];
             let policy = format!(

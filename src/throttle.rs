@@ -38,6 +38,7 @@ use tokio::time::Instant;
 
 use crate::answers::Answers;
 use crate::error::{Answer, Error};
+use crate::gate::Booked;
 use crate::lane::{Lane, PauseCause};
 use crate::meters::Rate;
 use crate::signals::Signals;
@@ -81,28 +82,77 @@ pub(crate) struct Pause {
 
 /// A final answer whose headers say nothing is left until a reset, for a
 /// request `lane` released at `released`: pause until then, before the
-/// vendor has to say 429, unless the lane's own releases explain it.
+/// vendor has to say 429, unless the lane's own releases explain it (on a
+/// shared store, the `fleet`'s, as its store counted them for the slot).
+/// Where one unit is left and another consumer spends the rest, the lane
+/// leaves that unit to it (see [`contested`]).
 pub(crate) fn spent(
     lane: &Lane,
     signals: &Signals,
     released: Instant,
+    fleet: Option<&[Option<Booked>]>,
     headroom: Duration,
 ) -> Option<Pause> {
-    let reset = signals.exhausted_for()?;
-    if explained(signals, |limit, used| lane.explains(limit, used, released)) {
+    let Some(reset) = signals.exhausted_for() else {
+        return contested(lane, signals, released, fleet);
+    };
+    if explained(signals, |limit, used| {
+        lane.explains(limit, used, released, fleet)
+    }) {
         return None;
     }
-    // The reset is coarse (whole seconds); the lane's own oldest release in
-    // the window says when a unit frees, if that is sooner.
+    // The reset is coarse (whole seconds); the lane's own (the fleet's)
+    // oldest release in the window says when a unit frees, and a fixed
+    // window the lane saw open says when it closes, if that is sooner.
+    let now = Instant::now();
     let by_ledger = signals
         .request_limit()
-        .and_then(|limit| lane.frees_at(limit, released))
-        .map(|at| at.saturating_duration_since(Instant::now()));
-    let padded = reset.saturating_add(headroom);
+        .and_then(|limit| lane.frees_at(limit, released, fleet))
+        .map(|at| at.saturating_duration_since(now));
+    let by_window = signals
+        .window_end()
+        .and_then(|end| lane.window_closes(end))
+        .map(|at| at.saturating_duration_since(now).saturating_add(headroom));
+    let padded = [by_ledger, by_window]
+        .into_iter()
+        .flatten()
+        .fold(reset.saturating_add(headroom), Duration::min);
     Some(Pause {
         asked: reset,
-        padded: by_ledger.map_or(padded, |by_ledger| by_ledger.min(padded)),
+        padded,
         cause: PauseCause::Spent,
+    })
+}
+
+/// One unit of a request limit is left, and the lane's own releases (the
+/// fleet's) do not explain the rest spent: another consumer spends the
+/// same quota. Its next request comes, on average, at least as soon as the
+/// lane's next (it spends less than the limit, the lane keeps to all of
+/// it), so the last unit is a coin toss, and losing it costs a 429 and the
+/// vendor's whole reset. The lane leaves the unit to the other and waits
+/// only until its own oldest release frees one: a unit later, never a
+/// reset. Nothing to wait for (the unit already freed, or the lane does
+/// not know when it will): no pause.
+fn contested(
+    lane: &Lane,
+    signals: &Signals,
+    released: Instant,
+    fleet: Option<&[Option<Booked>]>,
+) -> Option<Pause> {
+    let last = signals
+        .request_limits()
+        .find(|l| l.remaining == Some(1) && l.reset.is_some())?;
+    let limit = last.limit?;
+    if lane.explains(limit, limit.saturating_sub(1), released, fleet) {
+        return None;
+    }
+    let wait = lane
+        .frees_at(limit, released, fleet)?
+        .saturating_duration_since(Instant::now());
+    (!wait.is_zero()).then_some(Pause {
+        asked: wait,
+        padded: wait,
+        cause: PauseCause::Contested,
     })
 }
 
@@ -120,8 +170,23 @@ pub(crate) fn refused(lane: &Lane, status: StatusCode, signals: &Signals, releas
         // the pause answers it, and only a refusal teaches.
         return;
     }
-    let (limit, reset) = (signals.request_limit(), signals.request_reset());
-    if let Some(learned) = lane.refused(limit, reset, released) {
+    // A bucket's reset at a refusal is its whole window, give or take the
+    // reset's precision; a window's end may be anywhere in the window, and
+    // widening it by a whole second would take a 2 s window for a 1 s one.
+    let reset = signals
+        .request_limits()
+        .filter_map(|l| {
+            let precision = if l.refills {
+                l.precision
+            } else {
+                Duration::ZERO
+            };
+            Some((l.reset?, precision))
+        })
+        .max();
+    let limit = signals.request_limit();
+    let bucket = signals.bucket().and_then(|l| l.limit);
+    if let Some(learned) = lane.refused(limit, reset, released, bucket) {
         slowed(
             lane,
             learned,
@@ -146,12 +211,15 @@ fn slowed(lane: &Lane, learned: Rate, why: &str) {
 /// the lane to what it says is left, so a lane declared larger than the
 /// vendor's bucket sends no more than the vendor has. A bucket that does
 /// not say its rate (no reset: Shopify) teaches it by its levels once it
-/// has refused the lane.
+/// has refused the lane. A fixed window's end, where the vendor writes it
+/// as an instant (GitHub), teaches the window's length (`Gate::saw_end`).
 pub(crate) fn answered(lane: &Lane, verdict: Verdict, signals: &Signals, released: Instant) {
+    if let Some(end) = signals.window_end() {
+        lane.saw_end(end);
+    }
     let bucket = signals
-        .request_limits()
-        .filter(|l| l.refills)
-        .find_map(|l| Some((l.remaining?, l.limit.filter(|_| l.reset.is_none()))));
+        .bucket()
+        .and_then(|l| Some((l.remaining?, l.limit.filter(|_| l.reset.is_none()))));
     let refused = verdict == Verdict::Throttled;
     if let Some(learned) = lane.answered(bucket, released, refused) {
         slowed(
@@ -283,12 +351,13 @@ mod tests {
         let lane = Lane::new("t", policy).unwrap();
         let headroom = Duration::from_millis(5);
         let now = Instant::now();
-        assert_eq!(spent(&lane, &Signals::default(), now, headroom), None);
+        assert_eq!(spent(&lane, &Signals::default(), now, None, headroom), None);
         let mut signals = Signals::default();
         let requests = signals.limit_mut(Dimension::Requests);
         requests.remaining = Some(0);
         requests.reset = Some(Duration::from_secs(2));
-        let pause = spent(&lane, &signals, now, headroom).expect("nothing left until the reset");
+        let pause =
+            spent(&lane, &signals, now, None, headroom).expect("nothing left until the reset");
         assert_eq!(pause.asked, Duration::from_secs(2));
         assert_eq!(pause.padded, Duration::from_millis(2005));
         assert_eq!(pause.cause, PauseCause::Spent);

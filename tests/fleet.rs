@@ -17,15 +17,12 @@ use common::SECOND;
 use tokio::task::JoinHandle;
 
 /// Jitter between instances and the vendor (timers, two cores, HTTP) is
-/// what the headroom absorbs. With the fourteen fleet tests running at
-/// once on two cores, 20 ms let one 429 through in about one run in five;
-/// 30 ms keeps the loaded machine inside the quota and still uses 97 % of
-/// it.
+/// what the headroom absorbs. With the fleet tests running at once on two
+/// cores, 20 ms let one 429 through in about one run in five, and 15 ms
+/// (the 3- and 8-instance fleets, for 98.5 % of the quota) in one run of
+/// about twelve; 30 ms keeps the loaded machine inside the quota and still
+/// uses 97 % of it.
 const HEADROOM: Duration = Duration::from_millis(30);
-
-/// The headroom of the fleets whose use of the quota is measured: 15 ms
-/// leaves 98.5 % of it.
-const TIGHT: Duration = Duration::from_millis(15);
 
 fn instance(store: RedisStore) -> Shaper {
     instance_failing(store, StoreFailure::default())
@@ -165,14 +162,15 @@ async fn fleet_of(size: usize) {
         shapers.push(
             Shaper::builder()
                 .rate(10, SECOND)
-                .headroom(TIGHT)
+                .headroom(HEADROOM)
                 .store(store)
                 .build()
                 .unwrap(),
         );
     }
     run_fleet(&shapers, &vendor, 200).await;
-    assert_quota_held_and_used(&vendor, 200, 0.98);
+    // 30 ms of headroom leaves 97.1 % of the quota.
+    assert_quota_held_and_used(&vendor, 200, 0.965);
     let trips: u64 = stores.iter().map(RedisStore::round_trips).sum();
     println!("{size} instances: {trips} Redis round trips for 200 requests");
 
@@ -344,8 +342,13 @@ async fn every_meter_behaves_the_same_in_memory_and_on_redis() {
             Vendor::strict(10, SECOND)
         }),
     ];
-    let mut runs = Vec::new();
+    // One algorithm at a time, both stores at once: ten runs together on
+    // two cores made a first answer late on one store and not the other,
+    // and a burst whose first answer comes later than the lateness
+    // forgiven goes one smaller (`Meters::heard`, `Reserved::first_word`),
+    // which moved its tail by a whole interval on that store alone.
     for (name, quota, vendor) in table {
+        let mut runs = Vec::new();
         for on_redis in [false, true] {
             let url = redis.url();
             let quota = quota.clone();
@@ -358,10 +361,12 @@ async fn every_meter_behaves_the_same_in_memory_and_on_redis() {
                     .policy(LanePolicy::with_quotas([quota]))
                     .headroom(Duration::from_millis(50));
                 if on_redis {
-                    builder = builder.store(RedisStore::connect(&url).await.unwrap());
+                    // wiremock reuses its servers' ports: a lane of the
+                    // algorithm before had the same key.
+                    let store = RedisStore::options().prefix(format!("{name}:"));
+                    builder = builder.store(store.connect(&url).await.unwrap());
                 }
                 let shaper = builder.build().unwrap();
-                let started = Instant::now();
                 let tasks: Vec<_> = (0..25)
                     .map(|i| tokio::spawn(shaper.get(format!("{}/r/{i}", vendor.uri())).send()))
                     .collect();
@@ -377,20 +382,13 @@ async fn every_meter_behaves_the_same_in_memory_and_on_redis() {
                 let first = vendor.arrivals()[0].at;
                 let offsets: Vec<Duration> =
                     vendor.arrivals().iter().map(|a| a.at - first).collect();
-                (name, on_redis, offsets, started.elapsed())
+                offsets
             }));
         }
-    }
-    let mut results = Vec::new();
-    for run in runs {
-        results.push(run.await.unwrap());
-    }
-    for pair in results.chunks(2) {
-        let [(name, _, memory, _), (_, _, redis, _)] = pair else {
-            unreachable!("runs come in pairs");
-        };
+        let [memory, redis] = <[_; 2]>::try_from(common::join_all(runs).await)
+            .unwrap_or_else(|_| unreachable!("two runs"));
         assert_eq!(memory.len(), redis.len());
-        for (i, (m, r)) in memory.iter().zip(redis).enumerate() {
+        for (i, (m, r)) in memory.iter().zip(&redis).enumerate() {
             let gap = if m > r { *m - *r } else { *r - *m };
             assert!(
                 gap <= Duration::from_millis(60),
@@ -398,6 +396,45 @@ async fn every_meter_behaves_the_same_in_memory_and_on_redis() {
             );
         }
     }
+}
+
+/// A deploy that changes the quota's algorithm reads none of the old
+/// meter's state. The old sliding log's instants, read as a sliding
+/// window's index, put the next slot centuries ahead: the new lane sent
+/// nothing until the old state expired (903 ms here, a window and a
+/// horizon; as long as an old instance kept writing it, in a rolling
+/// deploy).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_changed_by_a_deploy_starts_its_meter_afresh() {
+    let redis = RedisServer::start();
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let deploy = |quota: Quota| {
+        let url = redis.url();
+        async move {
+            Shaper::builder()
+                .policy(LanePolicy::with_quotas([quota]))
+                .store(RedisStore::connect(&url).await.unwrap())
+                .build()
+                .unwrap()
+        }
+    };
+    run_fleet(&[deploy(Quota::sliding_log(10, SECOND)).await], &vendor, 10).await;
+    // The old log's window has passed: the new meter may send at once.
+    tokio::time::sleep(SECOND + Duration::from_millis(100)).await;
+    let started = Instant::now();
+    let new_deploy = async {
+        let shaper = deploy(Quota::sliding_window(10, SECOND)).await;
+        run_fleet(&[shaper], &vendor, 10).await;
+    };
+    tokio::time::timeout(Duration::from_secs(2), new_deploy)
+        .await
+        .expect("the new deploy's lane sends");
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(vendor.throttled(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -597,8 +634,8 @@ async fn instance_clocks_work_where_scripts_may_not_read_time() {
 
 /// Tenants under one vendor, on two instances: A (capped at 2/s) floods 20
 /// requests, B sends 6. A's lane books vendor slots no further than the
-/// horizon, so B is done as soon as its own cap allows (about 2.5 s), not
-/// after A's flood (10 s).
+/// horizon, so B is done as soon as its own cap allows after A's slot
+/// booked ahead (about 3.2 s), not after A's flood (10 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_capped_tenant_does_not_book_the_vendors_quota_away() {
     let redis = RedisServer::start();
@@ -637,8 +674,13 @@ async fn a_capped_tenant_does_not_book_the_vendors_quota_away() {
         assert_eq!(outcome.unwrap().status(), 200);
         b_last = b_last.max(at);
     }
+    // B's first vendor slot comes after A's latest, booked a tenant
+    // interval (515 ms) ahead, within the horizon: at about 0.62 s, then
+    // B's own cap, 5 x 515 ms: 3.2 s (3.198-3.199 s measured), where A's
+    // flood would take 10 s. The bound leaves 100 ms for a loaded machine.
+    println!("tenant b finished at {b_last:?}");
     assert!(
-        b_last <= Duration::from_millis(3_200),
+        b_last <= Duration::from_millis(3_300),
         "tenant b finished at {b_last:?}"
     );
     for (outcome, _) in common::join_all(flood).await {
@@ -783,4 +825,149 @@ async fn a_lane_reserving_ahead_holds_the_quota_in_full_batches() {
         trips < 0.07,
         "{trips:.3} round trips per request: batches not full"
     );
+}
+
+/// Anthropic's bucket of 10, refilled 10 a second.
+async fn anthropic_bucket() -> Vendor {
+    Vendor::token_bucket(10, 10, SECOND)
+        .speaking(callshaper::testing::Style::Anthropic)
+        .start()
+        .await
+}
+
+/// A shaper on `store` declared with a token bucket of `count` a second.
+fn bucket_on(store: RedisStore, count: u32) -> Shaper {
+    Shaper::builder()
+        .policy(LanePolicy::with_quotas([Quota::token_bucket(
+            count.into(),
+            count,
+            SECOND,
+        )]))
+        .headroom(HEADROOM)
+        .store(store)
+        .build()
+        .unwrap()
+}
+
+/// A fleet restarting onto a vendor's bucket that the last deploy spent:
+/// the bucket holds 10, refilled 10 a second, and has 2 left. Two
+/// instances on a shared store, declared at the vendor's true quota, send
+/// no more of their burst than the vendor's bucket says it has left (as a
+/// lane in memory does), then the store's pace. Each instance counts only
+/// its own sends against what the vendor said, so two that hear the same
+/// "1 left" may both spend it: at most a refusal per instance (1 in each
+/// of six runs; before: 7, the declared burst of 10 into 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleets_burst_keeps_to_what_the_vendors_bucket_has_left() {
+    let redis = RedisServer::start();
+    let vendor = anthropic_bucket().await;
+    let client = reqwest::Client::new();
+    for _ in 0..8 {
+        let spent = client.get(vendor.uri()).send().await.unwrap();
+        assert_eq!(spent.status(), 200, "the last deploy's requests");
+    }
+    let mut shapers = Vec::new();
+    for _ in 0..2 {
+        let store = RedisStore::options()
+            .fleet_size(2)
+            .connect(&redis.url())
+            .await
+            .unwrap();
+        shapers.push(bucket_on(store, 10));
+    }
+    run_fleet(&shapers, &vendor, 30).await;
+    let refused = vendor.throttled();
+    let arrivals = vendor.arrivals();
+    let span = arrivals[arrivals.len() - 1].at - arrivals[8].at;
+    println!("{refused} refused; the fleet's 30 in {span:?}");
+    assert!(refused <= 2, "{refused} refused");
+}
+
+/// A lane on a shared store, declared at 15/s against a bucket vendor of
+/// 10/s, learns 10/s from the vendor, and the store keeps to it: the
+/// store holds no bucket of the vendor's, so the learned bucket's leak
+/// spaces the fleet's slots. Its first burst is held to what the vendor's
+/// bucket says it has left, as in memory (before: the declared 15 went at
+/// once, and the vendor refused the 4 or 5 its 10 could not hold).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_learned_from_a_bucket_vendor_holds_on_the_store() {
+    let redis = RedisServer::start();
+    let vendor = anthropic_bucket().await;
+    let store = RedisStore::connect(&redis.url()).await.unwrap();
+    let shaper = bucket_on(store, 15);
+    run_fleet(std::slice::from_ref(&shaper), &vendor, 60).await;
+    let arrivals = vendor.arrivals();
+    let first_burst = arrivals[0].at + Duration::from_millis(100);
+    let later: Vec<_> = arrivals.iter().filter(|a| a.at > first_burst).collect();
+    let refused_later = later.iter().filter(|a| a.status != 200).count();
+    // The most in any second after the first burst.
+    let busiest = later
+        .iter()
+        .map(|a| {
+            later
+                .iter()
+                .filter(|b| b.at >= a.at && b.at < a.at + SECOND)
+                .count()
+        })
+        .max()
+        .unwrap_or(0);
+    println!(
+        "learned {:?}, {} refused in the first burst, {refused_later} after; at most {busiest} in a second after it",
+        shaper.lanes()[0].learned,
+        vendor.throttled() - refused_later,
+    );
+    assert_eq!(
+        shaper.lanes()[0].learned,
+        Some(callshaper::Rate::new(10, SECOND))
+    );
+    assert!(
+        vendor.throttled() - refused_later <= 1,
+        "the first burst is held to the vendor's bucket"
+    );
+    assert_eq!(refused_later, 0, "the store keeps to what was learned");
+    assert!(
+        busiest <= 11,
+        "kept to the learned 10/s: {busiest} in a second"
+    );
+}
+
+/// A fleet of two shares a 10/s gateway with a consumer outside it,
+/// sending one every 333 ms. The fleet's own releases do not explain the
+/// vendor's "0 left" (or "1 left"): the store's ledger of what the fleet
+/// booked in the window says so, and the fleet waits until its oldest
+/// slot leaves the window (leaving the last unit to the other) instead of
+/// meeting 429s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_sharing_its_quota_with_another_consumer_pauses_before_a_429() {
+    let redis = RedisServer::start();
+    let vendor = Vendor::gateway(10, SECOND).start().await;
+    let other = common::other_consumer(vendor.uri(), Duration::from_millis(333), Duration::MAX);
+    let mut shapers = Vec::new();
+    for _ in 0..2 {
+        shapers.push(instance(RedisStore::connect(&redis.url()).await.unwrap()));
+    }
+    let started = Instant::now();
+    let total = 70;
+    run_fleet(&shapers, &vendor, total).await;
+    let took = started.elapsed();
+    other.abort();
+    let arrivals = vendor.arrivals();
+    let ours_refused = arrivals
+        .iter()
+        .filter(|a| a.status == 429 && a.path.starts_with("/r/"))
+        .count();
+    // The other leaves 7 a second.
+    let used = total as f64 / 7.0 / took.as_secs_f64();
+    println!(
+        "{:.1} % of what the other leaves, {ours_refused} of our {total} refused, {took:?}",
+        used * 100.0
+    );
+    // 0 in every run, also with both cores kept busy: the last unit is
+    // left to the other. 1 to 3 while the fleet took it (9 without the
+    // fleet's ledger). One answer still on its way when the next request
+    // goes may let one through.
+    assert!(ours_refused <= 1, "{ours_refused} refused");
+    // By the other's phase, the fleet keeps 6 or 7 of each window: 83.6 to
+    // 98.3 %, as leaving the last unit costs one a window.
+    assert!(used >= 0.80, "{:.1} %", used * 100.0);
 }

@@ -203,12 +203,22 @@ async fn an_account_out_of_credit_ends_every_request_at_once() {
     assert_eq!(after.status(), 200, "credit back: served again");
 }
 
-/// Every pause says why: a vendor's hint, or the fallback when it gave none.
+/// Every pause says why: a vendor's hint, quoted as the vendor wrote it,
+/// or the fallback when it gave none.
 #[tokio::test(start_paused = true)]
 async fn a_lanes_snapshot_says_why_it_is_paused() {
-    for (hint, cause) in [
-        (RetryAfter::Seconds(5), callshaper::PauseCause::Hinted),
-        (RetryAfter::Omitted, callshaper::PauseCause::Unhinted),
+    for (hint, cause, said) in [
+        (
+            RetryAfter::Seconds(5),
+            callshaper::PauseCause::Hinted,
+            Some("retry-after: 5"),
+        ),
+        (
+            RetryAfter::Millis(1_500),
+            callshaper::PauseCause::Hinted,
+            Some("retry-after-ms: 1500"),
+        ),
+        (RetryAfter::Omitted, callshaper::PauseCause::Unhinted, None),
     ] {
         let vendor = Vendor::strict(10, SECOND).start().await;
         vendor.throttle_for(Duration::from_millis(1), hint);
@@ -226,8 +236,10 @@ async fn a_lanes_snapshot_says_why_it_is_paused() {
         }
         let lane = &shaper.lanes()[0];
         assert_eq!(lane.pause_cause, Some(cause), "{lane:?}");
+        assert_eq!(lane.pause_said.as_deref(), said, "{lane:?}");
         assert_eq!(call.await.unwrap().unwrap().status(), 200);
         assert_eq!(shaper.lanes()[0].pause_cause, None, "the pause is over");
+        assert_eq!(shaper.lanes()[0].pause_said, None, "the pause is over");
     }
 }
 

@@ -223,3 +223,34 @@ fn overstated(quota: &Quota) -> Quota {
         _ => Quota::leaky_bucket(count, rate.per),
     }
 }
+
+/// A vendor dropped by a task that has spent its cooperative budget (a
+/// test that awaited many ready results in one go) goes away. wiremock's
+/// server checks itself on drop with a blocking executor, and inside such
+/// a task tokio's locks answer "not yet" and wake at once: it spun
+/// forever (`tests/fleet.rs` hung in CI once, at the end of a fleet run).
+#[test]
+fn a_vendor_dropped_by_a_task_that_spent_its_budget_goes_away() {
+    let (done, ended) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let vendor = Vendor::strict(10, SECOND).start().await;
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+            for i in 0..1_000 {
+                tx.send(i).unwrap();
+            }
+            while tokio::task::coop::has_budget_remaining() {
+                rx.recv().await;
+            }
+            drop(vendor);
+        });
+        let _ = done.send(());
+    });
+    ended
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the vendor went away");
+}

@@ -143,6 +143,7 @@ impl Lane {
         Some(Turn {
             _in_flight: permit,
             at: charged_at,
+            fleet: None,
         })
     }
 

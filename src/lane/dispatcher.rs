@@ -16,7 +16,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 
 use super::queue::{Costed, Head, Queue};
 use super::release::{Blocked, Release, Step};
-use super::{Answer, OnIdle, Shared, Ticket, Turn};
+use super::{Answer, Fleet, OnIdle, Shared, Ticket, Turn};
 use crate::error::Error;
 
 /// A waiting ticket, as the dispatcher holds it.
@@ -126,8 +126,9 @@ impl<R: Release> Dispatcher<R> {
 
         let now = Instant::now();
         if let Some(until) = self.shared.paused_until(now) {
-            // Whatever the engine held for a release is of no use now.
-            self.engine.stand_down(&self.shared);
+            // Whatever the engine held for a release before then is of no
+            // use.
+            self.engine.pause_until(&self.shared, until);
             return self.or_new_ticket(sleep_until(until)).await;
         }
 
@@ -215,13 +216,17 @@ impl Ready<'_> {
 
     /// Hand `head` its turn, charged at `now`, and count it; false if its
     /// caller left (its ticket is gone either way).
-    pub(super) fn hand(&mut self, head: Head, now: Instant) -> bool {
+    pub(super) fn hand(&mut self, head: Head, now: Instant, fleet: Option<Fleet>) -> bool {
         let Some(taken) = self.queue.take(head) else {
             return false;
         };
+        if let Some(fleet) = &fleet {
+            self.shared.handed_fleet(fleet);
+        }
         let turn = Turn {
             _in_flight: self.permit.take(),
             at: now,
+            fleet,
         };
         // Sent, the turn is counted out here; unsent, its caller counted
         // itself out as it left.

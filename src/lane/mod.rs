@@ -38,8 +38,8 @@ mod release;
 mod waiter;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, MutexGuard};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::time::{Instant, sleep_until};
@@ -50,11 +50,12 @@ use self::release::{Local, Reserved};
 use self::waiter::Waiter;
 use crate::error::{ConfigError, Error};
 pub use crate::gate::PauseCause;
-use crate::gate::{Gate, Stop};
+use crate::gate::{Booked, Gate, Spending, Stop};
 use crate::meters::{Meters, Rate};
 use crate::observability::{InFlight, Labels, LaneMetrics};
 use crate::retry::RetryBudget;
 use crate::store::{Remote, StoreMode};
+use crate::sync::lock;
 use crate::time::later;
 
 /// Permission to send one request now. Dropping it frees the lane's
@@ -64,7 +65,15 @@ pub struct Turn {
     _in_flight: Option<OwnedSemaphorePermit>,
     /// When the meters were charged, to settle the charge later.
     at: Instant,
+    /// On a shared store, what the fleet had booked in each gate's window
+    /// ending at this slot.
+    fleet: Option<Fleet>,
 }
+
+/// What a fleet booked in each of a lane's gates' windows ending at one
+/// slot (see `Reserved`), shared by the slot and its turn. Behind one thin
+/// pointer: every waiting request's answer has room for a turn.
+pub(crate) type Fleet = Arc<Vec<Option<Booked>>>;
 
 /// What a lane is doing right now. With the `serde` feature it serializes
 /// (durations as text like `"1.5s"`), to serve it as JSON.
@@ -81,6 +90,11 @@ pub struct LaneSnapshot {
     pub paused_for: Option<Duration>,
     /// Why the lane is paused, if it is.
     pub pause_cause: Option<PauseCause>,
+    /// What the vendor said that paused the lane, as it said it: the header
+    /// that gave the hint (`retry-after: 2`), else each limit with nothing
+    /// left (`requests: 0 of 10 left, reset in 1s`). `None` when the vendor
+    /// said nothing usable, and for a fleet's or an application's pause.
+    pub pause_said: Option<String>,
     /// Turns handed out so far.
     pub released: u64,
     /// Throttled answers (429, 503) seen so far.
@@ -161,6 +175,9 @@ struct Shared {
     in_flight: Option<Arc<Semaphore>>,
     next_seq: AtomicU64,
     released: AtomicU64,
+    /// What the store counted for the latest turn handed out on a shared
+    /// store (see [`Lane::spending`]).
+    latest_fleet: Mutex<Option<Fleet>>,
     throttles: AtomicU64,
     /// Requests waiting for a turn, in the channel or held by the
     /// dispatcher. Raised before a ticket is sent, lowered when the
@@ -189,6 +206,11 @@ impl Shared {
     fn count_in(&self) -> usize {
         self.metrics.queued();
         self.waiting.fetch_add(1, Ordering::SeqCst)
+    }
+
+    /// A turn the store counted `fleet` for was handed out.
+    fn handed_fleet(&self, fleet: &Fleet) {
+        *lock(&self.latest_fleet) = Some(fleet.clone());
     }
 
     /// A request stops waiting: released, refused or gone.
@@ -310,6 +332,7 @@ impl Lane {
                 .map(|n| Arc::new(Semaphore::new(n.min(Semaphore::MAX_PERMITS)))),
             next_seq: AtomicU64::new(0),
             released: AtomicU64::new(0),
+            latest_fleet: Mutex::new(None),
             throttles: AtomicU64::new(0),
             waiting: AtomicUsize::new(0),
             policy,
@@ -458,18 +481,24 @@ impl Lane {
     /// to `max_pause`. A pause only ever moves forward: a shorter one than
     /// the current leaves it as it is. Returns the instant the lane resumes.
     pub fn pause_for(&self, pause: Duration) -> Instant {
-        self.pause_because(pause, PauseCause::Requested)
+        self.pause_because(pause, PauseCause::Requested, None)
     }
 
-    /// [`pause_for`](Self::pause_for), saying why.
-    pub(crate) fn pause_because(&self, pause: Duration, cause: PauseCause) -> Instant {
+    /// [`pause_for`](Self::pause_for), saying why, and what the vendor
+    /// `said` that asked for it.
+    pub(crate) fn pause_because(
+        &self,
+        pause: Duration,
+        cause: PauseCause,
+        said: Option<&Arc<str>>,
+    ) -> Instant {
         if let Some(remote) = &self.shared.remote {
             remote.pause(pause.min(self.shared.policy.max_pause));
         }
         let gates = &self.shared.gates;
         let until = gates
             .iter()
-            .map(|gate| gate.pause_for(pause, cause))
+            .map(|gate| gate.pause_for(pause, cause, said))
             .max()
             .unwrap_or_else(Instant::now);
         self.shared.metrics.paused(until, cause.label());
@@ -494,25 +523,55 @@ impl Lane {
         self.shared.vendor().succeeded();
     }
 
-    /// Whether the lane's own releases explain a vendor saying `used` of
-    /// its `limit` are spent (see [`Gate::explains`]). On a shared store
-    /// the fleet's releases are not known here: its store's meters are
-    /// trusted instead.
-    pub(crate) fn explains(&self, limit: u64, used: u64, released: Instant) -> bool {
-        let ledger = self.shared.remote.is_none();
+    /// Whose releases gate `i` reads the vendor's signals against: the
+    /// lane's own in memory, else the `fleet`'s, as the store counted them
+    /// for the answered request's slot. The vendor may also have counted
+    /// requests the lane handed out after that one, which reached it first
+    /// (a burst's requests overtake each other): the store's count for the
+    /// latest turn handed out includes them, and the higher count is read,
+    /// so the fleet's own burst is never taken for another consumer.
+    fn spending(&self, i: usize, fleet: Option<&[Option<Booked>]>) -> Spending {
+        if self.shared.remote.is_none() {
+            return Spending::Own;
+        }
+        let of = |fleet: Option<&[Option<Booked>]>| fleet.and_then(|f| f.get(i).copied().flatten());
+        let Some(booked) = of(fleet) else {
+            return Spending::Unknown;
+        };
+        let latest = of(lock(&self.shared.latest_fleet)
+            .as_deref()
+            .map(Vec::as_slice));
+        let count = latest.map_or(booked.count, |latest| latest.count.max(booked.count));
+        Spending::Fleet(Booked { count, ..booked })
+    }
+
+    /// Whether the lane's own releases (on a shared store, the `fleet`'s)
+    /// explain a vendor saying `used` of its `limit` are spent (see
+    /// [`Gate::explains`]).
+    pub(crate) fn explains(
+        &self,
+        limit: u64,
+        used: u64,
+        released: Instant,
+        fleet: Option<&[Option<Booked>]>,
+    ) -> bool {
         self.shared
             .gates
             .iter()
-            .any(|gate| gate.explains(limit, used, released, ledger))
+            .enumerate()
+            .any(|(i, gate)| gate.explains(limit, used, released, self.spending(i, fleet)))
     }
 
     /// When the vendor's quota frees a unit by this lane's own releases
-    /// alone (see [`Gate::frees_at`]); unknown on a shared store.
-    pub(crate) fn frees_at(&self, limit: u64, released: Instant) -> Option<Instant> {
-        if self.shared.remote.is_some() {
-            return None;
-        }
-        self.shared.vendor().frees_at(limit, released)
+    /// (on a shared store, the `fleet`'s) alone (see [`Gate::frees_at`]).
+    pub(crate) fn frees_at(
+        &self,
+        limit: u64,
+        released: Instant,
+        fleet: Option<&[Option<Booked>]>,
+    ) -> Option<Instant> {
+        let vendor = self.shared.gates.len().checked_sub(1)?;
+        self.shared.gates[vendor].frees_at(limit, released, self.spending(vendor, fleet))
     }
 
     /// The vendor announced its quota; see [`Gate::learn`]. True when this
@@ -557,16 +616,34 @@ impl Lane {
     }
 
     /// The vendor refused a request released at `released`; see
-    /// [`Gate::refused`]. The quota learned, if the pace changed.
+    /// [`Gate::refused`] (`reset`: with its precision; `bucket`: the
+    /// capacity of a limit that refills). The quota learned, if the pace
+    /// changed.
     pub(crate) fn refused(
         &self,
         limit: Option<u64>,
-        reset: Option<Duration>,
+        reset: Option<(Duration, Duration)>,
         released: Instant,
+        bucket: Option<u64>,
     ) -> Option<Rate> {
-        let learned = self.shared.vendor().refused(limit, reset, released)?;
+        let learned = self
+            .shared
+            .vendor()
+            .refused(limit, reset, released, bucket)?;
         self.shared.metrics.learned(learned);
         Some(learned)
+    }
+
+    /// The vendor wrote `end` as the end of its fixed window; see
+    /// [`Gate::saw_end`].
+    pub(crate) fn saw_end(&self, end: SystemTime) {
+        self.shared.vendor().saw_end(end, Instant::now());
+    }
+
+    /// When the vendor's fixed window ending at `end` closes at the latest;
+    /// see [`Gate::window_closes`].
+    pub(crate) fn window_closes(&self, end: SystemTime) -> Option<Instant> {
+        self.shared.vendor().window_closes(end)
     }
 
     /// The vendor answered a request released at `released`: a burst
@@ -574,13 +651,19 @@ impl Lane {
     /// (see [`Gate::bucket`]; `leaks`: its capacity, when it does not say
     /// its rate) holds the vendor gate's meters to it. On a shared store
     /// the local meters are only the fallback share: the store's count is
-    /// the fleet's. The quota learned, if the pace changed.
+    /// the fleet's, and the bucket's `remaining` holds the lane's bursts
+    /// of slots instead (see [`Gate::said_left`]). The quota learned, if
+    /// the pace changed.
     pub(crate) fn answered(
         &self,
         bucket: Option<(u64, Option<u64>)>,
         released: Instant,
         refused: bool,
     ) -> Option<Rate> {
+        if let (Some((remaining, _)), Some(_)) = (bucket, &self.shared.remote) {
+            // Before the lanes waiting for the first word wake to read it.
+            self.shared.vendor().said_left(remaining, released);
+        }
         // Every gate hears it (`|`, not `||`): each may hold a burst.
         let first = self
             .shared
@@ -686,12 +769,13 @@ impl Lane {
             .gates
             .iter()
             .filter_map(|gate| gate.pause(now))
-            .max_by_key(|(until, _)| *until);
+            .max_by_key(|pause| pause.until);
         LaneSnapshot {
             key: self.shared.key.clone(),
             queued: self.queued(),
-            paused_for: pause.map(|(until, _)| until - now),
-            pause_cause: pause.map(|(_, cause)| cause),
+            paused_for: pause.as_ref().map(|pause| pause.until - now),
+            pause_cause: pause.as_ref().map(|pause| pause.cause),
+            pause_said: pause.and_then(|pause| pause.said.as_deref().map(str::to_owned)),
             released: self.shared.released.load(Ordering::Relaxed),
             throttles: self.shared.throttles.load(Ordering::Relaxed),
             interval: self
@@ -737,6 +821,12 @@ impl Turn {
     /// When the lane's meters were charged for this turn.
     pub(crate) fn at(&self) -> Instant {
         self.at
+    }
+
+    /// What the fleet had booked in each gate's window ending at this
+    /// turn's slot; `None` in memory, and for a turn off the store.
+    pub(crate) fn fleet(&self) -> Option<Fleet> {
+        self.fleet.clone()
     }
 }
 

@@ -268,6 +268,15 @@ impl Quota {
         }
     }
 
+    /// The capacity of a token bucket: the burst it lets go at once, and
+    /// what a vendor running one says its limit is.
+    pub(crate) fn bucket_capacity(&self) -> Option<u64> {
+        match &self.algorithm {
+            Algorithm::TokenBucket { capacity, .. } => Some(*capacity),
+            _ => None,
+        }
+    }
+
     fn new(algorithm: Algorithm) -> Self {
         Self {
             algorithm,
@@ -391,6 +400,11 @@ pub(crate) struct Meters {
     /// A slower pace than declared (a quota the vendor announced, or
     /// adaptive pacing), counting requests.
     pace: Option<LeakyBucket>,
+    /// A vendor's bucket whose leak its levels showed (Shopify): its
+    /// capacity, refilled at that rate, and held to what it says is left
+    /// as the declared buckets are, so the lane uses the room the vendor
+    /// reports and paces at the leak only when the bucket is full.
+    leak: Option<TokenBucket>,
     /// The last release, so a new pace counts from it.
     last: Option<Instant>,
     /// Releases over the request quota's window, when there is one.
@@ -460,6 +474,7 @@ impl Meters {
                 .map(|q| (q.meter(headroom, now), q.unit))
                 .collect(),
             pace: None,
+            leak: None,
             last: None,
             releases: ledger(quotas, headroom),
             slack: headroom / 2,
@@ -540,7 +555,7 @@ impl Meters {
             .meters
             .iter()
             .map(|(meter, unit)| meter.earliest(Self::units(*unit, cost), now));
-        let pace = self.pace.iter().map(|pace| pace.earliest(1, now));
+        let pace = self.paces().map(|pace| pace.earliest(1, now));
         declared
             .chain(pace)
             .chain(self.first_word())
@@ -560,10 +575,32 @@ impl Meters {
         self.quotas.iter().any(Quota::bursts)
     }
 
-    /// The vendor answered. True when this was its first word, which a
-    /// burst may have waited for.
-    pub(crate) fn heard(&mut self) -> bool {
-        !std::mem::replace(&mut self.heard, true) && self.first.is_some()
+    /// The vendor answered, at `now`. True when this was its first word,
+    /// which a burst may have waited for.
+    ///
+    /// The meters count a bucket's refill from each release, and forgive a
+    /// release landing up to `slack` late. The first request may land later
+    /// than that: its connection is cold (7 ms on loopback on a busy
+    /// machine, against 2.5 ms of slack), and the vendor's bucket then
+    /// refills from later than the meters think, so the unit after the
+    /// burst would go early, into a 429. When the first answer comes later
+    /// than the slack, each bursting request meter is charged one unit: the
+    /// burst is one smaller. Only one: an answer can be slow for other
+    /// reasons (a model generating for seconds), which say nothing of when
+    /// the request landed.
+    pub(crate) fn heard(&mut self, now: Instant) -> bool {
+        if std::mem::replace(&mut self.heard, true) {
+            return false;
+        }
+        let Some(first) = self.first else {
+            return false;
+        };
+        if now.saturating_duration_since(first) > self.slack {
+            for meter in self.bursting() {
+                meter.commit(1, now);
+            }
+        }
+        true
     }
 
     /// A vendor's bucket has `remaining` requests left as it counted the
@@ -577,20 +614,25 @@ impl Meters {
             releases.since(later(released, Duration::from_nanos(1)))
         });
         let elapsed = now.saturating_duration_since(released);
-        let bursting = self.meters.iter_mut().zip(&self.quotas);
-        for ((meter, _), _) in bursting.filter(|(_, q)| q.unit == Unit::Requests && q.bursts()) {
+        let hold = |meter: &mut dyn Meter| {
             let refilled = elapsed.as_nanos() / meter.interval().as_nanos().max(1);
             let allowed = remaining
                 .saturating_sub(since)
                 .saturating_add(u64::try_from(refilled).unwrap_or(u64::MAX));
             if allowed >= meter.capacity() {
                 // The vendor leaves more than the meter ever allows.
-                continue;
+                return;
             }
-            let room = room(meter.as_ref(), now);
+            let room = room(meter, now);
             if room > allowed {
                 meter.commit(room - allowed, now);
             }
+        };
+        for meter in self.bursting() {
+            hold(meter);
+        }
+        if let Some(leak) = &mut self.leak {
+            hold(leak);
         }
     }
 
@@ -600,6 +642,9 @@ impl Meters {
         }
         if let Some(pace) = &mut self.pace {
             pace.commit(1, now);
+        }
+        if let Some(leak) = &mut self.leak {
+            leak.commit(1, now);
         }
         if let Some(releases) = &mut self.releases {
             releases.record(now);
@@ -618,7 +663,7 @@ impl Meters {
 
     pub(crate) fn is_idle(&self, now: Instant) -> bool {
         self.meters.iter().all(|(meter, _)| meter.is_idle(now))
-            && self.pace.as_ref().is_none_or(|pace| pace.is_idle(now))
+            && self.paces().all(|pace| pace.is_idle(now))
     }
 
     /// When a request of `cost` could go behind `ahead` requests, taking
@@ -628,7 +673,7 @@ impl Meters {
             let units = Self::units(*unit, cost);
             meter.eta(ahead.saturating_mul(units), units, now)
         });
-        let pace = self.pace.iter().map(|pace| pace.eta(ahead, 1, now));
+        let pace = self.paces().map(|pace| pace.eta(ahead, 1, now));
         declared.chain(pace).max().unwrap_or(now)
     }
 
@@ -641,7 +686,7 @@ impl Meters {
             .filter(|(_, unit)| *unit == Unit::Requests)
             .map(|(meter, _)| meter.interval());
         declared
-            .chain(self.pace.as_ref().map(Meter::interval))
+            .chain(self.paces().map(Meter::interval))
             .max()
             .unwrap_or(Duration::ZERO)
     }
@@ -664,5 +709,107 @@ impl Meters {
     /// The pace now in force, if slower than declared.
     pub(crate) fn pace(&self) -> Option<Duration> {
         self.pace.as_ref().map(Meter::interval)
+    }
+
+    /// The spacing a shared store keeps to for these meters: the pace, or
+    /// a vendor bucket's leak, which the store spaces (it holds no bucket of
+    /// the vendor's), whichever is slower.
+    pub(crate) fn store_pace(&self) -> Option<Duration> {
+        self.paces().map(Meter::interval).max()
+    }
+
+    /// Keep to a vendor's bucket of `capacity` leaking one request every
+    /// `interval` (`None`: no such bucket). A new one starts with the room
+    /// the declared request meters allow now, which the vendor's last
+    /// `remaining` holds.
+    pub(crate) fn set_leak(&mut self, leak: Option<(u64, Duration)>, now: Instant) {
+        let kept = self.leak.as_ref().map(|b| (b.capacity(), b.interval()));
+        if kept == leak {
+            return;
+        }
+        self.leak = leak.map(|(capacity, interval)| {
+            let mut bucket = TokenBucket::with_interval(capacity, interval, self.slack);
+            let allowed = self
+                .meters
+                .iter()
+                .filter(|(_, unit)| *unit == Unit::Requests)
+                .map(|(meter, _)| room(meter.as_ref(), now))
+                .min()
+                .unwrap_or(capacity);
+            let full = room(&bucket, now);
+            if full > allowed {
+                bucket.commit(full - allowed, now);
+            }
+            bucket
+        });
+    }
+
+    /// The declared meters that count requests and let several go at once,
+    /// which a vendor's word about its bucket holds.
+    fn bursting(&mut self) -> impl Iterator<Item = &mut (dyn Meter + 'static)> {
+        self.meters
+            .iter_mut()
+            .zip(&self.quotas)
+            .filter(|(_, quota)| quota.unit == Unit::Requests && quota.bursts())
+            .map(|((meter, _), _)| meter.as_mut())
+    }
+
+    /// The meters set at run time that count requests: the pace and a
+    /// vendor bucket's leak.
+    fn paces(&self) -> impl Iterator<Item = &dyn Meter> {
+        let pace = self.pace.iter().map(|pace| pace as &dyn Meter);
+        pace.chain(self.leak.iter().map(|leak| leak as &dyn Meter))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A first answer later than the slack may mean the first request
+    /// landed that late: the burst is one smaller, and only one, however
+    /// slow the answer.
+    #[tokio::test(start_paused = true)]
+    async fn a_late_first_answer_takes_one_unit_off_the_burst() {
+        let quota = Quota::token_bucket(10, 10, Duration::from_secs(1));
+        // No headroom, so no slack: any later answer is late. (answered
+        // after, room then): a full bucket again after 5 s, less one unit.
+        let headroom = Duration::ZERO;
+        for (after, expected) in [(0, 9), (7, 8), (5_000, 9)] {
+            let t0 = Instant::now();
+            let mut meters = Meters::new(std::slice::from_ref(&quota), headroom, t0);
+            meters.commit(1, t0);
+            let heard = t0 + Duration::from_millis(after);
+            assert!(meters.heard(heard), "the first word");
+            assert!(!meters.heard(heard), "heard once");
+            let room = room(meters.meters[0].0.as_ref(), heard);
+            assert_eq!(room, expected, "answered after {after} ms");
+        }
+    }
+
+    /// A vendor's bucket read at 20/s: the room the vendor reports goes at
+    /// once, then one request a leak apart, though the declared bucket
+    /// would allow 30/s.
+    #[tokio::test(start_paused = true)]
+    async fn a_read_leak_lets_the_reported_room_go_then_refills_at_its_rate() {
+        let now = Instant::now();
+        let quota = Quota::token_bucket(60, 30, Duration::from_secs(1));
+        let mut meters = Meters::new(&[quota], Duration::ZERO, now);
+        meters.heard(now);
+        meters.hold_to(10, now, now);
+        meters.set_leak(Some((40, Duration::from_millis(50))), now);
+        for _ in 0..10 {
+            assert_eq!(meters.earliest(1, now), now);
+            meters.commit(1, now);
+        }
+        assert_eq!(meters.earliest(1, now), now + Duration::from_millis(50));
+        // The vendor says 5 left of what the meters allow: held to it.
+        let later = now + Duration::from_secs(1);
+        meters.hold_to(5, later, later);
+        for _ in 0..5 {
+            assert_eq!(meters.earliest(1, later), later);
+            meters.commit(1, later);
+        }
+        assert!(meters.earliest(1, later) > later);
     }
 }

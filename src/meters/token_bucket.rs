@@ -55,6 +55,18 @@ impl TokenBucket {
         }
     }
 
+    /// `capacity` tokens, one back every `interval`, a release forgiven
+    /// `jitter` of lateness: a vendor's bucket whose rate was read at run
+    /// time.
+    pub(crate) fn with_interval(capacity: u64, interval: Duration, jitter: Duration) -> Self {
+        Self {
+            capacity,
+            interval,
+            jitter,
+            tat: None,
+        }
+    }
+
     fn tokens(&self, n: u64) -> Duration {
         spacing(self.interval, n)
     }

@@ -15,7 +15,7 @@ use crate::lane::LanePolicy;
 use crate::meters::Quota;
 use crate::retry::{Backoff, RetryBudget, RetryPolicy};
 use crate::route::{LaneKey, Level, Route};
-use crate::signals::Dialect;
+use crate::signals::{Dialect, SystemClock, WallClock};
 use crate::store::{Store, StoreFailure};
 
 /// Configures a [`Shaper`].
@@ -30,6 +30,7 @@ pub struct ShaperBuilder {
     retry: RetryPolicy,
     client: Option<reqwest::Client>,
     transport: Option<Arc<dyn Transport>>,
+    wall: Arc<dyn WallClock>,
     cost: Option<Arc<CostFn>>,
     dialects: Vec<Arc<dyn Dialect>>,
     store: Option<Store>,
@@ -48,6 +49,7 @@ impl Default for ShaperBuilder {
             retry: RetryPolicy::default(),
             client: None,
             transport: None,
+            wall: Arc::new(SystemClock),
             cost: None,
             dialects: Vec::new(),
             store: None,
@@ -212,6 +214,13 @@ impl ShaperBuilder {
         self
     }
 
+    /// Read vendors' absolute times (epoch resets, HTTP-dates) against
+    /// `clock` (default: [`SystemClock`]); see [`WallClock`].
+    pub fn wall_clock(mut self, clock: impl WallClock) -> Self {
+        self.wall = Arc::new(clock);
+        self
+    }
+
     /// Pick each request's vendor lane (default: [`origin_key`](crate::shaper::origin_key)). Requests
     /// with the same key share one queue and one quota.
     ///
@@ -356,6 +365,7 @@ impl ShaperBuilder {
             inner: Arc::new(Inner {
                 client,
                 transport,
+                wall: self.wall,
                 policy,
                 retry: self.retry,
                 routes: self.routes,

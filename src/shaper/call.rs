@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use reqwest::{Request, Response};
 use tokio::time::Instant;
@@ -13,6 +13,7 @@ use tracing::Instrument;
 
 use super::{Settle, Shaper};
 use crate::error::{Answer, Error};
+use crate::gate::PauseCause;
 use crate::lane::{Lane, Priority};
 use crate::observability::RequestSpan;
 use crate::retry;
@@ -216,6 +217,7 @@ impl Shaper {
                 Err(error) => attempt.failed(error),
             }
             let charged_at = turn.at();
+            let fleet = turn.fleet();
             drop(turn);
 
             let signals = match &mut outcome {
@@ -243,30 +245,52 @@ impl Shaper {
             let backoff = match (verdict, outcome) {
                 (Verdict::Done, outcome) => {
                     lane.succeeded();
-                    if let Some(pause) = throttle::spent(&lane, &signals, charged_at, headroom) {
-                        lane.pause_because(pause.padded, pause.cause);
-                        if let Ok(response) = &outcome {
+                    if let Some(pause) = throttle::spent(
+                        &lane,
+                        &signals,
+                        charged_at,
+                        fleet.as_deref().map(Vec::as_slice),
+                        headroom,
+                    ) {
+                        let said = outcome.as_ref().ok().and_then(|response| {
+                            crate::signals::cite(response.headers(), &signals)
+                        });
+                        lane.pause_because(pause.padded, pause.cause, said.as_ref());
+                        if let (Ok(response), PauseCause::Spent) = (&outcome, pause.cause) {
                             throttle::refused(&lane, response.status(), &signals, charged_at);
                         }
-                        tracing::info!(
-                            lane = lane.key(),
-                            reset = ?pause.asked,
-                            cause = pause.cause.label(),
-                            "quota used up; pausing until it resets"
-                        );
+                        if pause.cause == PauseCause::Contested {
+                            // Every window while another consumer is busy.
+                            tracing::debug!(
+                                lane = lane.key(),
+                                pause = ?pause.asked,
+                                said = said.as_deref(),
+                                "another consumer spends the quota; leaving it the last unit"
+                            );
+                        } else {
+                            tracing::info!(
+                                lane = lane.key(),
+                                reset = ?pause.asked,
+                                cause = pause.cause.label(),
+                                said = said.as_deref(),
+                                "quota used up; pausing until it resets"
+                            );
+                        }
                     }
                     return outcome.map_err(|source| Failure::Send { attempts, source });
                 }
                 (Verdict::Throttled, Ok(response)) => {
                     tally.throttles = tally.throttles.saturating_add(1);
                     let pause = throttle::throttled(&lane, response.status(), &signals, headroom);
-                    lane.pause_because(pause.padded, pause.cause);
+                    let said = crate::signals::cite(response.headers(), &signals);
+                    lane.pause_because(pause.padded, pause.cause, said.as_ref());
                     throttle::refused(&lane, response.status(), &signals, charged_at);
                     tracing::warn!(
                         lane = lane.key(),
                         status = response.status().as_u16(),
                         pause = ?pause.asked,
                         cause = pause.cause.label(),
+                        said = said.as_deref(),
                         "vendor throttled the lane; pausing it"
                     );
                     let max_pause = lane.policy().max_pause;
@@ -362,7 +386,7 @@ impl Shaper {
 
     /// Every dialect this shaper reads: the built-in ones, then the user's.
     fn read_signals(&self, headers: &reqwest::header::HeaderMap) -> Signals {
-        let now = crate::signals::vendor_clock(headers, SystemTime::now());
+        let now = crate::signals::vendor_clock(headers, self.inner.wall.now());
         let mut signals = Signals::parse(headers, now);
         for dialect in &self.inner.dialects {
             dialect.read(headers, now, &mut signals);

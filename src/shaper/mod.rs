@@ -35,7 +35,7 @@ use crate::lane::{LanePolicy, LaneSnapshot};
 use crate::meters::Quota;
 use crate::retry::RetryPolicy;
 use crate::route::{LaneKey, Level, Route};
-use crate::signals::Dialect;
+use crate::signals::{Dialect, WallClock};
 use crate::store::{Store, StoreFailure};
 use crate::sync::lock;
 
@@ -107,6 +107,7 @@ pub struct Shaper {
 struct Inner {
     client: reqwest::Client,
     transport: Arc<dyn Transport>,
+    wall: Arc<dyn WallClock>,
     /// How every lane behaves (its quotas come from the levels).
     policy: LanePolicy,
     retry: RetryPolicy,

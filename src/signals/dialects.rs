@@ -5,8 +5,10 @@ use std::time::{Duration, SystemTime};
 
 use reqwest::header::{HeaderMap, HeaderName};
 
-use super::formats::{epoch_or_delta, go_duration, integer, number, rfc3339, seconds, sf_list};
-use super::{Dimension, Signals, retry_after};
+use super::formats::{
+    epoch, epoch_or_delta, go_duration, integer, number, rfc3339, seconds, sf_list, step, until,
+};
+use super::{Dimension, Limit, Signals, retry_after};
 
 pub(super) type Reader = fn(&HeaderMap, SystemTime, &mut Signals);
 
@@ -121,13 +123,14 @@ fn github(headers: &HeaderMap, now: SystemTime, signals: &mut Signals) {
         let (limit, remaining) = names.counts(headers);
         let reset = headers
             .get(reset_after)
-            .and_then(number)
-            .map(seconds)
+            .and_then(|v| Some((seconds(number(v)?), step(v))))
             .or_else(|| {
                 let reset = headers.get(&names.reset)?;
-                epoch_or_delta(reset, now)
+                Some((epoch_or_delta(reset, now)?, step(reset)))
             });
-        fill(signals, Dimension::Requests, limit, remaining, reset);
+        if let Some(filled) = fill(signals, Dimension::Requests, limit, remaining, reset) {
+            filled.reset_at = headers.get(&names.reset).and_then(epoch);
+        }
     }
 }
 
@@ -135,9 +138,14 @@ fn github(headers: &HeaderMap, now: SystemTime, signals: &mut Signals) {
 fn openai(headers: &HeaderMap, _now: SystemTime, signals: &mut Signals) {
     for (names, dimension) in OPENAI.iter().zip([Dimension::Requests, Dimension::Tokens]) {
         let (limit, remaining) = names.counts(headers);
-        let reset = headers.get(&names.reset).and_then(go_duration);
-        if fill(signals, dimension.clone(), limit, remaining, reset) {
-            refills(signals, &dimension);
+        // Go durations, written to the millisecond ("17ms", "59.989s").
+        let reset = headers
+            .get(&names.reset)
+            .and_then(go_duration)
+            .map(|reset| (reset, Duration::from_millis(1)));
+        if let Some(filled) = fill(signals, dimension, limit, remaining, reset) {
+            // A token bucket: its reset is when it is full again.
+            filled.refills = true;
         }
     }
 }
@@ -153,22 +161,14 @@ fn anthropic(headers: &HeaderMap, now: SystemTime, signals: &mut Signals) {
     ];
     for (names, dimension) in ANTHROPIC.iter().zip(dimensions) {
         let (limit, remaining) = names.counts(headers);
-        let reset = headers.get(&names.reset).and_then(|v| rfc3339(v, now));
-        if fill(signals, dimension.clone(), limit, remaining, reset) {
-            refills(signals, &dimension);
+        let at = headers.get(&names.reset).and_then(rfc3339);
+        let reset = headers
+            .get(&names.reset)
+            .and_then(|v| Some((until(at?, now), step(v))));
+        if let Some(filled) = fill(signals, dimension, limit, remaining, reset) {
+            filled.refills = true;
+            filled.reset_at = at;
         }
-    }
-}
-
-/// The limit of `dimension`, if read, is a token bucket: its reset is when
-/// it is full again.
-fn refills(signals: &mut Signals, dimension: &Dimension) {
-    if let Some(limit) = signals
-        .limits
-        .iter_mut()
-        .find(|l| l.dimension == *dimension)
-    {
-        limit.refills = true;
     }
 }
 
@@ -196,7 +196,13 @@ fn ietf(headers: &HeaderMap, _now: SystemTime, signals: &mut Signals) {
             for (key, val) in params {
                 match key {
                     "r" => entry.remaining = val.parse().ok().or(entry.remaining),
-                    "t" => entry.reset = val.parse().ok().map(Duration::from_secs).or(entry.reset),
+                    "t" => {
+                        if let Ok(t) = val.parse() {
+                            // Delta seconds: "sub-second precision is not supported".
+                            entry.reset = Some(Duration::from_secs(t));
+                            entry.precision = Duration::from_secs(1);
+                        }
+                    }
                     _ => {}
                 }
             }
@@ -206,7 +212,7 @@ fn ietf(headers: &HeaderMap, _now: SystemTime, signals: &mut Signals) {
     let reset = headers
         .get(&IETF.reset)
         .and_then(integer)
-        .map(Duration::from_secs);
+        .map(|t| (Duration::from_secs(t), Duration::from_secs(1)));
     fill(signals, Dimension::Requests, limit, remaining, reset);
 }
 
@@ -232,20 +238,25 @@ fn shopify(headers: &HeaderMap, _now: SystemTime, signals: &mut Signals) {
     entry.refills = true;
 }
 
-/// Merge what a dialect read of one limit; false when it read nothing.
+/// Merge what a dialect read of one limit (its reset with its precision),
+/// and give the limit for what else the dialect knows of it; `None` when
+/// it read nothing.
 fn fill(
     signals: &mut Signals,
     dimension: Dimension,
     limit: Option<u64>,
     remaining: Option<u64>,
-    reset: Option<Duration>,
-) -> bool {
+    reset: Option<(Duration, Duration)>,
+) -> Option<&mut Limit> {
     if limit.is_none() && remaining.is_none() && reset.is_none() {
-        return false;
+        return None;
     }
     let entry = signals.limit_mut(dimension);
     entry.limit = limit.or(entry.limit);
     entry.remaining = remaining.or(entry.remaining);
-    entry.reset = reset.or(entry.reset);
-    true
+    if let Some((reset, precision)) = reset {
+        entry.reset = Some(reset);
+        entry.precision = precision;
+    }
+    Some(entry)
 }

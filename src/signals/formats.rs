@@ -78,6 +78,20 @@ pub(super) fn number(value: &HeaderValue) -> Option<f64> {
     text.parse().ok()
 }
 
+/// How finely a number or a timestamp is written: a tenth of a second for
+/// each digit after its point (`0.857` and `1470173023.123`: 1 ms;
+/// `…T12:40:59.5Z`: 100 ms), a second without one.
+pub(super) fn step(value: &HeaderValue) -> Duration {
+    let Some((_, fraction)) = value.to_str().ok().and_then(|text| text.split_once('.')) else {
+        return Duration::from_secs(1);
+    };
+    let digits = fraction.bytes().take_while(u8::is_ascii_digit).count();
+    match u32::try_from(digits.min(9)) {
+        Ok(0) | Err(_) => Duration::from_secs(1),
+        Ok(digits) => Duration::from_nanos(10u64.pow(9 - digits)),
+    }
+}
+
 pub(super) fn integer(value: &HeaderValue) -> Option<u64> {
     value.to_str().ok()?.trim().parse().ok()
 }
@@ -90,7 +104,7 @@ pub(super) fn seconds(secs: f64) -> Duration {
     }
 }
 
-fn until(at: SystemTime, now: SystemTime) -> Duration {
+pub(super) fn until(at: SystemTime, now: SystemTime) -> Duration {
     at.duration_since(now)
         .unwrap_or(Duration::ZERO)
         .min(LONGEST)
@@ -104,12 +118,20 @@ pub(super) fn http_date(value: &HeaderValue, now: SystemTime) -> Option<Duration
 /// Epoch seconds (GitHub, X), or seconds from now when the value is too
 /// small to be an epoch second.
 pub(super) fn epoch_or_delta(value: &HeaderValue, now: SystemTime) -> Option<Duration> {
+    match epoch(value) {
+        Some(at) => Some(until(at, now)),
+        None => Some(seconds(number(value)?)),
+    }
+}
+
+/// The instant an epoch-seconds value names; `None` for a value too small
+/// to be one (a delta) or not a number.
+pub(super) fn epoch(value: &HeaderValue) -> Option<SystemTime> {
     let secs = number(value)?;
     if secs < EPOCH_FLOOR as f64 {
-        return Some(seconds(secs));
+        return None;
     }
-    let at = SystemTime::UNIX_EPOCH.checked_add(seconds(secs))?;
-    Some(until(at, now))
+    SystemTime::UNIX_EPOCH.checked_add(seconds(secs))
 }
 
 /// A Go duration as OpenAI sends it: `6m0s`, `1.5s`, `17ms`, `1h2m3.5s`.
@@ -146,7 +168,7 @@ pub(super) fn go_duration(value: &HeaderValue) -> Option<Duration> {
 
 /// An RFC 3339 timestamp (`2024-06-10T12:00:30Z`, `...30.5+02:00`), as a
 /// time from `now`.
-pub(super) fn rfc3339(value: &HeaderValue, now: SystemTime) -> Option<Duration> {
+pub(super) fn rfc3339(value: &HeaderValue) -> Option<SystemTime> {
     let text = value.to_str().ok()?.trim();
     let bytes = text.as_bytes();
     if bytes.len() < 20 || !bytes.is_ascii() {
@@ -209,8 +231,7 @@ pub(super) fn rfc3339(value: &HeaderValue, now: SystemTime) -> Option<Duration> 
     } else {
         SystemTime::UNIX_EPOCH.checked_sub(Duration::from_secs(epoch.unsigned_abs()))?
     };
-    let at = at.checked_add(Duration::from_secs_f64(fraction))?;
-    Some(until(at, now))
+    at.checked_add(Duration::from_secs_f64(fraction))
 }
 
 /// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's

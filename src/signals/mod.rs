@@ -26,16 +26,18 @@
 //!
 //! | file | what it owns |
 //! |---|---|
-//! | `mod.rs` | [`Signals`], [`Limit`], [`Dimension`], the [`Dialect`] trait, [`retry_after`] |
+//! | `mod.rs` | [`Signals`], [`Limit`], [`Dimension`], the [`Dialect`] and [`WallClock`] traits, [`retry_after`] |
 //! | `dialects.rs` | the built-in readers, one per vendor family |
 //! | `formats.rs` | the value formats: numbers, dates, Go durations, RFC 3339, structured fields |
 
 mod dialects;
 mod formats;
 
+use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use reqwest::header::{HeaderMap, RETRY_AFTER};
+use reqwest::header::{HeaderMap, HeaderValue, RETRY_AFTER};
 
 use self::dialects::BUILT_IN;
 use self::formats::{http_date, number, seconds};
@@ -76,6 +78,17 @@ pub struct Limit {
     pub remaining: Option<u64>,
     /// Time until the quota is whole again.
     pub reset: Option<Duration>,
+    /// How finely the vendor writes its reset: the true reset is within
+    /// this of `reset`, either way, since a vendor may round up or down
+    /// (1 s for whole seconds, 1 ms for milliseconds). Zero when the
+    /// dialect does not say, and the reset is taken as exact.
+    pub precision: Duration,
+    /// The reset as the instant the vendor wrote, on its own clock, when it
+    /// wrote one (an epoch second: GitHub, X, Discord; an RFC 3339 time:
+    /// Anthropic); `None` for a delta. A fixed window's end stays put
+    /// through the window, so the step from one end to the next is the
+    /// vendor's window, exactly, wherever the lane stands in it.
+    pub reset_at: Option<SystemTime>,
     /// The window the quota is counted over, when the vendor says so.
     pub window: Option<Duration>,
     /// The limit is a bucket that refills (or leaks) unit by unit, and its
@@ -94,6 +107,8 @@ impl Limit {
             limit: None,
             remaining: None,
             reset: None,
+            precision: Duration::ZERO,
+            reset_at: None,
             window: None,
             refills: false,
         }
@@ -129,6 +144,18 @@ pub enum Dimension {
     OutputTokens,
     /// A named IETF `RateLimit-Policy`, counted in the vendor's units.
     Policy(String),
+}
+
+impl fmt::Display for Dimension {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Requests => f.write_str("requests"),
+            Self::Tokens => f.write_str("tokens"),
+            Self::InputTokens => f.write_str("input tokens"),
+            Self::OutputTokens => f.write_str("output tokens"),
+            Self::Policy(name) => write!(f, "policy {name}"),
+        }
+    }
 }
 
 impl Signals {
@@ -205,6 +232,21 @@ impl Signals {
         self.limits.iter().filter(|l| l.counts_requests())
     }
 
+    /// The vendor's bucket: the request limit that
+    /// [`refills`](Limit::refills), if one does.
+    pub(crate) fn bucket(&self) -> Option<&Limit> {
+        self.request_limits().find(|l| l.refills)
+    }
+
+    /// The end of the vendor's fixed window, where it wrote it as an
+    /// instant: the [`reset_at`](Limit::reset_at) of a request limit that
+    /// does not refill.
+    pub(crate) fn window_end(&self) -> Option<SystemTime> {
+        self.request_limits()
+            .filter(|l| !l.refills)
+            .find_map(|l| l.reset_at)
+    }
+
     /// When to come back: the explicit hint, else the reset of an exhausted
     /// limit.
     pub fn pause_hint(&self) -> Option<Duration> {
@@ -269,6 +311,28 @@ where
     }
 }
 
+/// Where a shaper reads the wall clock, against which it reads the
+/// absolute times vendors write (an epoch reset, an HTTP-date
+/// `Retry-After`, an RFC 3339 instant). [`SystemClock`] unless the builder
+/// is given another ([`ShaperBuilder::wall_clock`](crate::ShaperBuilder::wall_clock)):
+/// tests under tokio's paused clock give one that moves with it
+/// (`testing::TokioWall`, feature `testing`), as governor's tests give
+/// its fake clock.
+pub trait WallClock: Send + Sync + fmt::Debug + 'static {
+    /// The time now.
+    fn now(&self) -> SystemTime;
+}
+
+/// The system's wall clock: [`SystemTime::now`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl WallClock for SystemClock {
+    fn now(&self) -> SystemTime {
+        SystemTime::now()
+    }
+}
+
 /// The vendor's clock, read from its `Date` header when it differs from
 /// ours (`now`) by more than the header's one-second precision; else ours.
 /// Absolute times a vendor sends (an HTTP-date `Retry-After`, an epoch
@@ -321,20 +385,77 @@ pub fn vendor_clock(headers: &HeaderMap, now: SystemTime) -> SystemTime {
 /// );
 /// ```
 pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
-    for name in [
-        "retry-after-ms",
-        "x-amz-retry-after",
-        "grpc-retry-pushback-ms",
-    ] {
-        if let Some(ms) = headers.get(name).and_then(number) {
-            return Some(seconds(ms / 1000.0));
+    read_retry_after(headers, now).map(|(_, _, wait)| wait)
+}
+
+/// Headers of milliseconds that say when to come back, ahead of
+/// `Retry-After`.
+const RETRY_AFTER_MS: [&str; 3] = [
+    "retry-after-ms",
+    "x-amz-retry-after",
+    "grpc-retry-pushback-ms",
+];
+
+/// The header [`retry_after`] reads, its value, and the wait it says.
+fn read_retry_after(
+    headers: &HeaderMap,
+    now: SystemTime,
+) -> Option<(&'static str, &HeaderValue, Duration)> {
+    for name in RETRY_AFTER_MS {
+        if let Some(value) = headers.get(name)
+            && let Some(ms) = number(value)
+        {
+            return Some((name, value, seconds(ms / 1000.0)));
         }
     }
     let value = headers.get(RETRY_AFTER)?;
-    if let Some(secs) = number(value) {
-        return Some(seconds(secs));
-    }
-    http_date(value, now)
+    let wait = number(value)
+        .map(seconds)
+        .or_else(|| http_date(value, now))?;
+    Some((RETRY_AFTER.as_str(), value, wait))
+}
+
+/// The most of a vendor's words a pause cites: the values are the
+/// vendor's.
+const CITED: usize = 200;
+
+/// What the vendor said about when to come back, as it said it, for a
+/// pause to cite: the header its hint came from (`retry-after: 2`), else
+/// each limit with nothing left (`requests: 0 of 10 left, reset in 1s`),
+/// or, with none, each with one left (a unit left to another consumer).
+/// At most [`CITED`] characters.
+pub(crate) fn cite(headers: &HeaderMap, signals: &Signals) -> Option<Arc<str>> {
+    let hint = signals.retry_after.map(|hint| {
+        match read_retry_after(headers, SystemTime::now()) {
+            Some((name, value, _)) => {
+                let value = &value.as_bytes()[..value.len().min(CITED)];
+                format!("{name}: {}", String::from_utf8_lossy(value))
+            }
+            // A dialect of the user's said it.
+            None => format!("retry after {hint:?}"),
+        }
+    });
+    let text = hint.or_else(|| {
+        let least = signals.limits.iter().filter_map(|l| l.remaining).min()?;
+        let spent: Vec<String> = signals
+            .limits
+            .iter()
+            .filter(|l| least <= 1 && l.remaining == Some(least))
+            .map(|l| {
+                let of = l
+                    .limit
+                    .map(|limit| format!(" of {limit}"))
+                    .unwrap_or_default();
+                let reset = l
+                    .reset
+                    .map(|reset| format!(", reset in {reset:?}"))
+                    .unwrap_or_default();
+                format!("{}: {least}{of} left{reset}", l.dimension)
+            })
+            .collect();
+        (!spent.is_empty()).then(|| spent.join("; "))
+    })?;
+    Some(text.chars().take(CITED).collect::<String>().into())
 }
 
 #[cfg(test)]
@@ -427,8 +548,19 @@ mod tests {
             limit,
             remaining,
             reset,
+            // Most vendors write whole seconds.
+            precision: reset.map_or(Duration::ZERO, |_| Duration::from_secs(1)),
+            reset_at: None,
             window: None,
             refills: false,
+        }
+    }
+
+    /// A limit whose reset the vendor wrote as the instant `epoch` seconds.
+    fn ending(epoch: f64, limit: Limit) -> Limit {
+        Limit {
+            reset_at: Some(SystemTime::UNIX_EPOCH + Duration::from_secs_f64(epoch)),
+            ..limit
         }
     }
 
@@ -442,6 +574,68 @@ mod tests {
         Limit {
             refills: true,
             ..limit(dimension, limit_, remaining, reset)
+        }
+    }
+
+    /// A pause cites what the vendor said, as it said it: the header the
+    /// hint came from, else each limit with nothing left (or one); a dialect's hint
+    /// by its value; a hostile value cut short and never a panic.
+    #[test]
+    fn a_pause_cites_the_vendor() {
+        let now = SystemTime::now();
+        let cite_of = |pairs: Pairs<'_>| {
+            let headers = headers(pairs);
+            cite(&headers, &Signals::parse(&headers, now))
+        };
+        assert_eq!(
+            cite_of(&[("retry-after", b"2"), ("retry-after-ms", b"1500")]).as_deref(),
+            Some("retry-after-ms: 1500")
+        );
+        assert_eq!(
+            cite_of(&[("retry-after-ms", b"soon"), ("retry-after", b"2")]).as_deref(),
+            Some("retry-after: 2")
+        );
+        assert_eq!(
+            cite_of(&[
+                ("x-ratelimit-limit-requests", b"60"),
+                ("x-ratelimit-remaining-requests", b"0"),
+                ("x-ratelimit-reset-requests", b"1.5s"),
+                ("x-ratelimit-remaining-tokens", b"0"),
+            ])
+            .as_deref(),
+            Some("requests: 0 of 60 left, reset in 1.5s; tokens: 0 left")
+        );
+        assert_eq!(
+            cite_of(&[
+                ("x-ratelimit-limit-requests", b"60"),
+                ("x-ratelimit-remaining-requests", b"1"),
+                ("x-ratelimit-remaining-tokens", b"500"),
+            ])
+            .as_deref(),
+            Some("requests: 1 of 60 left"),
+            "a unit left to another consumer"
+        );
+        assert_eq!(cite_of(&[("x-ratelimit-remaining", b"3")]), None);
+        let dialect = Signals {
+            retry_after: Some(Duration::from_secs(4)),
+            limits: Vec::new(),
+        };
+        assert_eq!(
+            cite(&HeaderMap::new(), &dialect).as_deref(),
+            Some("retry after 4s")
+        );
+        let mut long = vec![b'0'; 10_000];
+        long.push(b'2');
+        let cited = cite_of(&[("retry-after", &long)]).expect("a citation");
+        assert_eq!(cited.chars().count(), 200);
+        assert!(cited.starts_with("retry-after: 000"), "{cited}");
+    }
+
+    /// A limit whose reset is written to the millisecond.
+    fn to_the_ms(limit: Limit) -> Limit {
+        Limit {
+            precision: Duration::from_millis(1),
+            ..limit
         }
     }
 
@@ -462,11 +656,9 @@ mod tests {
                 ],
                 Signals {
                     retry_after: None,
-                    limits: vec![limit(
-                        Dimension::Requests,
-                        Some(60),
-                        Some(56),
-                        Some(secs(873)),
+                    limits: vec![ending(
+                        1_372_700_873.0,
+                        limit(Dimension::Requests, Some(60), Some(56), Some(secs(873))),
                     )],
                 },
             ),
@@ -478,11 +670,9 @@ mod tests {
                 ],
                 Signals {
                     retry_after: None,
-                    limits: vec![limit(
-                        Dimension::Requests,
-                        None,
-                        Some(0),
-                        Some(Duration::ZERO),
+                    limits: vec![ending(
+                        1_372_699_000.0,
+                        limit(Dimension::Requests, None, Some(0), Some(Duration::ZERO)),
                     )],
                 },
             ),
@@ -495,11 +685,9 @@ mod tests {
                 ],
                 Signals {
                     retry_after: None,
-                    limits: vec![limit(
-                        Dimension::Requests,
-                        Some(900),
-                        Some(899),
-                        Some(secs(900)),
+                    limits: vec![ending(
+                        1_372_700_900.0,
+                        limit(Dimension::Requests, Some(900), Some(899), Some(secs(900))),
                     )],
                 },
             ),
@@ -515,6 +703,28 @@ mod tests {
                 },
             ),
             (
+                "Discord: reset-after wins over the epoch, to the millisecond",
+                &[
+                    ("x-ratelimit-limit", b"5"),
+                    ("x-ratelimit-remaining", b"0"),
+                    ("x-ratelimit-reset", b"1372700001.250"),
+                    ("x-ratelimit-reset-after", b"0.857"),
+                    ("x-ratelimit-bucket", b"d1f9a5"),
+                ],
+                Signals {
+                    retry_after: None,
+                    limits: vec![ending(
+                        1_372_700_001.25,
+                        to_the_ms(limit(
+                            Dimension::Requests,
+                            Some(5),
+                            Some(0),
+                            Some(Duration::from_millis(857)),
+                        )),
+                    )],
+                },
+            ),
+            (
                 "OpenAI",
                 &[
                     ("x-ratelimit-limit-requests", b"60"),
@@ -527,13 +737,18 @@ mod tests {
                 Signals {
                     retry_after: None,
                     limits: vec![
-                        refilling(Dimension::Requests, Some(60), Some(59), Some(secs(1))),
-                        refilling(
+                        to_the_ms(refilling(
+                            Dimension::Requests,
+                            Some(60),
+                            Some(59),
+                            Some(secs(1)),
+                        )),
+                        to_the_ms(refilling(
                             Dimension::Tokens,
                             Some(150_000),
                             Some(149_984),
                             Some(secs(360)),
-                        ),
+                        )),
                     ],
                 },
             ),
@@ -548,18 +763,18 @@ mod tests {
                 Signals {
                     retry_after: Some(Duration::from_millis(1500)),
                     limits: vec![
-                        refilling(
+                        to_the_ms(refilling(
                             Dimension::Requests,
                             None,
                             Some(0),
                             Some(Duration::from_millis(1500)),
-                        ),
-                        refilling(
+                        )),
+                        to_the_ms(refilling(
                             Dimension::Tokens,
                             None,
                             None,
                             Some(Duration::from_millis(17)),
-                        ),
+                        )),
                     ],
                 },
             ),
@@ -587,14 +802,26 @@ mod tests {
                 Signals {
                     retry_after: Some(secs(20)),
                     limits: vec![
-                        refilling(Dimension::Requests, Some(50), Some(0), Some(secs(820))),
-                        refilling(
-                            Dimension::InputTokens,
-                            Some(40_000),
-                            Some(39_000),
-                            Some(Duration::from_millis(500)),
+                        ending(
+                            1_372_700_820.0,
+                            refilling(Dimension::Requests, Some(50), Some(0), Some(secs(820))),
                         ),
-                        refilling(Dimension::OutputTokens, None, None, Some(Duration::ZERO)),
+                        ending(
+                            1_372_700_000.5,
+                            Limit {
+                                precision: Duration::from_millis(100),
+                                ..refilling(
+                                    Dimension::InputTokens,
+                                    Some(40_000),
+                                    Some(39_000),
+                                    Some(Duration::from_millis(500)),
+                                )
+                            },
+                        ),
+                        ending(
+                            1_372_636_800.0,
+                            refilling(Dimension::OutputTokens, None, None, Some(Duration::ZERO)),
+                        ),
                     ],
                 },
             ),

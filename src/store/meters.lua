@@ -5,7 +5,9 @@
 -- A lane's gates are hashes (one per gate, all under one hash tag, so one
 -- shard holds them). Fields: `o` origin of the gate's windows, `p` paused
 -- until, `n` reservations so far (the give-back guard), `q` the pace's
--- theoretical arrival time, `m1`, `m2`, ... each meter's state (msgpack);
+-- theoretical arrival time, `l` the fleet's ledger (see `ledger_add`),
+-- and each meter's state (msgpack) under a name that spells its quota
+-- (`m2:0:10:1000000:5`, see `read_specs`);
 -- the vendor's gate also `f`, the fleet's lanes for the fair share (see
 -- reserve.lua).
 --
@@ -13,7 +15,7 @@
 -- (0: none) and the number of meters, then per meter its algorithm
 -- (1 leaky bucket, 2 token bucket, 3 fixed window, 4 sliding log,
 -- 5 sliding window), unit (0 requests, 1 cost), count, window (per +
--- headroom, us) and capacity.
+-- headroom, us), capacity and per (us).
 
 -- Redis time of the running script (us); set by each script first.
 local clock_now = 0
@@ -43,17 +45,132 @@ local function read_specs(nkeys, at)
         alg = tonumber(ARGV[at]), unit = tonumber(ARGV[at + 1]),
         count = count, window = window, capacity = tonumber(ARGV[at + 4]),
         interval = ceil_div(window, count),
+        -- A meter's state means something only to a meter of the same
+        -- quota: an instance deployed with another (a leaky bucket become
+        -- a token bucket, a sliding log a sliding window) must not read it
+        -- as its own; a log's instants read as a window's index put the
+        -- next slot centuries ahead, and the lane sent nothing while the
+        -- old state lived. Named by its quota, a changed meter starts
+        -- afresh. The headroom is left out: instances differing only in
+        -- it share their meters.
+        field = table.concat({ 'm' .. ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 5],
+          ARGV[at + 4] }, ':'),
       }
-      at = at + 5
+      at = at + 6
     end
     gates[k] = gate
   end
   return gates, at
 end
 
+-- The fleet's ledger: how many slots the fleet booked on a gate, per tick
+-- of a 32nd of the window a vendor's signal about the gate is read against
+-- (the slowest request meter's, as `Gate::window`), kept for that window.
+-- Each slot booked is told how many the fleet booked in the window ending
+-- at it, as a lane in memory counts its own releases (`ledger_count`).
+-- Stored as { tick length, index, count, index, count, ... }, indexes
+-- ascending; a tick length that changed (another quota) starts afresh.
+local LEDGER_TICKS = 32
+
+-- The gate's ledger tick and window (us), or nil when no meter counts
+-- requests.
+local function ledger_tick(gate)
+  local slowest
+  for _, meter in ipairs(gate.meters) do
+    if meter.unit == 0 and (not slowest
+        or meter.count * slowest.window < slowest.count * meter.window) then
+      slowest = meter
+    end
+  end
+  if not slowest then return nil end
+  return math.max(1, math.floor(slowest.window / LEDGER_TICKS)), slowest.window
+end
+
+-- Add `n` slots at `t` to the gate's ledger: 1 for a slot booked, -1 for
+-- one that will never be sent (given back, or wasted when the give-back
+-- came too late for the meters). Slots come in time order but for a few
+-- (a give-back re-booked, another instance's burst): the search starts at
+-- the end.
+local function ledger_add(gate, t, n)
+  local l = gate.ledger
+  if not l then return end
+  local i = math.floor(t / l[1])
+  local x = #l - 1
+  while x >= 2 and l[x] > i do x = x - 2 end
+  if x >= 2 and l[x] == i then
+    l[x + 1] = l[x + 1] + n
+    if l[x + 1] <= 0 then
+      table.remove(l, x)
+      table.remove(l, x)
+    end
+  elseif n > 0 then
+    table.insert(l, x + 2, i)
+    table.insert(l, x + 3, n)
+  end
+end
+
+-- What the fleet booked in the gate's window ending at `t`: the count (-1:
+-- no ledger) and when the oldest of them leaves the window (-1: unknown).
+-- Every tick that overlaps the window counts whole, so the count errs
+-- high: towards "the fleet's own spending", which the meters keep within
+-- the quota. The oldest is taken at the end of its tick, and never from
+-- the tick the window starts in (its slots may be older than the window),
+-- so a pause until it leaves errs long.
+local function ledger_count(gate, t)
+  local l = gate.ledger
+  if not l then return -1, -1 end
+  local tick, window = l[1], gate.window
+  local first, last = math.floor((t - window) / tick), math.floor(t / tick)
+  local c = gate.counted
+  if c and c[1] == first and c[2] == last then
+    -- The same ticks as the slot before, and the one booked since is in
+    -- the last of them: a reservation's slots at a high rate share their
+    -- ticks, and count at once.
+    c[3] = c[3] + 1
+    if last > first and not c[4] then c[4] = last end
+  else
+    local count, oldest = 0, nil
+    local x = #l - 1
+    while x >= 2 and l[x] >= first do
+      if l[x] <= last then
+        count = count + l[x + 1]
+        if l[x] > first then oldest = l[x] end
+      end
+      x = x - 2
+    end
+    c = { first, last, count, oldest }
+    gate.counted = c
+  end
+  if not c[4] then return c[3], -1 end
+  return c[3], (c[4] + 1) * tick + window
+end
+
+local function ledger_load(gate, packed)
+  local tick, window = ledger_tick(gate)
+  gate.window = window
+  gate.ledger = nil
+  if not tick then return end
+  local l = packed and cmsgpack.unpack(packed)
+  gate.ledger = (l and l[1] == tick) and l or { tick }
+end
+
+-- The ledger as stored: ticks older than a window before now forgotten.
+local function ledger_pack(gate, now)
+  local l = gate.ledger
+  local oldest = math.floor((now - gate.window) / l[1]) - 1
+  local x = 2
+  while x < #l and l[x] < oldest do x = x + 2 end
+  if x > 2 then
+    local kept = { l[1] }
+    for y = x, #l do kept[#kept + 1] = l[y] end
+    l = kept
+  end
+  return cmsgpack.pack(l)
+end
+
 local function load(key, gate, now)
-  local fields = { 'o', 'p', 'n', 'q' }
-  for j = 1, #gate.meters do fields[#fields + 1] = 'm' .. j end
+  local fields = { 'o', 'p', 'n', 'q', 'l' }
+  for _, meter in ipairs(gate.meters) do fields[#fields + 1] = meter.field end
   local values = redis.call('HMGET', key, unpack(fields))
   -- No origin: no state at all (new, expired, or lost).
   gate.fresh = not values[1]
@@ -61,8 +178,9 @@ local function load(key, gate, now)
   gate.paused = tonumber(values[2]) or 0
   gate.seq = tonumber(values[3]) or 0
   gate.pace_tat = tonumber(values[4])
+  ledger_load(gate, values[5])
   for j, meter in ipairs(gate.meters) do
-    local state = values[4 + j]
+    local state = values[5 + j]
     meter.state = state and cmsgpack.unpack(state) or {}
   end
 end
@@ -72,8 +190,11 @@ local function save(key, gate, expire_at, now)
   if gate.pace_tat then
     args[#args + 1] = 'q'; args[#args + 1] = gate.pace_tat
   end
-  for j, meter in ipairs(gate.meters) do
-    args[#args + 1] = 'm' .. j
+  if gate.ledger then
+    args[#args + 1] = 'l'; args[#args + 1] = ledger_pack(gate, now)
+  end
+  for _, meter in ipairs(gate.meters) do
+    args[#args + 1] = meter.field
     args[#args + 1] = cmsgpack.pack(meter.state)
   end
   redis.call('HSET', key, unpack(args))

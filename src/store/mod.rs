@@ -29,6 +29,12 @@
 //! - **Pauses.** A throttle seen by one instance moves the gates'
 //!   `paused_until` forward in Redis and publishes it; every instance pauses
 //!   its lanes at once, and every later reservation starts after the pause.
+//! - **The fleet's ledger.** Each slot comes back with what the fleet
+//!   booked in each gate's request window ending at it (counted in ticks of
+//!   a 32nd of the window, so it errs high; slots given back leave it). A
+//!   vendor's "0 left" on that slot's request is read against it, as a
+//!   lane in memory reads its own releases: a fleet sharing the vendor
+//!   with a consumer outside it pauses before a 429.
 //! - **Failures.** Every call has a timeout ([`RedisOptions::timeout`]). When
 //!   Redis fails, a lane follows its [`StoreFailure`]: fail-open serves
 //!   from a local fallback at the quota divided by the expected number of
@@ -177,6 +183,12 @@ pub(crate) trait StoreLane: Send + Sync + 'static {
     /// reserved since `seqs` (in the background).
     fn give_back(&self, slots: Vec<(i64, u64)>, seqs: Vec<i64>, paces: &[Option<Duration>]);
 
+    /// `(time, cost)` slots that will not be sent, before slots the lane
+    /// still holds: the fleet's ledger forgets them, and the meters keep
+    /// them charged, as a give-back would bring the held slots closer
+    /// than the meters allow (in the background).
+    fn forget(&self, slots: Vec<(i64, u64)>, paces: &[Option<Duration>]);
+
     /// A slot at time `t` charged `charged` really cost `actual` (in the
     /// background).
     fn settle(&self, t: i64, charged: u64, actual: u64, paces: &[Option<Duration>]);
@@ -184,6 +196,17 @@ pub(crate) trait StoreLane: Send + Sync + 'static {
     /// Pause every gate fleet-wide for `pause` from now, and tell every
     /// instance (in the background).
     fn pause(&self, pause: Duration);
+}
+
+/// What a fleet booked in a gate's request window ending at a slot, as the
+/// store counted it when it booked the slot: at least `count` slots (a
+/// store may count high, never low), the oldest of which leaves the window
+/// at `leaves` (store time, us), if known. A vendor's "0 left" is read
+/// against it, as a lane in memory reads its own releases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FleetBooked {
+    pub(crate) count: u64,
+    pub(crate) leaves: Option<i64>,
 }
 
 /// A store's settings that the store-independent half needs.
@@ -215,6 +238,9 @@ pub(crate) struct Reservation {
     pub(crate) lost: bool,
     /// Each gate's reservation count after these: the give-back guard.
     pub(crate) seqs: Vec<i64>,
+    /// For each slot, what the fleet booked on each gate in its window
+    /// ending at the slot (`None`: the gate counts no requests).
+    pub(crate) fleet: Vec<Vec<Option<FleetBooked>>>,
 }
 
 /// What a lane does when its shared store (Redis) cannot answer.

@@ -11,10 +11,13 @@ use futures_util::StreamExt;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{FromRedisValue, Script};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{ErrorKind, FromRedisValue, Script, ServerErrorKind};
 use tokio::sync::oneshot;
 
-use super::{Pending, Reservation, SharedStore, Store, StoreError, StoreLane, StoreSettings};
+use super::{
+    FleetBooked, Pending, Reservation, SharedStore, Store, StoreError, StoreLane, StoreSettings,
+};
 use crate::gate::{Gate, PauseCause};
 use crate::meters::{Algorithm, Quota, Unit};
 use crate::sync::{lock, shrink};
@@ -233,9 +236,16 @@ async fn within<T>(
     timeout: Duration,
     call: impl Future<Output = redis::RedisResult<T>>,
 ) -> Result<T, StoreError> {
+    answered(timeout, tokio::time::timeout(timeout, call).await)
+}
+
+fn answered<T>(
+    timeout: Duration,
+    answer: Result<redis::RedisResult<T>, tokio::time::error::Elapsed>,
+) -> Result<T, StoreError> {
     // The connection's own response timeout (the same length) often fires
     // first: a timeout either way.
-    match tokio::time::timeout(timeout, call).await {
+    match answer {
         Ok(Err(error)) if error.is_timeout() => Err(StoreError::Timeout(timeout)),
         Ok(answer) => answer.map_err(failed),
         Err(_) => Err(StoreError::Timeout(timeout)),
@@ -345,7 +355,27 @@ impl RedisStore {
         let timeout = self.inner.options.timeout;
         match self.inner.conn.clone() {
             Conn::Single(mut conn) => within(timeout, invocation.invoke_async(&mut conn)).await,
-            Conn::Cluster(mut conn) => within(timeout, invocation.invoke_async(&mut conn)).await,
+            Conn::Cluster(mut conn) => {
+                let answer =
+                    tokio::time::timeout(timeout, invocation.invoke_async(&mut conn)).await;
+                let demoted = matches!(&answer, Ok(Err(error))
+                    if error.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly));
+                if let (true, Some(key)) = (demoted, keys.first()) {
+                    // redis-rs sends READONLY on every cluster connection,
+                    // so a master demoted to a replica (a failover, the old
+                    // master back) runs a script as a read and refuses its
+                    // first write, where it would redirect a write to the
+                    // new master, and the client never learns the new map.
+                    // The script wrote nothing: clear the flag on that
+                    // node's connection and run it again, which the
+                    // replica now redirects.
+                    let route = Route::with_key(key, SlotAddr::Master);
+                    let node = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                    within(timeout, conn.route_command(redis::cmd("READWRITE"), node)).await?;
+                    return within(timeout, invocation.invoke_async(&mut conn)).await;
+                }
+                answered(timeout, answer)
+            }
         }
     }
 }
@@ -430,7 +460,7 @@ fn apply_pause(gates: &Registry, payload: &[u8]) {
         .map(|gates| gates.iter().filter_map(Weak::upgrade).collect())
         .unwrap_or_default();
     for gate in local {
-        gate.pause_for(Duration::from_micros(left), PauseCause::Fleet);
+        gate.pause_for(Duration::from_micros(left), PauseCause::Fleet, None);
     }
 }
 
@@ -442,7 +472,7 @@ fn duration(us: i64) -> Duration {
 /// each with its own gate for a key.
 type Registry = Mutex<HashMap<String, Vec<Weak<Gate>>>>;
 
-fn spec(quota: &Quota, headroom: Duration) -> [i64; 5] {
+fn spec(quota: &Quota, headroom: Duration) -> [i64; SPEC] {
     let (algorithm, capacity) = match quota.algorithm {
         Algorithm::LeakyBucket(rate) => (1, u64::from(rate.count)),
         Algorithm::TokenBucket { capacity, .. } => (2, capacity),
@@ -464,8 +494,12 @@ fn spec(quota: &Quota, headroom: Duration) -> [i64; 5] {
         i64::from(rate.count),
         micros(rate.per.saturating_add(headroom)),
         clamp(capacity),
+        micros(rate.per),
     ]
 }
+
+/// Numbers per meter in a gate's spec (see `meters.lua`).
+const SPEC: usize = 6;
 
 fn clamp(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
@@ -545,7 +579,7 @@ impl RedisLane {
         for (i, spec) in self.specs.iter().enumerate() {
             let pace = paces.get(i).copied().flatten().map_or(0, micros);
             args.push(pace);
-            args.push(i64::try_from(spec.len() / 5).unwrap_or(0));
+            args.push(i64::try_from(spec.len() / SPEC).unwrap_or(0));
             args.extend_from_slice(spec);
         }
     }
@@ -604,13 +638,32 @@ impl StoreLane for RedisLane {
             let reply: Vec<i64> = self.store.invoke(&RESERVE, &self.keys, &args, None).await?;
             let malformed = || StoreError::Failed(format!("unexpected reserve reply {reply:?}"));
             let gates = self.keys.len();
-            let (head, waits) = reply.split_at_checked(4 + gates).ok_or_else(malformed)?;
+            let (head, rest) = reply.split_at_checked(4 + gates).ok_or_else(malformed)?;
             let &[now, hold, paused, lost] = &head[..4] else {
                 return Err(malformed());
             };
+            // Each slot's wait, then two numbers per slot and gate.
+            let per_slot = 1 + 2 * gates;
+            if rest.len() % per_slot != 0 {
+                return Err(malformed());
+            }
+            let (waits, booked) = rest.split_at(rest.len() / per_slot);
             let slots: Vec<i64> = waits
                 .iter()
                 .map(|&w| now.saturating_add(w.max(0)))
+                .collect();
+            let fleet = booked
+                .chunks_exact(2 * gates.max(1))
+                .map(|slot| {
+                    slot.chunks_exact(2)
+                        .map(|pair| {
+                            Some(FleetBooked {
+                                count: u64::try_from(pair[0]).ok()?,
+                                leaves: (pair[1] >= 0).then_some(pair[1]),
+                            })
+                        })
+                        .collect()
+                })
                 .collect();
             if let Some(&latest) = slots.last() {
                 self.booked.fetch_max(latest, Ordering::Relaxed);
@@ -622,6 +675,7 @@ impl StoreLane for RedisLane {
                 paused: (paused > now).then(|| duration(paused.saturating_sub(now))),
                 lost: lost == 1,
                 seqs: head[4..].to_vec(),
+                fleet,
             })
         })
     }
@@ -629,6 +683,12 @@ impl StoreLane for RedisLane {
     fn give_back(&self, slots: Vec<(i64, u64)>, seqs: Vec<i64>, paces: &[Option<Duration>]) {
         let slots = slots.into_iter().map(|(t, c)| (t, c, 0)).collect();
         self.correct(1, slots, seqs, paces);
+    }
+
+    fn forget(&self, slots: Vec<(i64, u64)>, paces: &[Option<Duration>]) {
+        let slots = slots.into_iter().map(|(t, c)| (t, c, 0)).collect();
+        let seqs = vec![0; self.keys.len()];
+        self.correct(2, slots, seqs, paces);
     }
 
     fn settle(&self, t: i64, charged: u64, actual: u64, paces: &[Option<Duration>]) {
@@ -679,7 +739,7 @@ mod tests {
         let server = RedisServer::start();
         let store = RedisStore::connect(&server.url()).await.unwrap();
         // One leaky-bucket meter of 10 per second, no pace; one slot of cost 1.
-        let spec = [0, 1, 1, 0, 10, 1_000_000, 10];
+        let spec = [0, 1, 1, 0, 10, 1_000_000, 10, 1_000_000];
         // Clock, headroom, horizon, keep, booked, me, waiting, n, its cost.
         let reserve = |now: i64| {
             let mut args = vec![now, 0, 1_000_000, 2_000_000, 0, 7, 1, 1, 1];
@@ -713,5 +773,71 @@ mod tests {
             .await
             .unwrap();
         assert!((instances.now_arg() - wall).abs() < 5_000_000);
+    }
+
+    /// Each slot comes with what the fleet booked in its window ending at
+    /// it, and slots given back leave that count (whether or not the
+    /// meters could take them back).
+    #[tokio::test]
+    async fn each_slot_says_what_the_fleet_booked_in_its_window() {
+        let server = RedisServer::start();
+        let store = RedisStore::connect(&server.url()).await.unwrap();
+        let second = Duration::from_secs(1);
+        let lane_of = |name: &str, count| {
+            let quotas = [vec![Quota::leaky_bucket(count, second)]];
+            store.lane(&[name.to_owned()], &quotas, Duration::ZERO, 2 * second, &[])
+        };
+        let lane = lane_of("ledger", 10);
+        let paces = [None];
+        let count = |r: &Reservation| -> Vec<u64> {
+            r.fleet
+                .iter()
+                .map(|gates| gates[0].unwrap().count)
+                .collect()
+        };
+        // A lane's first reservation books one slot, the next the rest.
+        let first = lane.reserve(&[1], 5, &paces).await.unwrap();
+        assert_eq!(count(&first), [1]);
+        let t0 = first.slots[0];
+        let leaves = first.fleet[0][0].unwrap().leaves.unwrap();
+        let tick = 1_000_000 / 32;
+        assert!(
+            (t0 + 1_000_000..t0 + 1_000_000 + tick).contains(&leaves),
+            "the oldest leaves the window a window after it, within a tick: {}",
+            leaves - t0
+        );
+        let rest = lane.reserve(&[1; 4], 4, &paces).await.unwrap();
+        assert_eq!(count(&rest), [2, 3, 4, 5]);
+
+        let mut latest: Vec<(i64, u64)> = rest.slots[2..].iter().map(|&t| (t, 1)).collect();
+        latest.reverse();
+        lane.give_back(latest, rest.seqs.clone(), &paces);
+        // The give-back runs in the background; the next slot is due after
+        // slot 2 (given back) or 4 (not) alike.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let again = lane.reserve(&[1], 1, &paces).await.unwrap();
+        assert_eq!(count(&again), [4], "slots 0 to 2, and this one");
+
+        // A slot forgotten before one still held (a pause ending between
+        // them) leaves the ledger but stays charged: the next slot keeps
+        // its interval to the held one.
+        let held = lane.reserve(&[1; 2], 2, &paces).await.unwrap();
+        assert_eq!(count(&held), [5, 6]);
+        lane.forget(vec![(held.slots[0], 1)], &paces);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let next = lane.reserve(&[1], 1, &paces).await.unwrap();
+        assert_eq!(count(&next), [6], "the forgotten slot is not counted");
+        assert!(
+            next.slots[0] - held.slots[1] >= 100_000,
+            "the meter kept it: {} us after the held slot",
+            next.slots[0] - held.slots[1]
+        );
+
+        // At a high rate a reservation's slots share their ticks.
+        let fast = lane_of("fast", 1_000_000);
+        let first = fast.reserve(&[1], 16, &paces).await.unwrap();
+        let rest = fast.reserve(&[1; 15], 15, &paces).await.unwrap();
+        let counts: Vec<u64> = count(&first).into_iter().chain(count(&rest)).collect();
+        assert_eq!(counts, (1..=16).collect::<Vec<u64>>());
     }
 }

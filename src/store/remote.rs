@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::clock::StoreClock;
 use super::{StoreError, StoreFailure, StoreLane, StoreMode, StoreSettings};
-use crate::gate::Gate;
+use crate::gate::{Booked, Gate};
 use crate::observability::StoreMetrics;
 use crate::sync::lock;
 use crate::time::later;
@@ -53,6 +53,8 @@ struct State {
 pub(crate) struct Schedule {
     /// Each slot: when to release it here, and its store time (us).
     pub(crate) slots: Vec<(Instant, i64)>,
+    /// Each slot: what the fleet booked in each gate's window ending at it.
+    pub(crate) fleet: Vec<Arc<Vec<Option<Booked>>>>,
     /// No slot was within the horizon: ask again then.
     pub(crate) ask_again: Option<Instant>,
     /// A pause in force for this long.
@@ -89,10 +91,13 @@ impl Remote {
         }
     }
 
-    /// Each gate's pace now (a learned quota or adaptive pacing), which the
-    /// store's meters keep to as well.
+    /// Each gate's pace now (a learned quota, a vendor bucket's leak, or
+    /// adaptive pacing), which the store's meters keep to as well.
     fn paces(&self) -> Vec<Option<Duration>> {
-        self.gates.iter().map(|gate| gate.meters().pace()).collect()
+        self.gates
+            .iter()
+            .map(|gate| gate.meters().store_pace())
+            .collect()
     }
 
     /// Reserve a slot for each of `costs`, in order.
@@ -121,12 +126,29 @@ impl Remote {
             .iter()
             .map(|&t| (clock.local_time(t).unwrap_or(received), t))
             .collect();
+        let fleet = reservation
+            .fleet
+            .into_iter()
+            .map(|gates| {
+                gates
+                    .into_iter()
+                    .map(|booked| {
+                        booked.map(|b| Booked {
+                            count: b.count,
+                            leaves: b.leaves.and_then(|t| clock.local_time(t)),
+                        })
+                    })
+                    .collect::<Vec<_>>()
+                    .into()
+            })
+            .collect();
         // Ask again once the next slot is within the horizon.
         let ask_again = reservation
             .hold
             .map(|hold| later(received, hold.saturating_sub(self.settings.horizon)));
         Ok(Schedule {
             slots,
+            fleet,
             ask_again,
             paused: reservation.paused,
             seqs: reservation.seqs,
@@ -137,6 +159,14 @@ impl Remote {
     pub(crate) fn give_back(&self, slots: Vec<(i64, u64)>, seqs: Vec<i64>) {
         if !slots.is_empty() {
             self.link.give_back(slots, seqs, &self.paces());
+        }
+    }
+
+    /// Slots that will not be sent, before others the lane still holds
+    /// (see [`StoreLane::forget`]).
+    pub(crate) fn forget(&self, slots: Vec<(i64, u64)>) {
+        if !slots.is_empty() {
+            self.link.forget(slots, &self.paces());
         }
     }
 

@@ -6,7 +6,9 @@
 -- lane's name in the fleet), waiting (requests waiting in the lane), n,
 -- n costs, then the gate specs.
 -- Returns { now, hold, paused, lost, seqs (one per key)..., waits (one per
--- slot)... }: `hold` > 0 is when the next slot would be, beyond the horizon
+-- slot)..., then per slot and key what the fleet booked in the key's window
+-- ending at the slot (see `ledger_count`): count, when the oldest leaves
+-- }: `hold` > 0 is when the next slot would be, beyond the horizon
 -- (nothing was charged for it); `paused` is the latest pause in force;
 -- `lost` is 1 when a gate's state was found lost.
 clock_now = clock(ARGV[1])
@@ -78,7 +80,7 @@ if booked > 0 and now < booked + keep then
   end
 end
 
-local waits, hold, last = {}, 0, now
+local waits, tally, hold, last = {}, {}, 0, now
 local from = math.max(now, paused)
 for slot = 1, n do
   local cost = costs[slot]
@@ -103,7 +105,11 @@ for slot = 1, n do
   for _, gate in ipairs(gates) do
     for _, meter in ipairs(gate.meters) do commit(gate, meter, units(meter, cost), t, headroom) end
     if gate.pace > 0 then gate.pace_tat = math.max(gate.pace_tat or t, t) + gate.pace end
+    ledger_add(gate, t, 1)
     gate.seq = gate.seq + 1
+    local count, leaves = ledger_count(gate, t)
+    tally[#tally + 1] = count
+    tally[#tally + 1] = leaves
   end
   waits[#waits + 1] = t - now
   last = t
@@ -130,4 +136,5 @@ for k, key in ipairs(KEYS) do
   reply[#reply + 1] = gates[k].seq
 end
 for _, wait in ipairs(waits) do reply[#reply + 1] = wait end
+for _, n in ipairs(tally) do reply[#reply + 1] = n end
 return reply

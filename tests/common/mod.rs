@@ -4,17 +4,19 @@
 
 use std::time::Duration;
 
-use callshaper::testing::HoldClock;
+use callshaper::testing::{HoldClock, TokioWall};
 use callshaper::{Error, Shaper, ShaperBuilder};
 
 pub const SECOND: Duration = Duration::from_secs(1);
 
 /// A shaper builder at `count` per second whose attempts keep the paused
-/// test clock still while on the wire.
+/// test clock still while on the wire, and which reads the vendor's wall
+/// clock times off the wall clock the test vendors write them with.
 pub fn shaper(count: u32) -> ShaperBuilder {
     Shaper::builder()
         .rate(count, SECOND)
         .transport(HoldClock(reqwest::Client::new()))
+        .wall_clock(TokioWall)
 }
 
 /// Send `n` GETs to `{base}/r/{i}` from `n` tasks, spawned in order, and
@@ -26,6 +28,24 @@ pub async fn burst(shaper: &Shaper, base: &str, n: usize) -> Vec<Result<reqwest:
     join_all(tasks).await
 }
 
+/// A consumer of the vendor's quota that the lane does not know of: a GET
+/// to `{uri}/other` every `every` (after each answer), for `lasting`.
+pub fn other_consumer(
+    uri: String,
+    every: Duration,
+    lasting: Duration,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let client = reqwest::Client::new();
+        let started = tokio::time::Instant::now();
+        while started.elapsed() < lasting {
+            let sent = callshaper::testing::hold_clock(client.get(format!("{uri}/other")).send());
+            let _ = sent.await;
+            tokio::time::sleep(every).await;
+        }
+    })
+}
+
 /// Await every task, in order.
 pub async fn join_all<T: Send + 'static>(tasks: Vec<tokio::task::JoinHandle<T>>) -> Vec<T> {
     let mut out = Vec::with_capacity(tasks.len());
@@ -35,12 +55,14 @@ pub async fn join_all<T: Send + 'static>(tasks: Vec<tokio::task::JoinHandle<T>>)
     out
 }
 
+/// The index `i` of a request to `{base}/r/{i}` (see [`burst`]).
+fn index(arrival: &callshaper::testing::Arrival) -> Option<usize> {
+    arrival.path.strip_prefix("/r/")?.parse().ok()
+}
+
 /// The request indices in the order the vendor saw them.
 pub fn order(arrivals: &[callshaper::testing::Arrival]) -> Vec<usize> {
-    arrivals
-        .iter()
-        .filter_map(|a| a.path.strip_prefix("/r/")?.parse().ok())
-        .collect()
+    arrivals.iter().filter_map(index).collect()
 }
 
 /// The request indices of the accepted (200) arrivals, in arrival order.
@@ -51,6 +73,26 @@ pub fn accepted_order(vendor: &callshaper::testing::Vendor) -> Vec<usize> {
         .filter(|a| a.status == 200)
         .collect();
     order(&accepted)
+}
+
+/// Requests `0..n` were each accepted once, and none reached the vendor
+/// before one submitted ahead of it: FIFO. A burst's requests go at the
+/// same instant, and their order on the wire is the network's, so equal
+/// times may come in any order.
+pub fn assert_fifo(vendor: &callshaper::testing::Vendor, n: usize) {
+    let mut accepted: Vec<(usize, Duration)> = vendor
+        .arrivals()
+        .into_iter()
+        .filter(|a| a.status == 200)
+        .filter_map(|a| Some((index(&a)?, a.at)))
+        .collect();
+    accepted.sort_by_key(|&(i, _)| i);
+    let indices: Vec<usize> = accepted.iter().map(|&(i, _)| i).collect();
+    assert_eq!(indices, (0..n).collect::<Vec<_>>(), "each accepted once");
+    assert!(
+        accepted.windows(2).all(|w| w[0].1 <= w[1].1),
+        "FIFO: {accepted:?}"
+    );
 }
 
 /// Two rounds of two requests against a vendor allowing 1,000 tokens a

@@ -88,7 +88,7 @@ impl Local {
             if at > now {
                 return Err(first_word(shared, meters, at).unwrap_or(Blocked::Until(at)));
             }
-            let handed = ready.hand(head, now);
+            let handed = ready.hand(head, now, None);
             if handed {
                 for meter in meters.iter_mut() {
                     meter.commit(cost, now);

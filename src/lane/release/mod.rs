@@ -49,6 +49,12 @@ pub(super) trait Release: Send + 'static {
     fn stand_down(&mut self, shared: &Shared) {
         self.step_aside(shared);
     }
+
+    /// The lane is paused until `until`: let go of what is of no use
+    /// before then. What a pause ends before is still good after it.
+    fn pause_until(&mut self, shared: &Shared, _until: Instant) {
+        self.stand_down(shared);
+    }
 }
 
 /// What came of one release attempt.

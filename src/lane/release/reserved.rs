@@ -20,10 +20,11 @@ use tokio::time::Instant;
 
 use super::{Blocked, Local, Release, Step};
 use crate::error::{Error, StoreError};
-use crate::gate::PauseCause;
-use crate::lane::Shared;
+use crate::gate::{Gate, PauseCause};
 use crate::lane::dispatcher::Ready;
 use crate::lane::queue::Head;
+use crate::lane::{Fleet, Shared};
+use crate::meters::FIRST_WORD;
 use crate::store::{Remote, Schedule, Source, StoreMode};
 use crate::time::later;
 
@@ -55,6 +56,72 @@ pub(in crate::lane) struct Reserved {
     /// The next batches, asked for while the slots held are used, oldest
     /// first.
     ahead: VecDeque<Ahead>,
+    /// The vendor's bucket, as far as this lane sees it (see `Burst`).
+    burst: Burst,
+}
+
+/// A burst of slots on a vendor's bucket, held to what the bucket has, as
+/// in memory (see `Meters::first_word` and `Meters::hold_to`). Without
+/// it a fleet's burst goes whole into a vendor bucket that may hold less:
+/// one declared larger than the vendor's, or one another deploy spent.
+///
+/// Slots booked within half the vendor's interval of the one before are a
+/// burst (a fleet's come one a round trip apart, each due at once; the
+/// store's pace books them an interval apart, and they go as booked). The
+/// rest of a burst waits for the vendor's first answer (at most
+/// [`FIRST_WORD`] after its first slot went), then goes at once, one slot
+/// fewer when it goes later than the lateness forgiven (the slots after
+/// the burst keep their times, and must not come closer to it than
+/// booked). No slot of a burst goes past what the vendor's bucket last
+/// said it had left (plus what the lane's pace refilled since), less what
+/// this lane sent since the request that answer counted; those slots are
+/// wasted, never sent.
+#[derive(Default)]
+struct Burst {
+    /// The time the last slot handed was booked for.
+    at: Option<Instant>,
+    /// The first slot went before the vendor had answered: when.
+    unheard: Option<Instant>,
+    /// When this lane handed its recent slots, oldest first.
+    handed: VecDeque<Instant>,
+}
+
+/// The most recent hand-outs a lane remembers to hold a burst to the
+/// vendor's bucket: more than any burst a vendor's answer can trail.
+const HANDED_MAX: usize = 1_024;
+
+impl Burst {
+    /// Whether a slot booked for `at` is in the burst of one booked for
+    /// `after`, at the vendor gate's `reach` (half its interval).
+    fn follows(at: Instant, after: Option<Instant>, reach: Duration) -> bool {
+        after.is_some_and(|after| at <= later(after, reach))
+    }
+
+    fn holds(&self, slot: &Booking, reach: Duration) -> bool {
+        Self::follows(slot.at, self.at, reach)
+    }
+
+    /// How many slots this lane handed after `counted`. The vendor's word
+    /// only moves forward (see `Gate::said_left`): those handed before it
+    /// are forgotten, so a lane on a bucket vendor remembers only what is
+    /// on its way.
+    fn sent_since(&mut self, counted: Instant) -> u64 {
+        while self.handed.front().is_some_and(|&at| at <= counted) {
+            self.handed.pop_front();
+        }
+        self.handed.len() as u64
+    }
+
+    fn handed(&mut self, slot: &Booking, now: Instant, heard: bool) {
+        self.at = Some(slot.at);
+        if !heard && self.unheard.is_none() {
+            self.unheard = Some(now);
+        }
+        if self.handed.len() == HANDED_MAX {
+            self.handed.pop_front();
+        }
+        self.handed.push_back(now);
+    }
 }
 
 /// A reservation on its way, for the requests behind the slots held.
@@ -69,6 +136,9 @@ struct Booking {
     cost: u64,
     /// The slot in the store's time (us).
     t: i64,
+    /// What the fleet booked in each gate's window ending at the slot: a
+    /// vendor's answer to its request is read against it.
+    fleet: Fleet,
 }
 
 impl Reserved {
@@ -80,6 +150,7 @@ impl Reserved {
             seqs: Vec::new(),
             hold: None,
             ahead: VecDeque::new(),
+            burst: Burst::default(),
         }
     }
 
@@ -99,7 +170,13 @@ impl Reserved {
     /// `store/clock.rs`).
     fn use_slot(&mut self, ready: &mut Ready<'_>, head: Head, now: Instant) -> Option<Step> {
         let headroom = ready.shared.policy.headroom;
-        let late = (headroom / 2).max(LATE_MIN);
+        let late = late(headroom);
+        let early = (headroom / 4).min(EARLY_MAX);
+        let vendor = ready.shared.vendor();
+        let reach = vendor.request_interval().unwrap_or_default() / 2;
+        if let Some(wait) = self.first_word(vendor, now, reach, late) {
+            return Some(Step::Wait(wait));
+        }
         while self
             .slots
             .front()
@@ -107,7 +184,16 @@ impl Reserved {
         {
             self.slots.pop_front();
         }
-        let early = (headroom / 4).min(EARLY_MAX);
+        if let Some((left, counted)) = vendor.left(now) {
+            let sent = self.burst.sent_since(counted);
+            while self
+                .slots
+                .front()
+                .is_some_and(|slot| self.burst.holds(slot, reach) && sent >= left)
+            {
+                self.slots.pop_front();
+            }
+        }
         let at = self.slots.front()?.at;
         if at.saturating_duration_since(now) > early {
             return Some(Step::Wait(Blocked::Until(at)));
@@ -127,11 +213,12 @@ impl Reserved {
             });
         }
         let slot = self.slots.pop_front()?;
-        if !ready.hand(head, now) {
+        if !ready.hand(head, now, Some(slot.fleet.clone())) {
             // Its caller left just now: the slot serves the next.
             self.slots.push_front(slot);
             return Some(Step::Done);
         }
+        self.burst.handed(&slot, now, vendor.has_heard());
         self.remote.used(now, slot.t, late);
         if slot.cost != head.cost {
             // Reserved for another cost (a retried request came back
@@ -140,6 +227,51 @@ impl Reserved {
         }
         self.ask_ahead(ready, head, later(slot.at, early));
         Some(Step::Done)
+    }
+
+    /// The rest of a burst waits for the vendor's first answer (see
+    /// [`Burst`]); once it came, or [`FIRST_WORD`] passed, the slots held
+    /// for it are due now.
+    fn first_word(
+        &mut self,
+        vendor: &Gate,
+        now: Instant,
+        reach: Duration,
+        late: Duration,
+    ) -> Option<Blocked> {
+        let sent = self.burst.unheard?;
+        // A fleet's slots come a reservation at a time: none held yet is
+        // no sign the burst is over.
+        let slot = self.slots.front()?;
+        if !self.burst.holds(slot, reach) {
+            self.burst.unheard = None;
+            return None;
+        }
+        let until = later(sent, FIRST_WORD);
+        if !vendor.has_heard() && now < until {
+            let answer = vendor.next_turn();
+            if !vendor.has_heard() {
+                return Some(Blocked::Turn(Box::pin(async move {
+                    // Past `until` the burst goes anyway.
+                    let _ = tokio::time::timeout_at(until, answer).await;
+                })));
+            }
+        }
+        self.burst.unheard = None;
+        if now.saturating_duration_since(slot.at) > late {
+            self.slots.pop_front();
+        }
+        let mut after = self.burst.at;
+        for slot in &mut self.slots {
+            if !Burst::follows(slot.at, after, reach) {
+                break;
+            }
+            after = Some(slot.at);
+            // Held late for the word, never sent before its time.
+            slot.at = slot.at.max(now);
+        }
+        self.burst.at = Some(now);
+        None
     }
 
     /// Reserve for the requests behind the slots held while those are
@@ -197,11 +329,11 @@ impl Reserved {
             Ok(schedule) => {
                 self.remote.recovered(&shared.key);
                 if let Some(paused) = schedule.paused {
-                    shared.vendor().pause_for(paused, PauseCause::Fleet);
+                    shared.vendor().pause_for(paused, PauseCause::Fleet, None);
                 }
-                let slots = schedule.slots.into_iter().zip(costs);
+                let slots = schedule.slots.into_iter().zip(schedule.fleet).zip(costs);
                 self.slots
-                    .extend(slots.map(|((at, t), cost)| Booking { at, cost, t }));
+                    .extend(slots.map(|(((at, t), fleet), cost)| Booking { at, cost, t, fleet }));
                 self.seqs = schedule.seqs;
                 self.hold = schedule.ask_again;
                 Step::Done
@@ -278,6 +410,13 @@ impl Reserved {
     }
 }
 
+/// How late a slot may still be used: half the headroom, as the local
+/// meters forgive lateness, so the other half still covers the network's
+/// jitter.
+fn late(headroom: Duration) -> Duration {
+    (headroom / 2).max(LATE_MIN)
+}
+
 impl Release for Reserved {
     async fn release(&mut self, ready: &mut Ready<'_>, head: Head, now: Instant) -> Step {
         match self.remote.source(now) {
@@ -316,10 +455,37 @@ impl Release for Reserved {
         self.local.step_aside(shared);
     }
 
-    /// Slots reserved before a pause or for callers who left are of no use
-    /// now: they go back to the fleet.
+    /// Slots reserved for callers who left are of no use now: they go
+    /// back to the fleet.
     fn stand_down(&mut self, shared: &Shared) {
         self.local.step_aside(shared);
         self.give_back();
+    }
+
+    /// Slots inside the pause are of no use; those after it, or late by
+    /// no more than a slot may be (see `use_slot`) when it ends, are still
+    /// the lane's, as the store books none inside a fleet's pause. A short
+    /// pause (a spent window, a contested last unit: one a window while
+    /// another consumer is busy) then costs neither a new reservation nor
+    /// slots given back that the meters could not take (the slots after
+    /// them are held) and that would push the next booking out. Those
+    /// inside only leave the fleet's ledger. With a reservation still on
+    /// its way, whose slots are not known yet, everything goes back.
+    fn pause_until(&mut self, shared: &Shared, until: Instant) {
+        if !self.ahead.is_empty() {
+            return self.stand_down(shared);
+        }
+        self.local.step_aside(shared);
+        let late = late(shared.policy.headroom);
+        let inside = self
+            .slots
+            .partition_point(|slot| later(slot.at, late) < until);
+        if inside == self.slots.len() {
+            return self.give_back();
+        }
+        let mut slots: Vec<(i64, u64)> =
+            self.slots.drain(..inside).map(|b| (b.t, b.cost)).collect();
+        slots.reverse();
+        self.remote.forget(slots);
     }
 }

@@ -15,13 +15,18 @@ pub(crate) struct Releases {
     window: Duration,
     cap: usize,
     at: VecDeque<Instant>,
+    /// The latest release forgotten for the cap while still in the window
+    /// (a quota above [`MOST`]): counts since then are "at least".
+    lost: Option<Instant>,
     /// Every release ever recorded: a vendor's bucket level is read against
     /// it over spans longer than the window.
     total: u64,
 }
 
-/// The most releases a ledger keeps: past that it answers "at least this
-/// many", which explains any vendor count up to it.
+/// The most releases a ledger keeps (64 KiB): a quota above it (GitHub's
+/// 5,000 an hour) forgets its oldest releases in the window, and then
+/// counts "more than it holds", which explains any vendor count, and knows
+/// no oldest release: the old behaviour of trusting the meters.
 const MOST: usize = 4_096;
 
 impl Releases {
@@ -31,6 +36,7 @@ impl Releases {
             window,
             cap: usize::try_from(count).unwrap_or(MOST).clamp(1, MOST),
             at: VecDeque::new(),
+            lost: None,
             total: 0,
         }
     }
@@ -41,11 +47,13 @@ impl Releases {
     }
 
     pub(crate) fn record(&mut self, now: Instant) {
-        while self
-            .at
-            .front()
-            .is_some_and(|&at| later(at, self.window) <= now || self.at.len() >= self.cap)
-        {
+        while let Some(&oldest) = self.at.front() {
+            if later(oldest, self.window) > now {
+                if self.at.len() < self.cap {
+                    break;
+                }
+                self.lost = Some(oldest);
+            }
             self.at.pop_front();
         }
         self.at.push_back(now);
@@ -98,15 +106,26 @@ impl Releases {
     }
 
     /// The first release at or after `since`.
+    /// `None` when one since then was forgotten for the cap.
     pub(crate) fn first_since(&self, since: Instant) -> Option<Instant> {
+        if self.forgot_since(since) {
+            return None;
+        }
         self.at.iter().copied().find(|&at| at >= since)
     }
 
-    /// Releases at or after `since`; a full ledger counts as "all it can
-    /// hold".
+    /// Releases at or after `since`; `u64::MAX` ("more than it holds")
+    /// when one of them was forgotten for the cap.
     pub(crate) fn since(&self, since: Instant) -> u64 {
+        if self.forgot_since(since) {
+            return u64::MAX;
+        }
         let counted = self.at.iter().rev().take_while(|&&at| at >= since).count();
         u64::try_from(counted).unwrap_or(u64::MAX)
+    }
+
+    fn forgot_since(&self, since: Instant) -> bool {
+        self.lost.is_some_and(|lost| lost >= since)
     }
 }
 
@@ -150,6 +169,13 @@ mod tests {
         for i in 0..10 {
             releases.record(t0 + Duration::from_millis(i));
         }
-        assert_eq!(releases.since(t0), 3);
+        assert_eq!(releases.instants().count(), 3);
+        assert_eq!(releases.since(t0), u64::MAX, "more than it holds");
+        assert_eq!(releases.first_since(t0), None, "its oldest forgotten");
+        assert_eq!(
+            releases.since(t0 + Duration::from_millis(8)),
+            2,
+            "after the last one forgotten, exactly"
+        );
     }
 }

@@ -33,6 +33,17 @@ async fn against_bucket(
     (vendor, shaper)
 }
 
+/// A lane told a bucket of 15 at 15/s against Anthropic's bucket of 10
+/// at 10/s, after `n` requests, all accepted in the end.
+async fn told_15_against_anthropic(n: usize) -> (Vendor, Shaper) {
+    let declared = Quota::token_bucket(15, 15, SECOND);
+    let (vendor, shaper) = against_bucket(10, 10, Style::Anthropic, declared).await;
+    for outcome in burst(&shaper, &vendor.uri(), n).await {
+        assert_eq!(outcome.unwrap().status(), 200);
+    }
+    (vendor, shaper)
+}
+
 /// The lane learned the vendor's 10 a second (`what`: which case).
 fn assert_learned_ten(shaper: &Shaper, what: &str) {
     let learned = shaper.lanes()[0].learned;
@@ -93,13 +104,7 @@ async fn after_a_throttle_the_lane_resumes_at_full_quota() {
 /// instead of meeting a 429.
 #[tokio::test(start_paused = true)]
 async fn a_quota_spent_by_someone_else_pauses_the_lane_before_a_429() {
-    let vendor = Vendor::strict(10, SECOND).start().await;
-    spend(&vendor, 5).await;
-    let shaper = shaper(10).build().unwrap();
-    let calls = tokio::spawn({
-        let (shaper, uri) = (shaper.clone(), vendor.uri());
-        async move { burst(&shaper, &uri, 20).await }
-    });
+    let (vendor, shaper, calls) = half_spent().await;
     // Our third request goes at 201 ms and hears "2 left"; then the other
     // spends one, and our fourth, at 302 ms, hears "0 left".
     tokio::time::sleep(Duration::from_millis(250)).await;
@@ -135,13 +140,7 @@ async fn a_quota_spent_by_someone_else_pauses_the_lane_before_a_429() {
 /// window, instead of meeting a 429 and the vendor's whole reset.
 #[tokio::test(start_paused = true)]
 async fn the_last_unit_of_a_quota_someone_else_spends_is_left_to_them() {
-    let vendor = Vendor::strict(10, SECOND).start().await;
-    spend(&vendor, 5).await;
-    let shaper = shaper(10).build().unwrap();
-    let calls = tokio::spawn({
-        let (shaper, uri) = (shaper.clone(), vendor.uri());
-        async move { burst(&shaper, &uri, 20).await }
-    });
+    let (vendor, shaper, calls) = half_spent().await;
     // Our fourth request goes at 302 ms and hears "1 left".
     tokio::time::sleep(Duration::from_millis(350)).await;
     let lane = &shaper.lanes()[0];
@@ -162,6 +161,23 @@ async fn the_last_unit_of_a_quota_someone_else_spends_is_left_to_them() {
         ours[4] <= Duration::from_millis(1_050),
         "no longer than until the first leaves the window: {ours:?}"
     );
+}
+
+/// A 10/s vendor another consumer spent 5 of, and a lane at 10/s sending
+/// 20 requests to it (their outcomes, once all are answered).
+async fn half_spent() -> (
+    Vendor,
+    Shaper,
+    tokio::task::JoinHandle<Vec<Result<reqwest::Response, callshaper::Error>>>,
+) {
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    spend(&vendor, 5).await;
+    let shaper = shaper(10).build().unwrap();
+    let calls = tokio::spawn({
+        let (shaper, uri) = (shaper.clone(), vendor.uri());
+        async move { burst(&shaper, &uri, 20).await }
+    });
+    (vendor, shaper, calls)
 }
 
 /// Another consumer (outside any lane) spends `n` of `vendor`'s quota now.
@@ -220,11 +236,7 @@ async fn a_lane_declared_too_fast_learns_the_real_quota_from_the_first_refusal()
 /// 10 from its first "0 left" instead of meeting a refusal per window.
 #[tokio::test(start_paused = true)]
 async fn a_whole_second_reset_at_a_one_second_window_still_teaches() {
-    let declared = Quota::token_bucket(15, 15, SECOND);
-    let (vendor, shaper) = against_bucket(10, 10, Style::Anthropic, declared).await;
-    for outcome in burst(&shaper, &vendor.uri(), 60).await {
-        assert_eq!(outcome.unwrap().status(), 200);
-    }
+    let (vendor, shaper) = told_15_against_anthropic(60).await;
     let accepted = accepted_at(&vendor);
     let refused = vendor.throttled();
     // After the first window, 50 requests at 10/s: at least 90 % of the
@@ -300,11 +312,7 @@ async fn a_fixed_windows_whole_second_end_teaches_at_every_phase() {
 /// sends what the vendor has at once, then one a refill apart.
 #[tokio::test(start_paused = true)]
 async fn a_quota_learned_from_a_bucket_vendor_still_bursts_after_a_quiet_spell() {
-    let declared = Quota::token_bucket(15, 15, SECOND);
-    let (vendor, shaper) = against_bucket(10, 10, Style::Anthropic, declared).await;
-    for outcome in burst(&shaper, &vendor.uri(), 40).await {
-        assert_eq!(outcome.unwrap().status(), 200);
-    }
+    let (vendor, shaper) = told_15_against_anthropic(40).await;
     assert_learned_ten(&shaper, "");
     tokio::time::sleep(2 * SECOND).await;
     let quiet = vendor.arrivals().len();

@@ -46,12 +46,19 @@ pub fn other_consumer(
     })
 }
 
-/// Await every task, in order.
+/// Await every task, in order, then yield once.
+///
+/// Awaiting many finished tasks in one poll spends the test task's
+/// cooperative budget; a bare `wiremock::MockServer` dropped in that same
+/// poll then blocks on a tokio lock that answers "not yet" forever (the
+/// hang `testing::Vendor`'s drop avoids on a thread of its own). The yield
+/// hands the rest of the test a fresh budget.
 pub async fn join_all<T: Send + 'static>(tasks: Vec<tokio::task::JoinHandle<T>>) -> Vec<T> {
     let mut out = Vec::with_capacity(tasks.len());
     for task in tasks {
         out.push(task.await.expect("a caller task panicked"));
     }
+    tokio::task::yield_now().await;
     out
 }
 

@@ -139,10 +139,10 @@ fn contested(
     released: Instant,
     fleet: Option<&[Option<Booked>]>,
 ) -> Option<Pause> {
-    let last = signals
+    let limit = signals
         .request_limits()
-        .find(|l| l.remaining == Some(1) && l.reset.is_some())?;
-    let limit = last.limit?;
+        .filter(|l| l.remaining == Some(1) && l.reset.is_some())
+        .find_map(|l| l.limit)?;
     if lane.explains(limit, limit.saturating_sub(1), released, fleet) {
         return None;
     }

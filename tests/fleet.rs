@@ -901,16 +901,7 @@ async fn a_quota_learned_from_a_bucket_vendor_holds_on_the_store() {
     let later: Vec<_> = arrivals.iter().filter(|a| a.at > first_burst).collect();
     let refused_later = later.iter().filter(|a| a.status != 200).count();
     // The most in any second after the first burst.
-    let busiest = later
-        .iter()
-        .map(|a| {
-            later
-                .iter()
-                .filter(|b| b.at >= a.at && b.at < a.at + SECOND)
-                .count()
-        })
-        .max()
-        .unwrap_or(0);
+    let busiest = callshaper::testing::max_in_any_window(later.iter().map(|a| a.at), SECOND);
     println!(
         "learned {:?}, {} refused in the first burst, {refused_later} after; at most {busiest} in a second after it",
         shaper.lanes()[0].learned,

@@ -208,7 +208,9 @@ impl Shared {
         self.waiting.fetch_add(1, Ordering::SeqCst)
     }
 
-    /// A turn the store counted `fleet` for was handed out.
+    /// A turn the store counted `fleet` for is being handed out. Recorded
+    /// whether or not its caller is still there: a slot whose caller left
+    /// serves the next, with the same count.
     fn handed_fleet(&self, fleet: &Fleet) {
         *lock(&self.latest_fleet) = Some(fleet.clone());
     }

@@ -15,8 +15,10 @@ pub(crate) struct Releases {
     window: Duration,
     cap: usize,
     at: VecDeque<Instant>,
-    /// The latest release forgotten for the cap while still in the window
-    /// (a quota above [`MOST`]): counts since then are "at least".
+    /// The quota is above [`MOST`]: the cap may forget releases still in
+    /// the window.
+    truncated: bool,
+    /// The latest release so forgotten: counts since then are "at least".
     lost: Option<Instant>,
     /// Every release ever recorded: a vendor's bucket level is read against
     /// it over spans longer than the window.
@@ -36,6 +38,7 @@ impl Releases {
             window,
             cap: usize::try_from(count).unwrap_or(MOST).clamp(1, MOST),
             at: VecDeque::new(),
+            truncated: usize::try_from(count).map_or(true, |count| count > MOST),
             lost: None,
             total: 0,
         }
@@ -52,7 +55,11 @@ impl Releases {
                 if self.at.len() < self.cap {
                     break;
                 }
-                self.lost = Some(oldest);
+                // Within its quota, a release past the cap is the lateness
+                // the meters forgive: the cap is still the count.
+                if self.truncated {
+                    self.lost = Some(oldest);
+                }
             }
             self.at.pop_front();
         }
@@ -105,8 +112,8 @@ impl Releases {
         longest
     }
 
-    /// The first release at or after `since`.
-    /// `None` when one since then was forgotten for the cap.
+    /// The first release at or after `since`; `None` when one since then
+    /// was forgotten for the cap.
     pub(crate) fn first_since(&self, since: Instant) -> Option<Instant> {
         if self.forgot_since(since) {
             return None;
@@ -162,6 +169,8 @@ mod tests {
         );
     }
 
+    /// Within its quota the cap is the count: more in the window is the
+    /// lateness the meters forgive.
     #[test]
     fn holds_at_most_its_quota() {
         let t0 = Instant::now();
@@ -169,11 +178,28 @@ mod tests {
         for i in 0..10 {
             releases.record(t0 + Duration::from_millis(i));
         }
-        assert_eq!(releases.instants().count(), 3);
+        assert_eq!(releases.since(t0), 3);
+        assert_eq!(
+            releases.first_since(t0),
+            Some(t0 + Duration::from_millis(7))
+        );
+    }
+
+    /// A quota above what a ledger holds (GitHub's 5,000 an hour) counts
+    /// "more than it holds" over a span it forgot, and knows no oldest.
+    #[test]
+    fn a_quota_above_its_cap_counts_more_than_it_holds() {
+        let t0 = Instant::now();
+        let micros = Duration::from_micros;
+        let mut releases = Releases::new(Duration::from_secs(1), MOST as u64 + 1);
+        for i in 0..MOST as u64 + 10 {
+            releases.record(t0 + micros(i));
+        }
+        assert_eq!(releases.instants().count(), MOST);
         assert_eq!(releases.since(t0), u64::MAX, "more than it holds");
         assert_eq!(releases.first_since(t0), None, "its oldest forgotten");
         assert_eq!(
-            releases.since(t0 + Duration::from_millis(8)),
+            releases.since(t0 + micros(MOST as u64 + 8)),
             2,
             "after the last one forgotten, exactly"
         );

@@ -436,11 +436,16 @@ pub(crate) fn cite(headers: &HeaderMap, signals: &Signals) -> Option<Arc<str>> {
         }
     });
     let text = hint.or_else(|| {
-        let least = signals.limits.iter().filter_map(|l| l.remaining).min()?;
+        let least = signals
+            .limits
+            .iter()
+            .filter_map(|l| l.remaining)
+            .min()
+            .filter(|&least| least <= 1)?;
         let spent: Vec<String> = signals
             .limits
             .iter()
-            .filter(|l| least <= 1 && l.remaining == Some(least))
+            .filter(|l| l.remaining == Some(least))
             .map(|l| {
                 let of = l
                     .limit
@@ -453,7 +458,7 @@ pub(crate) fn cite(headers: &HeaderMap, signals: &Signals) -> Option<Arc<str>> {
                 format!("{}: {least}{of} left{reset}", l.dimension)
             })
             .collect();
-        (!spent.is_empty()).then(|| spent.join("; "))
+        Some(spent.join("; "))
     })?;
     Some(text.chars().take(CITED).collect::<String>().into())
 }

@@ -9,6 +9,20 @@
 //! OpenAI's `insufficient_quota` or `billing_hard_limit_reached` ends the
 //! vendor's requests at once. A vendor that answers differently (Twitter's
 //! old 420, a 503 that only means "try elsewhere") gets its own.
+//!
+//! nginx's `limit_req` refuses with a headerless **503** unless
+//! `limit_req_status` says otherwise: by its bytes alone that is an
+//! overload, so the lane would pause and learn nothing. Behind nginx, mark
+//! it a throttle, and the lane learns nginx's spacing from it:
+//!
+//! ```
+//! use callshaper::Answers;
+//! use reqwest::StatusCode;
+//! let behind_nginx = Answers::default().throttle(StatusCode::SERVICE_UNAVAILABLE);
+//! assert!(!behind_nginx.is_overload(StatusCode::SERVICE_UNAVAILABLE));
+//! ```
+//!
+//! In a file: `answers = { throttles = [429, 503], overloads = [529] }`.
 
 use reqwest::StatusCode;
 

@@ -27,6 +27,7 @@ use crate::adaptive::{Adaptive, Aimd};
 use crate::drain::Drain;
 use crate::meters::{Meters, Quota, Rate, Unit};
 use crate::retry::{Backoff, Ledger, RetryBudget};
+use crate::spacing::{Declared, Departures, Learned, Reading, Refusal};
 use crate::sync::{lock, shrink};
 use crate::time::later;
 
@@ -79,6 +80,10 @@ pub(crate) struct Gate {
     /// A quota learned from a refusal is being probed back up: successes
     /// look at the pace (else they skip its lock).
     probing: AtomicBool,
+    /// When the last request really went, for strict spacing.
+    departures: Departures,
+    /// The spacing the vendor's refusals taught.
+    spacing: Mutex<Learned>,
 }
 
 /// Why a lane is paused, as [`LaneSnapshot`](crate::LaneSnapshot), the
@@ -100,6 +105,12 @@ pub enum PauseCause {
     /// request. The lane leaves it and waits until its own oldest release
     /// frees one.
     Contested,
+    /// A vendor that measures the spacing of requests (nginx's
+    /// `limit_req`) refused one for coming too soon after the last: the
+    /// lane keeps its sends further apart, strictly, from then on (see
+    /// [`LaneSnapshot::spacing`](crate::LaneSnapshot::spacing)), and
+    /// waits until that gap after the refused one.
+    Spacing,
     /// A throttle said when to come back (`Retry-After` or a reset).
     Hinted,
     /// A throttle said nothing usable: the growing fallback pause.
@@ -116,6 +127,7 @@ impl PauseCause {
         match self {
             Self::Spent => "spent",
             Self::Contested => "contested",
+            Self::Spacing => "spacing",
             Self::Hinted => "hinted",
             Self::Unhinted => "unhinted",
             Self::Fleet => "fleet",
@@ -367,6 +379,8 @@ impl Gate {
             drain: Mutex::new(Drain::default()),
             heard: AtomicBool::new(false),
             probing: AtomicBool::new(false),
+            departures: Departures::new(now),
+            spacing: Mutex::new(Learned::default()),
         }
     }
 
@@ -681,6 +695,94 @@ impl Gate {
             raised: false,
         };
         self.keep_to(rate, Some(probe), bucket).then_some(rate)
+    }
+
+    /// When the last request through this gate really went, and whether a
+    /// turn is still on its way to the wire (see `spacing.rs`).
+    pub(crate) fn departures(&self) -> &Departures {
+        &self.departures
+    }
+
+    /// A strict turn through this gate went on the wire at `at` (`None`:
+    /// it never went); a lane waiting for that word looks again.
+    pub(crate) fn went(&self, at: Option<Instant>) {
+        self.departures.went(at);
+        self.turn.notify_waiters();
+    }
+
+    /// The vendor accepted the request released at `released`: the gap
+    /// before it is one the vendor allows, and a learned spacing steps
+    /// down after a quiet spell (see [`Learned`]).
+    pub(crate) fn accepted(&self, released: Instant) {
+        let Some(interval) = self.request_interval() else {
+            return;
+        };
+        let mut meters = lock(&self.meters);
+        let before = meters.releases().and_then(|r| r.before(released));
+        let mut learned = lock(&self.spacing);
+        if let Some(before) = before {
+            learned.accepted(released.saturating_duration_since(before), before);
+        }
+        if let Some(gap) = learned.decay(interval, Instant::now()) {
+            meters.set_spacing(Some(gap));
+        }
+    }
+
+    /// The vendor refused the request released at `released`, saying its
+    /// limit is `limit` if it did (`silent`: it said nothing of its quota):
+    /// read against the ledger, is it the lane's spacing (see
+    /// [`Learned`])? The gap kept from now on, if so.
+    pub(crate) fn spacing_refused(
+        &self,
+        limit: Option<u64>,
+        silent: bool,
+        released: Instant,
+    ) -> Option<Duration> {
+        let window = self.window(released)?;
+        let declared = window.declared;
+        if limit.is_some_and(|limit| !window.allows(limit)) {
+            // The vendor says it counts fewer: the count learning's.
+            return None;
+        }
+        let count = u64::from(declared.count.max(1));
+        let mut meters = lock(&self.meters);
+        if meters.bursts() {
+            // Sends closer than the rate are a burst the quotas allow:
+            // their gaps say nothing of the vendor's spacing.
+            return None;
+        }
+        let releases = meters.releases()?;
+        let before = releases.before(released)?;
+        let (count_before, _) = releases.between(window.since, released);
+        let refusal = Refusal {
+            gap: released.saturating_duration_since(before),
+            before: count_before,
+            prior: before,
+            strict: meters.spacing().is_some(),
+            silent,
+        };
+        let reading = {
+            let declared = Declared {
+                spacing: declared.per / declared.count.max(1),
+                interval: declared.interval(self.headroom),
+                count,
+                per: declared.per,
+            };
+            lock(&self.spacing).refused(refusal, declared, released, Instant::now())
+        };
+        match reading {
+            Reading::Count => None,
+            Reading::Spacing(gap) => {
+                let gap = gap.min(self.max_pause);
+                meters.set_spacing(Some(gap));
+                Some(gap)
+            }
+        }
+    }
+
+    /// The strict spacing in force, if any.
+    pub(crate) fn spacing(&self) -> Option<Duration> {
+        lock(&self.meters).spacing()
     }
 
     /// True once the vendor answered a request of this gate's.

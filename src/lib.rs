@@ -119,6 +119,7 @@ pub mod retry;
 pub mod route;
 pub mod shaper;
 pub mod signals;
+mod spacing;
 pub mod store;
 mod sync;
 #[cfg(feature = "testing")]

@@ -131,6 +131,42 @@ enum Counting {
     /// A bucket of `limit` tokens: `(tokens, last refill, refill per
     /// second)`.
     Bucket(f64, Instant, f64),
+    /// nginx's `limit_req`, as nginx computes it.
+    Nginx(Nginx),
+    /// GCRA: a theoretical arrival time `tat`, one request every `limit`th
+    /// of the window, and a request refused when it comes sooner than
+    /// `tolerance` before `tat`: `(tat, tolerance)`.
+    Gcra(Option<Instant>, Duration),
+}
+
+/// nginx's `limit_req` state for one key, in its own units: `excess` in
+/// thousandths of a request, on a millisecond clock
+/// (`ngx_http_limit_req_lookup`). A request `ms` after the last accepted
+/// one finds `excess - rate * ms / 1000 + 1000` (at least 0), with `rate`
+/// the requests a second times 1000; above `burst` (times 1000) it is
+/// refused and changes nothing, else it is accepted, the excess kept, and
+/// `last` moved if `ms` is not 0. Without `burst`, any request sooner than
+/// `1000 / rate` seconds after the last accepted one is refused: at
+/// `10r/s`, 99 ms is too soon.
+#[derive(Debug, Clone, Copy)]
+struct Nginx {
+    rate: i64,
+    burst: i64,
+    nodelay: bool,
+    excess: i64,
+    /// The last accepted request, in whole milliseconds from the start.
+    last: Option<i64>,
+}
+
+impl Nginx {
+    /// The excess a request at `now_ms` would leave, whether or not it is
+    /// let in.
+    fn excess_at(&self, now_ms: i64) -> Option<(i64, i64)> {
+        let last = self.last?;
+        let ms = (now_ms - last).max(0);
+        let excess = (self.excess - self.rate * ms / 1000 + 1000).max(0);
+        Some((excess, ms))
+    }
 }
 
 struct State {
@@ -178,7 +214,37 @@ impl Quota {
                     Err(Duration::from_secs_f64(missing / per_second))
                 }
             }
+            Counting::Nginx(nginx) => match nginx.excess_at(millis(start, now)) {
+                Some((excess, _)) if excess > nginx.burst => {
+                    let over = u64::try_from(excess - nginx.burst).unwrap_or(0);
+                    let rate = u64::try_from(nginx.rate).unwrap_or(1).max(1);
+                    Err(Duration::from_millis(over * 1000 / rate))
+                }
+                _ => Ok(()),
+            },
+            Counting::Gcra(tat, tolerance) => match tat {
+                Some(tat) if now + *tolerance < *tat => Err(*tat - *tolerance - now),
+                _ => Ok(()),
+            },
         }
+    }
+
+    /// How long nginx holds an accepted request before it passes it on
+    /// (a `burst` without `nodelay`): the excess it left, at the rate.
+    fn delay(&self) -> Duration {
+        match &self.counting {
+            Counting::Nginx(nginx) if !nginx.nodelay => {
+                let excess = u64::try_from(nginx.excess).unwrap_or(0);
+                let rate = u64::try_from(nginx.rate).unwrap_or(1).max(1);
+                Duration::from_millis(excess * 1000 / rate)
+            }
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// The spacing of one request at the quota's rate.
+    fn emission(&self) -> Duration {
+        self.window / u32::try_from(self.limit.max(1)).unwrap_or(u32::MAX)
     }
 
     /// Forget what no longer counts at `now`.
@@ -202,14 +268,35 @@ impl Quota {
                 *tokens = (*tokens + (now - *last).as_secs_f64() * *per_second).min(limit);
                 *last = now;
             }
+            Counting::Nginx(_) | Counting::Gcra(..) => {}
         }
     }
 
-    fn charge(&mut self, cost: u64, now: Instant) {
+    fn charge(&mut self, cost: u64, now: Instant, start: Instant) {
+        let emission = self.emission();
         match &mut self.counting {
             Counting::Sliding(accepted) => accepted.push_back((now, cost)),
             Counting::Fixed(_, spent) => *spent += cost,
             Counting::Bucket(tokens, _, _) => *tokens -= cost as f64,
+            Counting::Nginx(nginx) => {
+                let now_ms = millis(start, now);
+                match nginx.excess_at(now_ms) {
+                    None => {
+                        nginx.excess = 0;
+                        nginx.last = Some(now_ms);
+                    }
+                    Some((excess, ms)) => {
+                        nginx.excess = excess;
+                        if ms != 0 {
+                            nginx.last = Some(now_ms);
+                        }
+                    }
+                }
+            }
+            Counting::Gcra(tat, _) => {
+                let from = tat.map_or(now, |tat| tat.max(now));
+                *tat = Some(from + emission);
+            }
         }
     }
 
@@ -226,10 +313,26 @@ impl Quota {
                 let missing = (self.limit as f64 - tokens).max(0.0);
                 Duration::from_secs_f64(missing / per_second)
             }
+            // Until the bucket is empty again.
+            Counting::Gcra(tat, _) => {
+                tat.map_or(Duration::ZERO, |tat| tat.saturating_duration_since(now))
+            }
+            Counting::Nginx(_) => Duration::ZERO,
+        };
+        let remaining = match &self.counting {
+            // What fits within the tolerance now, as GCRA libraries say it.
+            Counting::Gcra(tat, tolerance) => {
+                let behind = tat.map_or(Duration::ZERO, |tat| tat.saturating_duration_since(now));
+                let room = tolerance
+                    .saturating_add(self.emission())
+                    .saturating_sub(behind);
+                u64::try_from(room.as_nanos() / self.emission().as_nanos().max(1)).unwrap_or(0)
+            }
+            _ => self.remaining(),
         };
         Said {
             limit: self.limit,
-            remaining: self.remaining(),
+            remaining,
             window: self.window,
             reset,
             fixed: matches!(self.counting, Counting::Fixed(..)),
@@ -244,6 +347,8 @@ impl Quota {
                 .saturating_sub(accepted.iter().map(|&(_, c)| c).sum()),
             Counting::Fixed(_, spent) => self.limit.saturating_sub(*spent),
             Counting::Bucket(tokens, _, _) => tokens.max(0.0) as u64,
+            // Read at an instant: see `said`.
+            Counting::Gcra(..) | Counting::Nginx(_) => 0,
         }
     }
 
@@ -256,6 +361,11 @@ impl Quota {
                 .unwrap_or(1)
         })
     }
+}
+
+/// Whole milliseconds from `start` to `now`, as nginx's clock reads them.
+fn millis(start: Instant, now: Instant) -> i64 {
+    i64::try_from((now - start).as_millis()).unwrap_or(i64::MAX)
 }
 
 /// The end of the fixed window of length `window` from `start` that `now`
@@ -352,6 +462,61 @@ impl Vendor {
     /// ([`Style::Silent`]).
     pub fn stripe(limit: usize, window: Duration) -> Self {
         Self::strict(limit, window).silent()
+    }
+
+    /// nginx's `limit_req zone=... rate=<per_second>r/s burst=<burst>`
+    /// (`burst` 0: none), as nginx computes it (see the module docs): no
+    /// rate-limit headers, a refusal 503 with nginx's error page (set
+    /// another with [`refusing_with`](Self::refusing_with), as
+    /// `limit_req_status` does), and requests within the burst held until
+    /// the excess drains, unless [`nodelay`](Self::nodelay). nginx counts
+    /// the *spacing* of requests: without a burst, one sooner than
+    /// `1 / rate` after the last accepted one is refused.
+    pub fn nginx(per_second: u32, burst: u32) -> Self {
+        Self::with(
+            usize::try_from(burst)
+                .unwrap_or(usize::MAX)
+                .saturating_add(1),
+            Duration::from_secs(1) / per_second.max(1) * burst.saturating_add(1),
+            |_| {
+                Counting::Nginx(Nginx {
+                    rate: i64::from(per_second).saturating_mul(1000),
+                    burst: i64::from(burst).saturating_mul(1000),
+                    nodelay: false,
+                    excess: 0,
+                    last: None,
+                })
+            },
+        )
+        .speaking(Style::Nginx(503))
+    }
+
+    /// An nginx vendor's `limit_req ... nodelay`: requests within the
+    /// burst pass at once.
+    pub fn nodelay(self) -> Self {
+        if let Some(Quota {
+            counting: Counting::Nginx(nginx),
+            ..
+        }) = self.state().quotas.first_mut()
+        {
+            nginx.nodelay = true;
+        }
+        self
+    }
+
+    /// An nginx vendor refuses with `status` (`limit_req_status 429;`).
+    pub fn refusing_with(self, status: u16) -> Self {
+        self.speaking(Style::Nginx(status))
+    }
+
+    /// A GCRA limiter (as `redis-cell` and the `throttled` libraries
+    /// run): one request every `window / limit`, a request let in up to
+    /// `tolerance` before its theoretical time, and a refusal 429 with
+    /// `x-ratelimit-*` and `Retry-After` in whole seconds, rounded up
+    /// ([`Style::Gateway`]). A small tolerance measures spacing, as nginx
+    /// does.
+    pub fn gcra(limit: usize, window: Duration, tolerance: Duration) -> Self {
+        Self::with(limit, window, |_| Counting::Gcra(None, tolerance))
     }
 
     /// A vendor with one quota, counting as `counting` (given the vendor's
@@ -638,16 +803,19 @@ impl Respond for Vendor {
                 state.style.secondary(&said, wait)
             }
             (None, refused) => {
+                let mut delay = Duration::ZERO;
                 if refused.is_none() {
                     for (quota, &c) in state.quotas.iter_mut().zip(&costs) {
-                        quota.charge(c, now);
+                        quota.charge(c, now, start);
+                        delay = delay.max(quota.delay());
                     }
                     if let Some(secondary) = &mut state.secondary {
-                        secondary.charge(1, now);
+                        secondary.charge(1, now, start);
                     }
                 }
                 let said = state.quotas[0].said(now, start, wall);
-                state.style.answer(&said, refused)
+                let (status, answer) = state.style.answer(&said, refused);
+                (status, answer.set_delay(delay))
             }
         };
         // Its own clock's, as every vendor's is (else the server would

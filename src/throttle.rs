@@ -195,11 +195,52 @@ pub(crate) fn refused(lane: &Lane, status: StatusCode, signals: &Signals, releas
     }
 }
 
+/// A throttle answered `status` to the request released at `released`:
+/// if the lane's ledger says it was refused for its spacing (see
+/// `spacing.rs`), the lane keeps its sends the learned gap apart from now
+/// on, and waits that gap after the refused one: a vendor measuring
+/// spacing lets the next in then, and its whole-second `Retry-After`, if
+/// it sends one, is honoured as any hint. `None`: not a spacing refusal.
+pub(crate) fn spacing(
+    lane: &Lane,
+    status: StatusCode,
+    signals: &Signals,
+    released: Instant,
+    headroom: Duration,
+) -> Option<Pause> {
+    if lane.policy().answers.is_overload(status) {
+        return None;
+    }
+    let silent = signals.limits.is_empty();
+    let gap = lane.spacing_refused(signals.request_limit(), silent, released, status.as_u16())?;
+    tracing::warn!(
+        lane = lane.key(),
+        status = status.as_u16(),
+        ?gap,
+        "the vendor refused a send for its spacing; the lane keeps its sends this far apart"
+    );
+    let asked = match signals.pause_hint() {
+        Some(hint) => {
+            return Some(Pause {
+                asked: hint,
+                padded: hint.saturating_add(headroom),
+                cause: PauseCause::Hinted,
+            });
+        }
+        None => crate::time::later(released, gap).saturating_duration_since(Instant::now()),
+    };
+    Some(Pause {
+        asked,
+        padded: asked,
+        cause: PauseCause::Spacing,
+    })
+}
+
 /// The lane keeps to `learned`, below its declared quota, because `why`.
 fn slowed(lane: &Lane, learned: Rate, why: &str) {
     tracing::warn!(
         lane = lane.key(),
-        declared = ?lane.policy().request_rate(),
+        declared = ?lane.declared(),
         ?learned,
         "{why}; the lane keeps to what the vendor allows"
     );

@@ -15,7 +15,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::waiter::Waiter;
-use super::{Lane, Place, Priority, Slot, Turn, earliest, is_shared};
+use super::{
+    Lane, Place, Priority, Slot, Transit, Turn, departure, earliest, is_shared, is_strict,
+};
 use crate::error::Error;
 use crate::meters::{Meters, spacing};
 use crate::store::StoreMode;
@@ -127,16 +129,21 @@ impl Lane {
         // The clock is read under the lock: an instant read before it may
         // predate the charge of whoever held it, and would send this caller
         // to the queue for nothing (and everyone after it, behind it).
-        let charged_at = shared.with_meters(|meters| {
+        let (charged_at, transit) = shared.with_meters(|meters| {
             let now = Instant::now();
             let waiting = shared.waiting.load(Ordering::SeqCst) != 0;
             if waiting || shared.paused_until(now).is_some() || earliest(meters, cost, now) > now {
                 return None;
             }
-            for meter in meters {
+            // Strict: not before the last send's word, a gap after it.
+            if departure(shared, meters).ok()?.is_some_and(|at| at > now) {
+                return None;
+            }
+            for meter in meters.iter_mut() {
                 meter.commit(cost, now);
             }
-            Some(now)
+            let transit = is_strict(meters).then(|| Transit::leave(shared));
+            Some((now, transit))
         })?;
         shared.released.fetch_add(1, Ordering::Relaxed);
         shared.metrics.released();
@@ -144,6 +151,7 @@ impl Lane {
             _in_flight: permit,
             at: charged_at,
             fleet: None,
+            transit,
         })
     }
 

@@ -37,10 +37,12 @@ mod queue;
 mod release;
 mod waiter;
 
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
+use tokio::sync::futures::OwnedNotified;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::time::{Instant, sleep_until};
 
@@ -68,6 +70,42 @@ pub struct Turn {
     /// On a shared store, what the fleet had booked in each gate's window
     /// ending at this slot.
     fleet: Option<Fleet>,
+    /// On a strict lane: the lane whose next release waits to hear when
+    /// this one went (see [`Turn::went`]).
+    transit: Option<Transit>,
+}
+
+/// A strict turn's lane, told when the turn went, or that it never did.
+struct Transit(Arc<Shared>);
+
+impl std::fmt::Debug for Transit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Transit").field(&self.0.key).finish()
+    }
+}
+
+impl Transit {
+    /// The turn is about to be released: its gates wait for its word.
+    fn leave(shared: &Arc<Shared>) -> Self {
+        for gate in &shared.gates {
+            gate.departures().leave();
+        }
+        Self(shared.clone())
+    }
+
+    fn went(self, at: Option<Instant>) {
+        for gate in &self.0.gates {
+            gate.went(at);
+        }
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        if let Some(transit) = self.transit.take() {
+            transit.went(None);
+        }
+    }
 }
 
 /// What a fleet booked in each of a lane's gates' windows ending at one
@@ -106,6 +144,12 @@ pub struct LaneSnapshot {
     /// A quota lower than the configured one that the vendor announced, and
     /// the lane now keeps to.
     pub learned: Option<Rate>,
+    /// Strict spacing in force (declared with [`Quota::strict`](crate::Quota::strict),
+    /// or learned from a vendor's spacing refusals): no two sends closer
+    /// than this, measured from when the last one went. `None`: the meters
+    /// hold the count and forgive timer lateness.
+    #[cfg_attr(feature = "serde", serde(with = "crate::time::human::option"))]
+    pub spacing: Option<Duration>,
     /// With a shared store: whether the lane is on it, on its local
     /// fallback, or refusing. `None` in memory.
     pub store: Option<crate::store::StoreMode>,
@@ -271,6 +315,37 @@ fn is_shared(gate: &Arc<Gate>) -> bool {
     Arc::strong_count(gate) > 1
 }
 
+/// Strict spacing, for a lane whose meters keep it (see `spacing.rs`):
+/// `Ok(Some(at))` when the last request that really went lets the next go
+/// at `at`, `Ok(None)` when no send holds it (not strict, or nothing went
+/// yet), and `Err` with a wake-up while a turn released before is still on
+/// its way to the wire: its word says when it went, which the next is
+/// measured from. The wake-up is enabled before the check, so a word after
+/// it is not missed.
+fn departure(
+    shared: &Shared,
+    meters: &[MutexGuard<'_, Meters>],
+) -> Result<Option<Instant>, Pin<Box<OwnedNotified>>> {
+    let mut at = None;
+    for (meters, gate) in meters.iter().zip(&shared.gates) {
+        let Some(gap) = meters.spacing() else {
+            continue;
+        };
+        let wake = gate.next_turn();
+        let departures = gate.departures();
+        if departures.in_transit() {
+            return Err(wake);
+        }
+        at = at.max(departures.last().map(|last| later(last, gap)));
+    }
+    Ok(at)
+}
+
+/// True when one of `meters` keeps strict spacing.
+fn is_strict(meters: &[MutexGuard<'_, Meters>]) -> bool {
+    meters.iter().any(|meters| meters.spacing().is_some())
+}
+
 /// When every meter of `meters` allows a request of `cost`.
 fn earliest(meters: &[MutexGuard<'_, Meters>], cost: u64, now: Instant) -> Instant {
     meters
@@ -361,6 +436,12 @@ impl Lane {
         &self.shared.policy
     }
 
+    /// The request quota declared for the lane's vendor: a shaper's lanes
+    /// hold their quotas in their gates, not in their policy.
+    pub(crate) fn declared(&self) -> Option<Rate> {
+        self.shared.vendor().declared()
+    }
+
     /// Wait for this caller's turn, in FIFO order, under the policy's
     /// `max_wait`, for a request of cost 1.
     pub async fn acquire(&self) -> Result<Turn, Error> {
@@ -368,9 +449,13 @@ impl Lane {
         let mut place = self
             .enter(1, Priority::Interactive, max_wait)
             .inspect_err(|error| self.ended(error.reason()))?;
-        self.wait(&mut place)
+        let mut turn = self
+            .wait(&mut place)
             .await
-            .inspect_err(|error| self.ended(error.reason()))
+            .inspect_err(|error| self.ended(error.reason()))?;
+        // The caller sends now: a strict lane measures its next from here.
+        turn.went();
+        Ok(turn)
     }
 
     /// Hand the dispatcher a ticket already counted in `waiting`; the
@@ -520,9 +605,34 @@ impl Lane {
         self.shared.vendor().throttled(hint)
     }
 
-    /// The vendor accepted a request.
-    pub(crate) fn succeeded(&self) {
-        self.shared.vendor().succeeded();
+    /// The vendor accepted a request released at `released`.
+    pub(crate) fn succeeded(&self, released: Instant) {
+        let vendor = self.shared.vendor();
+        vendor.succeeded();
+        vendor.accepted(released);
+    }
+
+    /// The vendor refused the request released at `released` (saying its
+    /// limit is `limit`, if it did; `silent`: nothing of its quota) for the
+    /// lane's spacing, by its ledger
+    /// (see [`Gate::spacing_refused`]): the gap the lane keeps from now on,
+    /// if so, with the refusal counted.
+    pub(crate) fn spacing_refused(
+        &self,
+        limit: Option<u64>,
+        silent: bool,
+        released: Instant,
+        status: u16,
+    ) -> Option<Duration> {
+        let gap = self
+            .shared
+            .vendor()
+            .spacing_refused(limit, silent, released)?;
+        self.shared.throttles.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .metrics
+            .throttled(status, PauseCause::Spacing.label());
+        Some(gap)
     }
 
     /// Whose releases gate `i` reads the vendor's signals against: the
@@ -772,6 +882,8 @@ impl Lane {
             .iter()
             .filter_map(|gate| gate.pause(now))
             .max_by_key(|pause| pause.until);
+        // Before the literal: its `interval` holds the meters' locks to its end.
+        let spacing = self.shared.gates.iter().filter_map(|g| g.spacing()).max();
         LaneSnapshot {
             key: self.shared.key.clone(),
             queued: self.queued(),
@@ -788,6 +900,7 @@ impl Lane {
                 .max()
                 .unwrap_or_default(),
             learned: self.shared.vendor().learned(),
+            spacing,
             store: self.shared.remote.as_ref().map(|remote| remote.mode()),
         }
     }
@@ -820,6 +933,15 @@ impl Place {
 }
 
 impl Turn {
+    /// The request goes on the wire now: a strict lane measures its next
+    /// send from here. [`Lane::acquire`] says it as it hands the turn over;
+    /// the shaper says it as the transport takes the request.
+    pub(crate) fn went(&mut self) {
+        if let Some(transit) = self.transit.take() {
+            transit.went(Some(Instant::now()));
+        }
+    }
+
     /// When the lane's meters were charged for this turn.
     pub(crate) fn at(&self) -> Instant {
         self.at

@@ -1,5 +1,6 @@
 //! A [`Quota`] as a file declares it: one flat table,
-//! `{ algorithm = "token_bucket", capacity = 10, count = 1, per = "1s", unit = "cost" }`,
+//! `{ algorithm = "token_bucket", capacity = 10, count = 1, per = "1s", unit = "cost" }`
+//! (`strict = true` for [`Quota::strict`]),
 //! checked as it is read (feature `serde`).
 
 use std::time::Duration;
@@ -23,6 +24,9 @@ pub(super) struct Declared {
     capacity: Option<u64>,
     #[serde(default)]
     unit: Unit,
+    /// Requests at least an interval apart on the wire ([`Quota::strict`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    strict: bool,
 }
 
 #[derive(Clone, Copy, Serialize, Deserialize)]
@@ -65,6 +69,7 @@ impl TryFrom<Declared> for Quota {
         let quota = Quota {
             algorithm,
             unit: declared.unit,
+            strict: declared.strict,
         };
         quota.validate()?;
         Ok(quota)
@@ -95,6 +100,7 @@ impl TryFrom<&Quota> for Declared {
             per: rate.per,
             capacity,
             unit: quota.unit,
+            strict: quota.strict,
         })
     }
 }

@@ -253,6 +253,9 @@ pub struct Quota {
     pub algorithm: Algorithm,
     /// What it counts.
     pub unit: Unit,
+    /// No two requests closer than the quota's interval, measured from
+    /// when the last one really went (see [`Quota::strict`]).
+    pub strict: bool,
 }
 
 impl Quota {
@@ -281,6 +284,7 @@ impl Quota {
         Self {
             algorithm,
             unit: Unit::Requests,
+            strict: false,
         }
     }
 
@@ -347,7 +351,40 @@ impl Quota {
         Self {
             algorithm,
             unit: self.unit,
+            strict: self.strict,
         }
+    }
+
+    /// Keep every two requests at least the quota's interval apart
+    /// (`(per + headroom) / count`), measured from when the last one really
+    /// went on the wire, for a vendor that measures the *spacing* of
+    /// requests rather than counting them in a window: nginx's
+    /// `limit_req` without `burst` refuses a request that comes 99 ms after
+    /// the last one it accepted at `10r/s`, a GCRA with a small tolerance
+    /// likewise.
+    ///
+    /// Without it, a lane holds the count (never more than `count` in any
+    /// window of `per`) but forgives timer lateness: a release that fires
+    /// late keeps the schedule, so the next may go up to `headroom / 2`
+    /// sooner than the interval after it. That is what lets a 200/s lane
+    /// use 99 % of its quota on millisecond timers. Strict, lateness is
+    /// never made up: each send waits a full interval after the last one,
+    /// so the average rate is the interval plus the timers' lateness
+    /// (about 0.5 ms a send). A lane that meets a spacing refusal turns
+    /// strict by itself.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use callshaper::Quota;
+    /// let nginx = Quota::leaky_bucket(10, Duration::from_secs(1)).strict();
+    /// assert!(nginx.strict);
+    /// ```
+    ///
+    /// In memory only for now: a shaper with a shared store refuses a
+    /// strict quota at `build()`.
+    pub fn strict(mut self) -> Self {
+        self.strict = true;
+        self
     }
 
     /// Count each request's cost (tokens) instead of requests.
@@ -418,6 +455,21 @@ pub(crate) struct Meters {
     /// burst waits for the vendor's first word (see [`FIRST_WORD`]).
     first: Option<Instant>,
     heard: bool,
+    /// Strict spacing declared ([`Quota::strict`]): the widest interval
+    /// among the strict quotas.
+    strict: Option<Duration>,
+    /// Strict spacing a vendor's refusals taught (`spacing.rs`).
+    learned_spacing: Option<Duration>,
+}
+
+/// The strict spacing `quotas` declare: the widest interval among the
+/// strict ones.
+fn strict_spacing(quotas: &[Quota], headroom: Duration) -> Option<Duration> {
+    quotas
+        .iter()
+        .filter(|quota| quota.strict)
+        .map(|quota| quota.rate().interval(headroom))
+        .max()
 }
 
 /// How long a lane whose quotas allow a burst waits, after its first
@@ -481,6 +533,8 @@ impl Meters {
             quotas: quotas.to_vec(),
             first: None,
             heard: false,
+            strict: strict_spacing(quotas, headroom),
+            learned_spacing: None,
         }
     }
 
@@ -521,7 +575,21 @@ impl Meters {
             }
             releases
         });
+        self.strict = strict_spacing(quotas, headroom);
         self.quotas = quotas.to_vec();
+    }
+
+    /// The strict spacing in force (see `spacing.rs`): no request less than
+    /// this after the last one, released or sent; `None`: the meters
+    /// alone decide.
+    pub(crate) fn spacing(&self) -> Option<Duration> {
+        self.strict.max(self.learned_spacing)
+    }
+
+    /// Keep requests at least `gap` apart on the wire, as a vendor's
+    /// spacing refusals taught.
+    pub(crate) fn set_spacing(&mut self, gap: Option<Duration>) {
+        self.learned_spacing = gap;
     }
 
     /// The ledger of releases over the request window (`None` when no
@@ -556,9 +624,15 @@ impl Meters {
             .iter()
             .map(|(meter, unit)| meter.earliest(Self::units(*unit, cost), now));
         let pace = self.paces().map(|pace| pace.earliest(1, now));
+        // Strict, the last release's lateness is not made up.
+        let spaced = self
+            .spacing()
+            .zip(self.last)
+            .map(|(gap, last)| later(last, gap));
         declared
             .chain(pace)
             .chain(self.first_word())
+            .chain(spaced)
             .max()
             .unwrap_or(now)
     }
@@ -571,7 +645,7 @@ impl Meters {
     }
 
     /// True when the quotas let more than one request go at once.
-    fn bursts(&self) -> bool {
+    pub(crate) fn bursts(&self) -> bool {
         self.quotas.iter().any(Quota::bursts)
     }
 

@@ -84,6 +84,11 @@ impl Releases {
         )
     }
 
+    /// The last release before `at`, if the ledger still holds it.
+    pub(crate) fn before(&self, at: Instant) -> Option<Instant> {
+        self.at.iter().rev().find(|&&t| t < at).copied()
+    }
+
     /// Releases at or after `since` and before `until`, and the first of
     /// them.
     pub(crate) fn between(&self, since: Instant, until: Instant) -> (u64, Option<Instant>) {

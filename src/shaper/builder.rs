@@ -334,6 +334,13 @@ impl ShaperBuilder {
                      use the built-in algorithms",
                 ));
             }
+            if self.store.is_some() && level.quotas.iter().any(|quota| quota.strict) {
+                return Err(ConfigError::new(
+                    format!("levels.{name}.quotas"),
+                    "strict spacing is kept in this process only: with a shared store, \
+                     declare the quota without `strict`",
+                ));
+            }
         }
         if self.retry.max_attempts == 0 {
             return Err(ConfigError::new("max_attempts", "must be at least 1"));

@@ -194,7 +194,7 @@ impl Shaper {
             policy.retry_non_idempotent || retry::is_idempotent(request.method());
         let mut waiting_since = submitted;
         loop {
-            let turn = lane.wait(&mut place).await?;
+            let mut turn = lane.wait(&mut place).await?;
             tally.queued = tally.queued.saturating_add(waiting_since.elapsed());
             tally.attempts = tally.attempts.saturating_add(1);
             let attempts = tally.attempts;
@@ -210,6 +210,7 @@ impl Shaper {
             let attempt = span.attempt(attempts);
             let mut outcome = {
                 let _on_the_wire = lane.sending();
+                turn.went();
                 send(request).instrument(attempt.span().clone()).await
             };
             match &outcome {
@@ -244,7 +245,7 @@ impl Shaper {
             // How long the request waits, in its lane, before it goes again.
             let backoff = match (verdict, outcome) {
                 (Verdict::Done, outcome) => {
-                    lane.succeeded();
+                    lane.succeeded(charged_at);
                     if let Some(pause) = throttle::spent(
                         &lane,
                         &signals,
@@ -281,10 +282,18 @@ impl Shaper {
                 }
                 (Verdict::Throttled, Ok(response)) => {
                     tally.throttles = tally.throttles.saturating_add(1);
-                    let pause = throttle::throttled(&lane, response.status(), &signals, headroom);
+                    let status = response.status();
+                    let spacing = throttle::spacing(&lane, status, &signals, charged_at, headroom);
+                    let pause = spacing
+                        .unwrap_or_else(|| throttle::throttled(&lane, status, &signals, headroom));
                     let said = crate::signals::cite(response.headers(), &signals);
-                    lane.pause_because(pause.padded, pause.cause, said.as_ref());
-                    throttle::refused(&lane, response.status(), &signals, charged_at);
+                    // A spacing refusal's gap may have passed already.
+                    if !(pause.cause == PauseCause::Spacing && pause.padded.is_zero()) {
+                        lane.pause_because(pause.padded, pause.cause, said.as_ref());
+                    }
+                    if spacing.is_none() {
+                        throttle::refused(&lane, status, &signals, charged_at);
+                    }
                     tracing::warn!(
                         lane = lane.key(),
                         status = response.status().as_u16(),
@@ -402,7 +411,7 @@ impl Shaper {
             let policy = lane.policy();
             tracing::warn!(
                 lane = lane.key(),
-                configured = ?policy.request_rate(),
+                configured = ?lane.declared(),
                 ?announced,
                 "the vendor announced a lower quota than configured; the lane keeps to it"
             );

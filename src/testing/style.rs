@@ -42,6 +42,10 @@ pub enum Style {
     Discord,
     /// Stripe: no rate-limit headers at all, a bare 429.
     Silent,
+    /// nginx's `limit_req`: no rate-limit headers, and a refusal with
+    /// nginx's own HTML error page: 503 by default, or the status
+    /// `limit_req_status` sets ([`Vendor::refusing_with`](super::Vendor::refusing_with)).
+    Nginx(u16),
 }
 
 /// What the vendor knows of its quota at one answer.
@@ -71,8 +75,12 @@ impl Style {
         let status = match (self, refused) {
             (_, None) => 200,
             (Style::GitHub, Some(_)) => 403,
+            (Style::Nginx(status), Some(_)) => status,
             (_, Some(_)) => 429,
         };
+        if let (Style::Nginx(_), Some(_)) = (self, refused) {
+            return (status, nginx_page(status));
+        }
         let answer = self
             .headers(said, refused)
             .into_iter()
@@ -184,10 +192,27 @@ impl Style {
                     header("retry-after", whole_secs_up(wait).to_string());
                 }
             }
-            Style::Silent => {}
+            Style::Silent | Style::Nginx(_) => {}
         }
         headers
     }
+}
+
+/// nginx's built-in error page for `status`, as it serves it.
+fn nginx_page(status: u16) -> ResponseTemplate {
+    let reason = match status {
+        503 => "Service Temporarily Unavailable",
+        429 => "Too Many Requests",
+        _ => "Error",
+    };
+    let body = format!(
+        "<html>\r\n<head><title>{status} {reason}</title></head>\r\n<body>\r\n\
+         <center><h1>{status} {reason}</h1></center>\r\n<hr><center>nginx</center>\r\n\
+         </body>\r\n</html>\r\n"
+    );
+    ResponseTemplate::new(status)
+        .insert_header("server", "nginx")
+        .set_body_raw(body, "text/html")
 }
 
 /// `{"message": ...}`, as GitHub's error bodies are.

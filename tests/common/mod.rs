@@ -2,6 +2,9 @@
 //! wiremock HTTP, and shapers whose attempts hold tokio's paused clock.
 #![allow(dead_code)]
 
+pub mod nginx;
+
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use callshaper::testing::{HoldClock, TokioWall};
@@ -151,4 +154,106 @@ pub async fn settle_then_not(
         tokio::time::sleep(2 * SECOND).await;
     }
     assert_eq!(vendor.throttled(), 0);
+}
+
+/// A transport that records, on the real clock, when each attempt reached
+/// it and what it was answered (0: no answer): the sends as the wire sees
+/// them.
+#[derive(Clone, Default)]
+pub struct Wire {
+    client: reqwest::Client,
+    sends: Arc<Mutex<Vec<(std::time::Instant, u16)>>>,
+}
+
+impl Wire {
+    /// Every send so far, in the order they reached the transport.
+    pub fn sends(&self) -> Vec<(std::time::Instant, u16)> {
+        let mut sends = self.sends.lock().unwrap().clone();
+        sends.sort_by_key(|(at, _)| *at);
+        sends
+    }
+
+    /// How many were refused with `status`.
+    pub fn refused(&self, status: u16) -> usize {
+        self.sends().iter().filter(|(_, s)| *s == status).count()
+    }
+
+    /// The smallest gap between two consecutive sends.
+    pub fn smallest_gap(&self) -> Duration {
+        let sends = self.sends();
+        sends
+            .windows(2)
+            .map(|pair| pair[1].0 - pair[0].0)
+            .min()
+            .unwrap_or(Duration::MAX)
+    }
+
+    /// The share of `per_second` the accepted sends at or after `from`
+    /// (from the first send) used, between the first and the last of them.
+    pub fn used(&self, per_second: f64, from: Duration) -> f64 {
+        let sends = self.sends();
+        let Some(&(first, _)) = sends.first() else {
+            return 0.0;
+        };
+        let accepted: Vec<_> = sends
+            .iter()
+            .filter(|(at, status)| *status == 200 && *at - first >= from)
+            .map(|(at, _)| *at)
+            .collect();
+        let (Some(start), Some(end)) = (accepted.first(), accepted.last()) else {
+            return 0.0;
+        };
+        let span = (*end - *start).as_secs_f64();
+        (accepted.len() - 1) as f64 / (span * per_second)
+    }
+}
+
+impl callshaper::Transport for Wire {
+    fn send(
+        &self,
+        request: reqwest::Request,
+    ) -> callshaper::BoxFuture<reqwest::Result<reqwest::Response>> {
+        let at = std::time::Instant::now();
+        let (client, sends) = (self.client.clone(), self.sends.clone());
+        Box::pin(async move {
+            let outcome = client.execute(request).await;
+            let status = outcome.as_ref().map_or(0, |r| r.status().as_u16());
+            sends.lock().unwrap().push((at, status));
+            outcome
+        })
+    }
+}
+
+/// Both cores kept busy until dropped: what a loaded machine does to
+/// timers.
+pub struct Busy(
+    Arc<std::sync::atomic::AtomicBool>,
+    Vec<std::thread::JoinHandle<()>>,
+);
+
+impl Busy {
+    pub fn cores(n: usize) -> Self {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let threads = (0..n)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut x = 0_u64;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+                    }
+                })
+            })
+            .collect();
+        Self(stop, threads)
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        for thread in self.1.drain(..) {
+            let _ = thread.join();
+        }
+    }
 }

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use super::{Blocked, Release, Step};
 use crate::lane::dispatcher::Ready;
 use crate::lane::queue::Head;
-use crate::lane::{Shared, earliest, is_shared};
+use crate::lane::{Shared, departure, earliest, is_shared, is_strict};
 use crate::meters::Meters;
 
 /// Releases by the gates' meters in this process.
@@ -85,10 +85,22 @@ impl Local {
             if let Some(blocked) = self.queue_up(shared, meters, cost, now) {
                 return Err(blocked);
             }
+            let strict = is_strict(meters);
+            let at = match departure(shared, meters) {
+                Err(word) => return Err(Blocked::Turn(word)),
+                Ok(sent) => at.max(sent.unwrap_or(at)),
+            };
             if at > now {
-                return Err(first_word(shared, meters, at).unwrap_or(Blocked::Until(at)));
+                let blocked = first_word(shared, meters, at);
+                // Strict, a timer's lateness is never made up: wake on time.
+                let until = if strict {
+                    Blocked::Exactly(at)
+                } else {
+                    Blocked::Until(at)
+                };
+                return Err(blocked.unwrap_or(until));
             }
-            let handed = ready.hand(head, now, None);
+            let handed = ready.hand(head, now, None, strict);
             if handed {
                 for meter in meters.iter_mut() {
                     meter.commit(cost, now);

@@ -1,0 +1,411 @@
+//! Strict spacing: no two sends closer than an interval, measured from
+//! when the last one really went, and the spacing a vendor's refusals
+//! teach.
+//!
+//! Window-counting vendors (a sliding log, a fixed window, a token bucket)
+//! count requests; the meters hold that count and forgive timer lateness,
+//! so a release that fires late keeps the schedule and the next may follow
+//! it sooner than the interval. A vendor that measures *spacing* instead
+//! (nginx's `limit_req` without `burst`, a GCRA with a small tolerance)
+//! refuses exactly that send: at `10r/s` nginx refuses a request 99 ms
+//! after the last one it accepted, on its millisecond clock. A strict lane
+//! waits a full interval after the last send ([`Departures`]), and a lane
+//! refused for its spacing learns how far apart the vendor wants its
+//! sends ([`Learned`]).
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::time::later;
+
+/// When the lane's last request really went on the wire, and how many
+/// turns released on a strict lane have not said yet whether they went.
+///
+/// Atomics, not the meters' lock: a turn reports as it drops, which may be
+/// while the dispatcher holds that lock to hand out the next.
+#[derive(Debug)]
+pub(crate) struct Departures {
+    origin: Instant,
+    /// Nanoseconds from `origin` to the last departure, plus one (0: none).
+    last: AtomicU64,
+    in_transit: AtomicU32,
+}
+
+impl Departures {
+    pub(crate) fn new(origin: Instant) -> Self {
+        Self {
+            origin,
+            last: AtomicU64::new(0),
+            in_transit: AtomicU32::new(0),
+        }
+    }
+
+    /// A turn was released on a strict lane: it says when it went
+    /// ([`went`](Self::went)) before the next may be measured from it.
+    pub(crate) fn leave(&self) {
+        self.in_transit.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A turn went on the wire at `at` (`None`: it never went).
+    pub(crate) fn went(&self, at: Option<Instant>) {
+        if let Some(at) = at {
+            let nanos = at.saturating_duration_since(self.origin).as_nanos();
+            let nanos = u64::try_from(nanos).unwrap_or(u64::MAX - 1) + 1;
+            self.last.fetch_max(nanos, Ordering::AcqRel);
+        }
+        // Never below zero, whatever order reports come in.
+        let _ = self
+            .in_transit
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
+
+    /// When the last request went, if one did.
+    pub(crate) fn last(&self) -> Option<Instant> {
+        match self.last.load(Ordering::Acquire) {
+            0 => None,
+            nanos => Some(later(self.origin, Duration::from_nanos(nanos - 1))),
+        }
+    }
+
+    /// True while a released turn has not said whether it went.
+    pub(crate) fn in_transit(&self) -> bool {
+        self.in_transit.load(Ordering::Acquire) > 0
+    }
+}
+
+/// A refusal, as the lane's own ledger saw it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Refusal {
+    /// The gap between the refused release and the one before it.
+    pub(crate) gap: Duration,
+    /// The lane's releases in the declared window before the refused one.
+    pub(crate) before: u64,
+    /// The release before the refused one.
+    pub(crate) prior: Instant,
+    /// The lane kept strict spacing already.
+    pub(crate) strict: bool,
+    /// The refusal said nothing of the vendor's quota (no limit, no
+    /// remaining): a bare 429 or nginx's 503.
+    pub(crate) silent: bool,
+}
+
+/// The declared request rate, as a refusal is read against it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Declared {
+    /// `per / count`: the spacing the vendor's rate means.
+    pub(crate) spacing: Duration,
+    /// `(per + headroom) / count`: the lane's interval.
+    pub(crate) interval: Duration,
+    /// `count`.
+    pub(crate) count: u64,
+    /// `per`.
+    pub(crate) per: Duration,
+}
+
+/// What a refusal says of the vendor's spacing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reading {
+    /// Not a spacing refusal: the vendor counts, and the count learning
+    /// reads it (`Gate::refused`).
+    Count,
+    /// The lane keeps its sends at least this far apart from now on.
+    Spacing(Duration),
+}
+
+/// Declared windows without a spacing refusal before a learned gap steps
+/// back down.
+const QUIET: u32 = 30;
+
+/// The spacing a vendor's refusals taught, and how it decays.
+///
+/// # The reading
+///
+/// With `g` the gap before the refused release, `S = per / count` and
+/// `T = (per + headroom) / count` (the lane's interval):
+///
+/// 1. **`g < S`**: the send came sooner than the declared rate allows at
+///    all: the lane's own forgiven lateness, against a vendor that measures
+///    spacing. The lane turns strict at `T`; its count stays.
+/// A lane not yet strict reads the next two only from a refusal that says
+/// nothing of the vendor's quota (a bare 429, nginx's 503) at a gap the
+/// vendor never accepted; any other is a count (4).
+///
+/// 2. **Strict, and the vendor accepted a gap of `g` or less before**
+///    (measured from an accepted release), and the lane was near its full
+///    count or the send before was accepted: jitter between the lane's clock and
+///    the vendor's (nginx reads a millisecond clock cached per event-loop
+///    turn; a cold connection's first request lands later than it left).
+///    The margin widens by `T / 50`, at most to `T + T / 10`.
+/// 3. **Nothing that close was ever accepted**: the vendor's spacing may be
+///    longer than `g` (a lane declared faster than a spacing vendor: nginx
+///    refuses the second request of a 15/s lane 67 ms in). The first such
+///    refusal turns the lane strict at `T + T / 50`; each later one grows
+///    the gap by a quarter, never past the smallest gap the vendor
+///    accepted, nor past the declared window: 68 ms, then 85, then 107
+///    against nginx's 100, three refusals.
+/// 4. Otherwise (a second refusal in a row, at a gap the vendor accepted
+///    before, below the lane's count) the vendor counts: a quota below the
+///    declared one, which the count learning reads.
+///
+/// # The decay
+///
+/// A gap above `T` steps down by a twentieth of `T` after [`QUIET`]
+/// declared windows without a spacing refusal; a refused step puts it back
+/// and doubles the wait, as a learned quota's probe does. The lane stays
+/// strict: a vendor that refused a send for its spacing measures spacing.
+#[derive(Debug, Default)]
+pub(crate) struct Learned {
+    gap: Option<Duration>,
+    /// The smallest gap the vendor accepted after an accepted release.
+    accepted: Option<Duration>,
+    /// The last refused release: a release after it is measured by the
+    /// vendor from the one before, so its gap says nothing accepted.
+    refused: Option<Instant>,
+    /// When the gap next steps down, how long the wait was, and the gap
+    /// before the step (`Some` while a step is on trial).
+    step_at: Option<Instant>,
+    quiet: Duration,
+    trial: Option<Duration>,
+}
+
+impl Learned {
+    /// The vendor accepted the release at `released`, `gap` after the one
+    /// before it (`before`).
+    pub(crate) fn accepted(&mut self, gap: Duration, before: Instant) {
+        if self.refused == Some(before) {
+            return;
+        }
+        self.accepted = Some(self.accepted.map_or(gap, |a| a.min(gap)));
+    }
+
+    /// The vendor refused the release at `released` (`refusal`, read
+    /// against the ledger), at `now`: what it says, and the gap kept from
+    /// now on when it is spacing.
+    pub(crate) fn refused(
+        &mut self,
+        refusal: Refusal,
+        declared: Declared,
+        released: Instant,
+        now: Instant,
+    ) -> Reading {
+        let previous = self
+            .refused
+            .replace(self.refused.map_or(released, |r| r.max(released)));
+        let Refusal { gap, before, .. } = refusal;
+        let t = declared.interval;
+        let kept = self.gap.unwrap_or(t).max(t);
+        let near_full = before.saturating_add(2) >= declared.count;
+        // A refusal after an accepted send is not yet a pattern; two in a
+        // row at a gap the vendor accepted before are a count.
+        let isolated = previous != Some(refusal.prior);
+        let accepted_closer = self.accepted.is_some_and(|a| a <= gap);
+        let gap = if gap < declared.spacing {
+            kept
+        } else if let Some(before_step) = self.trial.take() {
+            // A step down was refused: back, and wait twice as long.
+            self.quiet = self.quiet.saturating_mul(2);
+            before_step
+        } else if !refusal.strict && (!refusal.silent || accepted_closer) {
+            // A lane not yet strict, refused at a gap the vendor accepted
+            // before, or by a vendor that says what it counts: a count.
+            return Reading::Count;
+        } else if accepted_closer && (near_full || isolated) {
+            let most = t.saturating_add(t / 10);
+            kept.max(gap).saturating_add(t / 50).min(most.max(kept))
+        } else if accepted_closer {
+            return Reading::Count;
+        } else if self.gap.is_none() {
+            // No word yet of what the vendor accepts: the first refusal
+            // may be the send after a cold connection's, landing closer
+            // than it left. Strict, with a margin.
+            t.saturating_add(t / 50)
+        } else {
+            let grown = kept.max(gap).saturating_add(kept.max(gap) / 4);
+            let ceiling = self
+                .accepted
+                .filter(|a| *a > gap)
+                .unwrap_or(declared.per)
+                .min(declared.per);
+            kept.max(grown.min(ceiling))
+        };
+        if self.quiet.is_zero() {
+            self.quiet = declared.per.saturating_mul(QUIET);
+        }
+        self.step_at = Some(later(now, self.quiet));
+        self.gap = Some(gap);
+        Reading::Spacing(gap)
+    }
+
+    /// A quiet spell: the gap steps down a twentieth of `interval` once
+    /// its wait is over (never below `interval`). The gap in force, if it
+    /// changed.
+    pub(crate) fn decay(&mut self, interval: Duration, now: Instant) -> Option<Duration> {
+        let (gap, at) = (self.gap?, self.step_at?);
+        if now < at || gap <= interval {
+            return None;
+        }
+        // The gap before this step, which a refusal of it goes back to.
+        self.trial = Some(gap);
+        let stepped = gap.saturating_sub(interval / 20).max(interval);
+        self.gap = Some(stepped);
+        self.step_at = Some(later(now, self.quiet));
+        Some(stepped)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// 10 a second with 5 ms of headroom.
+    fn ten() -> Declared {
+        Declared {
+            spacing: ms(100),
+            interval: Duration::from_micros(100_500),
+            count: 10,
+            per: Duration::from_secs(1),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_send_sooner_than_the_rate_turns_the_lane_strict_at_its_interval() {
+        let mut learned = Learned::default();
+        let now = Instant::now();
+        let refusal = Refusal {
+            gap: Duration::from_micros(99_300),
+            before: 4,
+            prior: now,
+            strict: false,
+            silent: true,
+        };
+        let reading = learned.refused(refusal, ten(), now, now);
+        assert_eq!(reading, Reading::Spacing(ten().interval));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn jitter_widens_the_margin_a_fiftieth_at_a_time_up_to_a_tenth() {
+        let mut learned = Learned::default();
+        let t0 = Instant::now();
+        learned.accepted(ten().interval, t0);
+        let refusal = Refusal {
+            gap: ten().interval,
+            before: 9,
+            prior: t0,
+            strict: true,
+            silent: true,
+        };
+        let first = learned.refused(refusal, ten(), t0 + ms(1), t0);
+        assert_eq!(first, Reading::Spacing(Duration::from_micros(102_510)));
+        let mut last = first;
+        for i in 0..20 {
+            last = learned.refused(refusal, ten(), t0 + ms(2 + i), t0);
+        }
+        assert_eq!(last, Reading::Spacing(Duration::from_micros(110_550)));
+    }
+
+    /// nginx at 10r/s, the lane declared 15/s: refused at 67 ms, then at
+    /// 68 ms, then at 85 ms, then kept at 107 ms, above nginx's 100.
+    #[tokio::test(start_paused = true)]
+    async fn an_early_refusal_grows_the_gap_by_a_quarter() {
+        let declared = Declared {
+            spacing: Duration::from_micros(66_667),
+            interval: ms(67),
+            count: 15,
+            per: Duration::from_secs(1),
+        };
+        let mut learned = Learned::default();
+        let now = Instant::now();
+        let early = |gap| Refusal {
+            gap,
+            before: 1,
+            prior: now,
+            strict: gap > ms(67),
+            silent: true,
+        };
+        let first = learned.refused(early(ms(67)), declared, now, now);
+        assert_eq!(first, Reading::Spacing(Duration::from_micros(68_340)));
+        let second = learned.refused(early(Duration::from_micros(68_340)), declared, now, now);
+        assert_eq!(second, Reading::Spacing(Duration::from_micros(85_425)));
+        let third = learned.refused(early(Duration::from_micros(85_425)), declared, now, now);
+        assert_eq!(
+            third,
+            Reading::Spacing(Duration::from_nanos(106_781_250)),
+            "past nginx's 100 ms"
+        );
+    }
+
+    /// A vendor counting 3 a second against a lane declared 10, not yet
+    /// strict: a refusal at a gap it accepted before is a count, which the
+    /// count learning reads; so is any refusal that states a limit.
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_at_an_accepted_gap_is_a_count() {
+        let mut learned = Learned::default();
+        let now = Instant::now();
+        learned.accepted(ten().interval, now);
+        let refusal = Refusal {
+            gap: ten().interval,
+            before: 3,
+            prior: now + ms(200),
+            strict: false,
+            silent: true,
+        };
+        assert_eq!(
+            learned.refused(refusal, ten(), now + ms(300), now),
+            Reading::Count
+        );
+        let mut fresh = Learned::default();
+        let stating = Refusal {
+            silent: false,
+            ..refusal
+        };
+        assert_eq!(
+            fresh.refused(stating, ten(), now + ms(300), now),
+            Reading::Count
+        );
+        assert_eq!(fresh.gap, None);
+    }
+
+    /// After a quiet spell the gap steps down; a refused step goes back and
+    /// waits twice as long.
+    #[tokio::test(start_paused = true)]
+    async fn a_learned_gap_decays_and_a_refused_step_goes_back() {
+        let declared = Declared {
+            spacing: Duration::from_micros(66_667),
+            interval: ms(67),
+            count: 15,
+            per: Duration::from_secs(1),
+        };
+        let mut learned = Learned::default();
+        let t0 = Instant::now();
+        let refusal = Refusal {
+            gap: ms(90),
+            before: 1,
+            prior: t0,
+            strict: true,
+            silent: true,
+        };
+        let Reading::Spacing(gap) = learned.refused(refusal, declared, t0, t0) else {
+            panic!("a spacing refusal");
+        };
+        assert_eq!(learned.decay(ms(67), t0 + Duration::from_secs(29)), None);
+        let stepped = learned
+            .decay(ms(67), t0 + Duration::from_secs(30))
+            .expect("a step down after 30 windows");
+        assert!(stepped < gap);
+        let t1 = t0 + Duration::from_secs(31);
+        let back = learned.refused(refusal, declared, t1, t1);
+        assert_eq!(back, Reading::Spacing(gap), "the refused step goes back");
+        assert_eq!(learned.decay(ms(67), t1 + Duration::from_secs(59)), None);
+        assert!(
+            learned
+                .decay(ms(67), t1 + Duration::from_secs(60))
+                .is_some()
+        );
+    }
+}

@@ -127,11 +127,10 @@ const QUIET: u32 = 30;
 ///
 /// 1. **`g < S`**: the send came sooner than the declared rate allows at
 ///    all: the lane's own forgiven lateness, against a vendor that measures
-///    spacing. The lane turns strict at `T`; its count stays.
-/// A lane not yet strict reads the next two only from a refusal that says
-/// nothing of the vendor's quota (a bare 429, nginx's 503) at a gap the
-/// vendor never accepted; any other is a count (4).
-///
+///    spacing. The lane turns strict at `T`; its count stays. (A lane
+///    not yet strict reads 2 and 3 only from a refusal that says nothing
+///    of the vendor's quota, a bare 429 or nginx's 503, at a gap the
+///    vendor never accepted; any other is a count, 4.)
 /// 2. **Strict, and the vendor accepted a gap of `g` or less before**
 ///    (measured from an accepted release), and the lane was near its full
 ///    count or the send before was accepted: jitter between the lane's clock and

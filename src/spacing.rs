@@ -206,9 +206,13 @@ impl Learned {
             // A step down was refused: back, and wait twice as long.
             self.quiet = self.quiet.saturating_mul(2);
             before_step
-        } else if !refusal.strict && (!refusal.silent || accepted_closer) {
-            // A lane not yet strict, refused at a gap the vendor accepted
-            // before, or by a vendor that says what it counts: a count.
+        } else if gap > kept.saturating_mul(2)
+            || (!refusal.strict && (!refusal.silent || accepted_closer))
+        {
+            // A lane that was not pushing at its pace shows no spacing (a
+            // throttle after a pause, an outage), and one not yet strict,
+            // refused at a gap the vendor accepted before, or by a vendor
+            // that says what it counts, meets a count.
             return Reading::Count;
         } else if accepted_closer && (near_full || isolated) {
             let most = t.saturating_add(t / 10);

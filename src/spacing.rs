@@ -86,8 +86,9 @@ pub(crate) struct Refusal {
     pub(crate) prior: Instant,
     /// The lane kept strict spacing already.
     pub(crate) strict: bool,
-    /// The refusal said nothing of the vendor's quota (no limit, no
-    /// remaining): a bare 429 or nginx's 503.
+    /// The refusal said nothing at all (no limit, no remaining, no
+    /// `Retry-After`): a bare 429 or nginx's 503. A vendor that says when
+    /// to come back is taken at its word.
     pub(crate) silent: bool,
 }
 

@@ -211,7 +211,8 @@ pub(crate) fn spacing(
     if lane.policy().answers.is_overload(status) {
         return None;
     }
-    let silent = signals.limits.is_empty();
+    // Said nothing at all: neither its quota nor when to come back.
+    let silent = signals.limits.is_empty() && signals.pause_hint().is_none();
     let gap = lane.spacing_refused(signals.request_limit(), silent, released, status.as_u16())?;
     tracing::warn!(
         lane = lane.key(),

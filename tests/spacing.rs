@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use callshaper::testing::{HoldClock, TokioWall, Vendor};
-use callshaper::{Answers, Quota, Shaper};
+use callshaper::{Answers, LaneSnapshot, Quota, Shaper};
 use common::nginx::Nginx;
 use common::{Busy, SECOND, Wire, burst, join_all, shaper};
 use reqwest::StatusCode;
@@ -152,9 +152,19 @@ async fn send_all(shaper: &Shaper, url: &str, n: usize) -> usize {
     join_all(tasks).await.iter().filter(|o| o.is_err()).count()
 }
 
+/// What a lane met against a real nginx.
+struct Run {
+    refused: usize,
+    failed: usize,
+    /// The share of nginx's rate used after `from`.
+    used: f64,
+    lane: LaneSnapshot,
+}
+
 /// A real nginx at `rate` r/s without burst, a lane declared at `declared`
-/// per second in its default mode: `n` requests. What the wire saw.
-async fn against_nginx(rate: u32, declared: u32, n: usize) -> (Wire, usize, Option<Duration>) {
+/// per second in its default mode: `n` requests, and the share of nginx's
+/// rate they used after `from`, as the wire saw them.
+async fn against_nginx(rate: u32, declared: u32, n: usize, from: Duration) -> Run {
     let nginx = Nginx::start(rate, 0);
     let wire = Wire::default();
     let shaper = Shaper::builder()
@@ -163,8 +173,40 @@ async fn against_nginx(rate: u32, declared: u32, n: usize) -> (Wire, usize, Opti
         .build()
         .unwrap();
     let failed = send_all(&shaper, &nginx.url(), n).await;
-    let spacing = shaper.lanes()[0].spacing;
-    (wire, failed, spacing)
+    let run = Run {
+        refused: wire.refused(429),
+        failed,
+        used: wire.used(f64::from(rate), from),
+        lane: shaper.lanes().remove(0),
+    };
+    eprintln!(
+        "nginx {rate}r/s, lane {declared}/s: {} refused, {:.1} % after {from:?}, spacing {:?}",
+        run.refused,
+        run.used * 100.0,
+        run.lane.spacing
+    );
+    run
+}
+
+/// At nginx's true rate: no request fails, a refusal turns the lane strict
+/// and teaches it no lower quota, and most of the quota is used.
+fn assert_at_the_true_quota(run: &Run, most_refused: usize, least_used: f64) {
+    assert_eq!(run.failed, 0);
+    assert!(run.refused <= most_refused, "{} refusals", run.refused);
+    assert!(
+        run.refused == 0 || run.lane.spacing.is_some(),
+        "a refusal turns the lane strict"
+    );
+    assert!(
+        run.lane.learned.is_none(),
+        "no lower quota: {:?}",
+        run.lane.learned
+    );
+    assert!(
+        run.used >= least_used,
+        "{:.1} % of the quota",
+        run.used * 100.0
+    );
 }
 
 /// A real nginx `limit_req` at `10r/s`, burst 0: the lane at the true
@@ -175,33 +217,16 @@ async fn against_nginx(rate: u32, declared: u32, n: usize) -> (Wire, usize, Opti
 /// a loaded machine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_nginx_at_the_true_quota() {
-    let (wire, failed, spacing) = against_nginx(10, 10, 100).await;
-    let refused = wire.refused(429);
-    let used = wire.used(10.0, Duration::ZERO);
-    eprintln!(
-        "nginx 10r/s, lane 10/s: {refused} refused, {:.1} %, spacing {spacing:?}",
-        used * 100.0
-    );
-    assert_eq!(failed, 0);
-    assert!(refused <= 4, "{refused} refusals");
-    assert!(spacing.is_some(), "the lane turned strict");
-    assert!(used >= 0.85, "{:.1} % of the quota", used * 100.0);
+    let run = against_nginx(10, 10, 100, Duration::ZERO).await;
+    assert_at_the_true_quota(&run, 4, 0.85);
 }
 
 /// The same at `100r/s`: 1,000 requests (millisecond timers and jitter are
 /// a larger share of a 10 ms interval). Measured here: 3 refusals, 80 %.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_nginx_at_the_true_quota_at_100_a_second() {
-    let (wire, failed, spacing) = against_nginx(100, 100, 1000).await;
-    let refused = wire.refused(429);
-    let used = wire.used(100.0, Duration::ZERO);
-    eprintln!(
-        "nginx 100r/s, lane 100/s: {refused} refused, {:.1} %, spacing {spacing:?}",
-        used * 100.0
-    );
-    assert_eq!(failed, 0);
-    assert!(refused <= 8, "{refused} refusals");
-    assert!(used >= 0.65, "{:.1} % of the quota", used * 100.0);
+    let run = against_nginx(100, 100, 1000, Duration::ZERO).await;
+    assert_at_the_true_quota(&run, 8, 0.65);
 }
 
 /// A real nginx at `10r/s`, burst 0, the lane declared at 1.5x: no failed
@@ -210,15 +235,17 @@ async fn real_nginx_at_the_true_quota_at_100_a_second() {
 /// 89.8 %.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_nginx_with_the_lane_declared_half_again_too_fast() {
-    let (wire, failed, spacing) = against_nginx(10, 15, 60).await;
-    let refused = wire.refused(429);
-    let used = wire.used(10.0, SECOND);
-    eprintln!(
-        "nginx 10r/s, lane 15/s: {refused} refused, {:.1} % after 1 s, spacing {spacing:?}",
-        used * 100.0
+    let run = against_nginx(10, 15, 60, SECOND).await;
+    assert_eq!(run.failed, 0);
+    assert!(run.refused <= 6, "{} refusals", run.refused);
+    assert!(
+        run.used >= 0.80,
+        "{:.1} % after the first second",
+        run.used * 100.0
     );
-    assert_eq!(failed, 0);
-    assert!(refused <= 6, "{refused} refusals");
-    assert!(used >= 0.80, "{:.1} % after the first second", used * 100.0);
-    assert!(spacing.is_some_and(|gap| gap >= Duration::from_millis(100)));
+    let spacing = run.lane.spacing;
+    assert!(
+        spacing.is_some_and(|gap| gap >= Duration::from_millis(100)),
+        "{spacing:?}"
+    );
 }

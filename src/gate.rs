@@ -27,7 +27,7 @@ use crate::adaptive::{Adaptive, Aimd};
 use crate::drain::Drain;
 use crate::meters::{Meters, Quota, Rate, Unit};
 use crate::retry::{Backoff, Ledger, RetryBudget};
-use crate::spacing::{Declared, Departures, Learned, Reading, Refusal};
+use crate::spacing::{Declared, Departures, Learned, Reading};
 use crate::sync::{lock, shrink};
 use crate::time::later;
 
@@ -84,6 +84,9 @@ pub(crate) struct Gate {
     departures: Departures,
     /// The spacing the vendor's refusals taught.
     spacing: Mutex<Learned>,
+    /// A learned spacing waits to step down: successes look at it (else
+    /// they skip its lock).
+    decaying: AtomicBool,
 }
 
 /// Why a lane is paused, as [`LaneSnapshot`](crate::LaneSnapshot), the
@@ -381,6 +384,7 @@ impl Gate {
             probing: AtomicBool::new(false),
             departures: Departures::new(now),
             spacing: Mutex::new(Learned::default()),
+            decaying: AtomicBool::new(false),
         }
     }
 
@@ -507,12 +511,16 @@ impl Gate {
         }
     }
 
-    /// A success: the fallback starts over, adaptive pacing grows back.
+    /// A success: the fallback starts over, adaptive pacing grows back, a
+    /// learned quota or spacing steps back once its quiet spell is over.
     pub(crate) fn succeeded(&self) {
         self.throttle_streak.store(0, Ordering::Relaxed);
         self.adapt(Aimd::succeeded);
         if self.probing.load(Ordering::Relaxed) {
             self.probe(Instant::now());
+        }
+        if self.decaying.load(Ordering::Relaxed) {
+            self.decay(Instant::now());
         }
     }
 
@@ -710,28 +718,25 @@ impl Gate {
         self.turn.notify_waiters();
     }
 
-    /// The vendor accepted the request released at `released`: the gap
-    /// before it is one the vendor allows, and a learned spacing steps
-    /// down after a quiet spell (see [`Learned`]).
-    pub(crate) fn accepted(&self, released: Instant) {
+    /// A learned spacing steps down after a quiet spell (see [`Learned`]).
+    fn decay(&self, now: Instant) {
         let Some(interval) = self.request_interval() else {
             return;
         };
         let mut meters = lock(&self.meters);
-        let before = meters.releases().and_then(|r| r.before(released));
         let mut learned = lock(&self.spacing);
-        if let Some(before) = before {
-            learned.accepted(released.saturating_duration_since(before), before);
-        }
-        if let Some(gap) = learned.decay(interval, Instant::now()) {
+        if let Some(gap) = learned.decay(interval, now) {
             meters.set_spacing(Some(gap));
         }
+        self.decaying
+            .store(learned.decays(interval), Ordering::Relaxed);
     }
 
     /// The vendor refused the request released at `released`, saying its
-    /// limit is `limit` if it did (`silent`: it said nothing of its quota):
-    /// read against the ledger, is it the lane's spacing (see
-    /// [`Learned`])? The gap kept from now on, if so.
+    /// limit is `limit` if it did (`silent`: it said nothing at all): read
+    /// against the ledger, is it the lane's spacing (see [`Learned`])? The
+    /// gap kept from now on, if so. Only for quotas that never burst: a
+    /// burst's gaps say nothing of the vendor's spacing.
     pub(crate) fn spacing_refused(
         &self,
         limit: Option<u64>,
@@ -739,42 +744,26 @@ impl Gate {
         released: Instant,
     ) -> Option<Duration> {
         let window = self.window(released)?;
-        let declared = window.declared;
         if limit.is_some_and(|limit| !window.allows(limit)) {
             // The vendor says it counts fewer: the count learning's.
             return None;
         }
-        let count = u64::from(declared.count.max(1));
         let mut meters = lock(&self.meters);
         if meters.bursts() {
-            // Sends closer than the rate are a burst the quotas allow:
-            // their gaps say nothing of the vendor's spacing.
             return None;
         }
-        let releases = meters.releases()?;
-        let before = releases.before(released)?;
-        let (count_before, _) = releases.between(window.since, released);
-        let refusal = Refusal {
-            gap: released.saturating_duration_since(before),
-            before: count_before,
-            prior: before,
-            strict: meters.spacing().is_some(),
-            silent,
-        };
-        let reading = {
-            let declared = Declared {
-                spacing: declared.per / declared.count.max(1),
-                interval: declared.interval(self.headroom),
-                count,
-                per: declared.per,
-            };
-            lock(&self.spacing).refused(refusal, declared, released, Instant::now())
-        };
-        match reading {
+        let strict = meters.spacing().is_some();
+        let mut learned = lock(&self.spacing);
+        let refusal =
+            learned.refusal(meters.releases()?, window.since, released, strict, silent)?;
+        let declared = Declared::new(window.declared, self.headroom);
+        match learned.refused(refusal, declared, released, Instant::now()) {
             Reading::Count => None,
             Reading::Spacing(gap) => {
                 let gap = gap.min(self.max_pause);
                 meters.set_spacing(Some(gap));
+                self.decaying
+                    .store(learned.decays(declared.interval), Ordering::Relaxed);
                 Some(gap)
             }
         }

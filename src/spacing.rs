@@ -13,11 +13,13 @@
 //! refused for its spacing learns how far apart the vendor wants its
 //! sends ([`Learned`]).
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::meters::{Rate, Releases};
 use crate::time::later;
 
 /// When the lane's last request really went on the wire, and how many
@@ -90,6 +92,10 @@ pub(crate) struct Refusal {
     /// `Retry-After`): a bare 429 or nginx's 503. A vendor that says when
     /// to come back is taken at its word.
     pub(crate) silent: bool,
+    /// The smallest gap the vendor accepted in the window before it:
+    /// between two releases, neither refused (the vendor measures a
+    /// release after a refused one from the one before that).
+    pub(crate) accepted: Option<Duration>,
 }
 
 /// The declared request rate, as a refusal is read against it.
@@ -103,6 +109,19 @@ pub(crate) struct Declared {
     pub(crate) count: u64,
     /// `per`.
     pub(crate) per: Duration,
+}
+
+impl Declared {
+    /// `rate`, read with the lane's `headroom`.
+    pub(crate) fn new(rate: Rate, headroom: Duration) -> Self {
+        let count = rate.count.max(1);
+        Self {
+            spacing: rate.per / count,
+            interval: rate.interval(headroom),
+            count: u64::from(count),
+            per: rate.per,
+        }
+    }
 }
 
 /// What a refusal says of the vendor's spacing.
@@ -132,13 +151,13 @@ const QUIET: u32 = 30;
 ///    not yet strict reads 2 and 3 only from a refusal that says nothing
 ///    of the vendor's quota, a bare 429 or nginx's 503, at a gap the
 ///    vendor never accepted; any other is a count, 4.)
-/// 2. **Strict, and the vendor accepted a gap of `g` or less before**
-///    (measured from an accepted release), and the lane was near its full
+/// 2. **Strict, and the vendor accepted a gap of `g` or less in the window
+///    before** (between two releases it did not refuse), and the lane was near its full
 ///    count or the send before was accepted: jitter between the lane's clock and
 ///    the vendor's (nginx reads a millisecond clock cached per event-loop
 ///    turn; a cold connection's first request lands later than it left).
 ///    The margin widens by `T / 50`, at most to `T + T / 10`.
-/// 3. **Nothing that close was ever accepted**: the vendor's spacing may be
+/// 3. **Nothing that close was accepted in the window**: the vendor's spacing may be
 ///    longer than `g` (a lane declared faster than a spacing vendor: nginx
 ///    refuses the second request of a 15/s lane 67 ms in). The first such
 ///    refusal turns the lane strict at `T + T / 50`; each later one grows
@@ -158,11 +177,9 @@ const QUIET: u32 = 30;
 #[derive(Debug, Default)]
 pub(crate) struct Learned {
     gap: Option<Duration>,
-    /// The smallest gap the vendor accepted after an accepted release.
-    accepted: Option<Duration>,
-    /// The last refused release: a release after it is measured by the
-    /// vendor from the one before, so its gap says nothing accepted.
-    refused: Option<Instant>,
+    /// The releases the vendor refused, within the ledger's window: the
+    /// gaps between the others are the ones it accepted.
+    refused: VecDeque<Instant>,
     /// When the gap next steps down, how long the wait was, and the gap
     /// before the step (`Some` while a step is on trial).
     step_at: Option<Instant>,
@@ -171,13 +188,43 @@ pub(crate) struct Learned {
 }
 
 impl Learned {
-    /// The vendor accepted the release at `released`, `gap` after the one
-    /// before it (`before`).
-    pub(crate) fn accepted(&mut self, gap: Duration, before: Instant) {
-        if self.refused == Some(before) {
-            return;
+    /// The refusal of the release at `released`, as the lane's ledger
+    /// (`releases`, from `since`) saw it; `None` when the ledger holds no
+    /// release before it.
+    pub(crate) fn refusal(
+        &mut self,
+        releases: &Releases,
+        since: Instant,
+        released: Instant,
+        strict: bool,
+        silent: bool,
+    ) -> Option<Refusal> {
+        while self.refused.front().is_some_and(|&at| at < since) {
+            self.refused.pop_front();
         }
-        self.accepted = Some(self.accepted.map_or(gap, |a| a.min(gap)));
+        let prior = releases.before(released)?;
+        let inside: Vec<Instant> = releases
+            .instants()
+            .filter(|&at| at >= since && at < released)
+            .collect();
+        let accepted = inside
+            .windows(2)
+            .filter(|pair| !pair.iter().any(|at| self.refused.contains(at)))
+            .map(|pair| pair[1].saturating_duration_since(pair[0]))
+            .min();
+        Some(Refusal {
+            gap: released.saturating_duration_since(prior),
+            before: u64::try_from(inside.len()).unwrap_or(u64::MAX),
+            prior,
+            strict,
+            silent,
+            accepted,
+        })
+    }
+
+    /// True while a learned gap above `interval` waits to step down.
+    pub(crate) fn decays(&self, interval: Duration) -> bool {
+        self.gap.is_some_and(|gap| gap > interval)
     }
 
     /// The vendor refused the release at `released` (`refusal`, read
@@ -190,17 +237,17 @@ impl Learned {
         released: Instant,
         now: Instant,
     ) -> Reading {
-        let previous = self
-            .refused
-            .replace(self.refused.map_or(released, |r| r.max(released)));
+        // A refusal after an accepted send is not yet a pattern; two in a
+        // row at a gap the vendor accepted before are a count.
+        let isolated = !self.refused.contains(&refusal.prior);
+        if self.refused.back().is_none_or(|&last| last < released) {
+            self.refused.push_back(released);
+        }
         let Refusal { gap, before, .. } = refusal;
         let t = declared.interval;
         let kept = self.gap.unwrap_or(t).max(t);
         let near_full = before.saturating_add(2) >= declared.count;
-        // A refusal after an accepted send is not yet a pattern; two in a
-        // row at a gap the vendor accepted before are a count.
-        let isolated = previous != Some(refusal.prior);
-        let accepted_closer = self.accepted.is_some_and(|a| a <= gap);
+        let accepted_closer = refusal.accepted.is_some_and(|a| a <= gap);
         let gap = if gap < declared.spacing {
             kept
         } else if let Some(before_step) = self.trial.take() {
@@ -208,12 +255,14 @@ impl Learned {
             self.quiet = self.quiet.saturating_mul(2);
             before_step
         } else if gap > kept.saturating_mul(2)
-            || (!refusal.strict && (!refusal.silent || accepted_closer))
+            || (!refusal.strict
+                && (!refusal.silent || accepted_closer || gap > t.saturating_add(t / 10)))
         {
             // A lane that was not pushing at its pace shows no spacing (a
-            // throttle after a pause, an outage), and one not yet strict,
-            // refused at a gap the vendor accepted before, or by a vendor
-            // that says what it counts, meets a count.
+            // throttle after a pause, an outage). One not yet strict meets
+            // a count when the vendor says what it counts, accepted that
+            // gap before, or refused a gap well over the declared interval
+            // (the lane kept to a learned quota, or probed it).
             return Reading::Count;
         } else if accepted_closer && (near_full || isolated) {
             let most = t.saturating_add(t / 10);
@@ -227,7 +276,7 @@ impl Learned {
             t.saturating_add(t / 50)
         } else {
             let grown = kept.max(gap).saturating_add(kept.max(gap) / 4);
-            let ceiling = self
+            let ceiling = refusal
                 .accepted
                 .filter(|a| *a > gap)
                 .unwrap_or(declared.per)
@@ -269,12 +318,39 @@ mod tests {
 
     /// 10 a second with 5 ms of headroom.
     fn ten() -> Declared {
-        Declared {
-            spacing: ms(100),
-            interval: Duration::from_micros(100_500),
-            count: 10,
-            per: Duration::from_secs(1),
+        Declared::new(Rate::new(10, Duration::from_secs(1)), ms(5))
+    }
+
+    /// 15 a second with 5 ms of headroom: a 67 ms interval.
+    fn fifteen() -> Declared {
+        Declared::new(Rate::new(15, Duration::from_secs(1)), ms(5))
+    }
+
+    /// The ledger's accepted gaps leave out the refused releases and the
+    /// release after each (the vendor measures it from the one before).
+    #[tokio::test(start_paused = true)]
+    async fn the_gaps_the_vendor_accepted_are_read_off_the_ledger() {
+        let t0 = Instant::now();
+        let mut releases = Releases::new(Duration::from_secs(1), 10);
+        for at in [0, 67, 150, 300] {
+            releases.record(t0 + ms(at));
         }
+        let mut learned = Learned::default();
+        let first = learned
+            .refusal(&releases, t0, t0 + ms(67), false, true)
+            .expect("a release before");
+        assert_eq!((first.gap, first.accepted), (ms(67), None));
+        learned.refused(first, fifteen(), t0 + ms(67), t0);
+        let later = learned
+            .refusal(&releases, t0, t0 + ms(300), true, true)
+            .expect("a release before");
+        // 0 -> 67 and 67 -> 150 touch the refused release; 150 -> 300 is
+        // the refused one's own gap.
+        assert_eq!(
+            (later.gap, later.accepted, later.before),
+            (ms(150), None, 3)
+        );
+        assert!(learned.refusal(&releases, t0, t0, false, true).is_none());
     }
 
     #[tokio::test(start_paused = true)]
@@ -287,6 +363,7 @@ mod tests {
             prior: now,
             strict: false,
             silent: true,
+            accepted: None,
         };
         let reading = learned.refused(refusal, ten(), now, now);
         assert_eq!(reading, Reading::Spacing(ten().interval));
@@ -296,13 +373,13 @@ mod tests {
     async fn jitter_widens_the_margin_a_fiftieth_at_a_time_up_to_a_tenth() {
         let mut learned = Learned::default();
         let t0 = Instant::now();
-        learned.accepted(ten().interval, t0);
         let refusal = Refusal {
             gap: ten().interval,
             before: 9,
             prior: t0,
             strict: true,
             silent: true,
+            accepted: Some(ten().interval),
         };
         let first = learned.refused(refusal, ten(), t0 + ms(1), t0);
         assert_eq!(first, Reading::Spacing(Duration::from_micros(102_510)));
@@ -317,12 +394,7 @@ mod tests {
     /// 68 ms, then at 85 ms, then kept at 107 ms, above nginx's 100.
     #[tokio::test(start_paused = true)]
     async fn an_early_refusal_grows_the_gap_by_a_quarter() {
-        let declared = Declared {
-            spacing: Duration::from_micros(66_667),
-            interval: ms(67),
-            count: 15,
-            per: Duration::from_secs(1),
-        };
+        let declared = fifteen();
         let mut learned = Learned::default();
         let now = Instant::now();
         let early = |gap| Refusal {
@@ -331,6 +403,7 @@ mod tests {
             prior: now,
             strict: gap > ms(67),
             silent: true,
+            accepted: None,
         };
         let first = learned.refused(early(ms(67)), declared, now, now);
         assert_eq!(first, Reading::Spacing(Duration::from_micros(68_340)));
@@ -351,13 +424,13 @@ mod tests {
     async fn a_refusal_at_an_accepted_gap_is_a_count() {
         let mut learned = Learned::default();
         let now = Instant::now();
-        learned.accepted(ten().interval, now);
         let refusal = Refusal {
             gap: ten().interval,
             before: 3,
             prior: now + ms(200),
             strict: false,
             silent: true,
+            accepted: Some(ten().interval),
         };
         assert_eq!(
             learned.refused(refusal, ten(), now + ms(300), now),
@@ -379,12 +452,7 @@ mod tests {
     /// waits twice as long.
     #[tokio::test(start_paused = true)]
     async fn a_learned_gap_decays_and_a_refused_step_goes_back() {
-        let declared = Declared {
-            spacing: Duration::from_micros(66_667),
-            interval: ms(67),
-            count: 15,
-            per: Duration::from_secs(1),
-        };
+        let declared = fifteen();
         let mut learned = Learned::default();
         let t0 = Instant::now();
         let refusal = Refusal {
@@ -393,6 +461,7 @@ mod tests {
             prior: t0,
             strict: true,
             silent: true,
+            accepted: None,
         };
         let Reading::Spacing(gap) = learned.refused(refusal, declared, t0, t0) else {
             panic!("a spacing refusal");

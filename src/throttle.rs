@@ -195,23 +195,70 @@ pub(crate) fn refused(lane: &Lane, status: StatusCode, signals: &Signals, releas
     }
 }
 
-/// A throttle answered `status` to the request released at `released`:
-/// if the lane's ledger says it was refused for its spacing (see
-/// `spacing.rs`), the lane keeps its sends the learned gap apart from now
-/// on, and waits that gap after the refused one: a vendor measuring
-/// spacing lets the next in then, and its whole-second `Retry-After`, if
-/// it sends one, is honoured as any hint. `None`: not a spacing refusal.
-pub(crate) fn spacing(
+/// A throttle answered `status` (with `headers`, read as `signals`) to
+/// the request the lane released at `released`: the pause it asks, applied
+/// to the lane, and what the lane learns from it. A refusal the lane's
+/// ledger shows was its spacing (see [`spacing`]) teaches a gap and pauses
+/// until that gap after the refused send (nothing more is needed against
+/// a vendor measuring spacing), or for the vendor's hint if it gave one;
+/// any other throttle pauses for its hint or the growing fallback
+/// ([`throttled`]) and teaches the quota the vendor really allows
+/// ([`refused`]).
+pub(crate) fn refusal(
+    lane: &Lane,
+    status: StatusCode,
+    headers: &reqwest::header::HeaderMap,
+    signals: &Signals,
+    released: Instant,
+) -> Pause {
+    let headroom = lane.policy().headroom;
+    let gap = spacing(lane, status, signals, released);
+    let pause = match (gap, signals.pause_hint()) {
+        (Some(_), Some(hint)) => hinted(hint, headroom),
+        (Some(gap), None) => {
+            let wait = crate::time::later(released, gap).saturating_duration_since(Instant::now());
+            Pause {
+                asked: wait,
+                padded: wait,
+                cause: PauseCause::Spacing,
+            }
+        }
+        (None, _) => throttled(lane, status, signals, headroom),
+    };
+    let said = crate::signals::cite(headers, signals);
+    // A spacing refusal's gap may have passed already.
+    if !(pause.cause == PauseCause::Spacing && pause.padded.is_zero()) {
+        lane.pause_because(pause.padded, pause.cause, said.as_ref());
+    }
+    if gap.is_none() {
+        refused(lane, status, signals, released);
+    }
+    tracing::warn!(
+        lane = lane.key(),
+        status = status.as_u16(),
+        pause = ?pause.asked,
+        cause = pause.cause.label(),
+        said = said.as_deref(),
+        "vendor throttled the lane; pausing it"
+    );
+    pause
+}
+
+/// If the lane's ledger says the request released at `released` was
+/// refused for its spacing (see `spacing.rs`), the gap the lane keeps its
+/// sends apart from now on (the throttle counted). A refusal that says
+/// nothing at all (no limit, no hint: a bare 429, nginx's 503) is read as
+/// spacing by a lane not yet strict; a vendor that says when to come back
+/// is taken at its word, and an overload teaches nothing.
+fn spacing(
     lane: &Lane,
     status: StatusCode,
     signals: &Signals,
     released: Instant,
-    headroom: Duration,
-) -> Option<Pause> {
+) -> Option<Duration> {
     if lane.policy().answers.is_overload(status) {
         return None;
     }
-    // Said nothing at all: neither its quota nor when to come back.
     let silent = signals.limits.is_empty() && signals.pause_hint().is_none();
     let gap = lane.spacing_refused(signals.request_limit(), silent, released, status.as_u16())?;
     tracing::warn!(
@@ -220,21 +267,7 @@ pub(crate) fn spacing(
         ?gap,
         "the vendor refused a send for its spacing; the lane keeps its sends this far apart"
     );
-    let asked = match signals.pause_hint() {
-        Some(hint) => {
-            return Some(Pause {
-                asked: hint,
-                padded: hint.saturating_add(headroom),
-                cause: PauseCause::Hinted,
-            });
-        }
-        None => crate::time::later(released, gap).saturating_duration_since(Instant::now()),
-    };
-    Some(Pause {
-        asked,
-        padded: asked,
-        cause: PauseCause::Spacing,
-    })
+    Some(gap)
 }
 
 /// The lane keeps to `learned`, below its declared quota, because `why`.
@@ -306,27 +339,36 @@ fn explained(signals: &Signals, explains: impl Fn(u64, u64) -> bool) -> bool {
 
 /// A throttle answered `status`: the vendor's hint, else the vendor
 /// gate's growing fallback (which also counts the throttle for the lane).
-pub(crate) fn throttled(
-    lane: &Lane,
-    status: StatusCode,
-    signals: &Signals,
-    headroom: Duration,
-) -> Pause {
+fn throttled(lane: &Lane, status: StatusCode, signals: &Signals, headroom: Duration) -> Pause {
     let hint = signals.pause_hint();
     let cause = match hint {
         Some(_) => PauseCause::Hinted,
         None => PauseCause::Unhinted,
     };
     let asked = lane.throttled(hint, status.as_u16(), cause);
-    // The vendor's clock and ours are not the same clock.
-    let padded = match hint {
-        Some(_) if !asked.is_zero() => asked.saturating_add(headroom),
-        _ => asked,
+    match hint {
+        Some(_) => hinted(asked, headroom),
+        None => Pause {
+            asked,
+            padded: asked,
+            cause,
+        },
+    }
+}
+
+/// The vendor said to come back after `hint`: padded by the headroom, as
+/// the vendor's clock and ours are not the same clock (a hint of "now"
+/// stays now).
+fn hinted(hint: Duration, headroom: Duration) -> Pause {
+    let padded = if hint.is_zero() {
+        hint
+    } else {
+        hint.saturating_add(headroom)
     };
     Pause {
-        asked,
+        asked: hint,
         padded,
-        cause,
+        cause: PauseCause::Hinted,
     }
 }
 

@@ -8,10 +8,11 @@ mod common;
 use std::time::Duration;
 
 use callshaper::testing::{HoldClock, TokioWall, Vendor};
-use callshaper::{Answers, LaneSnapshot, Quota, Shaper};
+use callshaper::{Answers, Lane, LanePolicy, LaneSnapshot, Quota, Shaper};
 use common::nginx::Nginx;
 use common::{Busy, SECOND, Wire, burst, join_all, shaper};
 use reqwest::StatusCode;
+use tokio::time::Instant;
 
 /// The share of `per_second` a vendor's accepted arrivals used after
 /// `from`, between the first and last of them.
@@ -111,6 +112,42 @@ async fn a_strict_lane_meets_no_refusal_from_nginx_at_the_true_rate() {
         shaper.lanes()[0].spacing,
         Some(Duration::from_micros(100_500))
     );
+}
+
+/// A release whose timer fired late is not made up on a strict lane: the
+/// next goes a full interval after it. In its default mode the same lane
+/// keeps its schedule and sends the next sooner (the lateness it forgives),
+/// which shows the late release really happened.
+#[tokio::test(start_paused = true)]
+async fn a_late_release_is_not_made_up_on_a_strict_lane() {
+    let interval = Duration::from_micros(100_500);
+    for strict in [false, true] {
+        let mut quota = Quota::leaky_bucket(10, SECOND);
+        if strict {
+            quota = quota.strict();
+        }
+        let lane = Lane::new("late", LanePolicy::with_quotas([quota])).unwrap();
+        drop(lane.acquire().await.unwrap());
+        let granted = |lane: &Lane| {
+            let lane = lane.clone();
+            tokio::spawn(async move {
+                let _turn = lane.acquire().await.unwrap();
+                Instant::now()
+            })
+        };
+        let (first, second) = (granted(&lane), granted(&lane));
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        // The dispatcher's timer, due at 100.5 ms, fires at 102.5 ms.
+        tokio::time::advance(Duration::from_micros(102_500)).await;
+        let gap = second.await.unwrap() - first.await.unwrap();
+        if strict {
+            assert!(gap >= interval, "strict: {gap:?}");
+        } else {
+            assert!(gap < interval, "the default forgives lateness: {gap:?}");
+        }
+    }
 }
 
 /// On the wire, with the real clock and both cores kept busy: a strict

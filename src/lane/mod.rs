@@ -26,6 +26,7 @@
 //! | `admission.rs` | refusals at the door, the `max_wait` prediction, the fast path |
 //! | `queue.rs` | the FIFO queue per class, sequence numbers, batch's share |
 //! | `waiter.rs` | a waiting caller's end of its ticket; who counts it out |
+//! | `turn.rs` | the [`Turn`] a released caller holds, and a strict lane's word of when it went |
 //! | `tests.rs` | the lane's tests, with a dispatcher but no HTTP |
 //! | `dispatcher.rs` | the task that releases the head |
 //! | `release/` | the engines that say when the head may go: local meters, or a shared store's reservations |
@@ -35,20 +36,22 @@ mod dispatcher;
 mod policy;
 mod queue;
 mod release;
+mod turn;
 mod waiter;
 
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
-use tokio::sync::futures::OwnedNotified;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio::sync::{Semaphore, oneshot};
 use tokio::time::{Instant, sleep_until};
 
 use self::dispatcher::Dispatcher;
 pub use self::policy::{LanePolicy, Priority};
 use self::release::{Local, Reserved};
+pub(crate) use self::turn::Fleet;
+pub use self::turn::Turn;
+use self::turn::{Transit, departure, is_strict};
 use self::waiter::Waiter;
 use crate::error::{ConfigError, Error};
 pub use crate::gate::PauseCause;
@@ -59,59 +62,6 @@ use crate::retry::RetryBudget;
 use crate::store::{Remote, StoreMode};
 use crate::sync::lock;
 use crate::time::later;
-
-/// Permission to send one request now. Dropping it frees the lane's
-/// in-flight slot, if the lane has a cap.
-#[derive(Debug)]
-pub struct Turn {
-    _in_flight: Option<OwnedSemaphorePermit>,
-    /// When the meters were charged, to settle the charge later.
-    at: Instant,
-    /// On a shared store, what the fleet had booked in each gate's window
-    /// ending at this slot.
-    fleet: Option<Fleet>,
-    /// On a strict lane: the lane whose next release waits to hear when
-    /// this one went (see [`Turn::went`]).
-    transit: Option<Transit>,
-}
-
-/// A strict turn's lane, told when the turn went, or that it never did.
-struct Transit(Arc<Shared>);
-
-impl std::fmt::Debug for Transit {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("Transit").field(&self.0.key).finish()
-    }
-}
-
-impl Transit {
-    /// The turn is about to be released: its gates wait for its word.
-    fn leave(shared: &Arc<Shared>) -> Self {
-        for gate in &shared.gates {
-            gate.departures().leave();
-        }
-        Self(shared.clone())
-    }
-
-    fn went(self, at: Option<Instant>) {
-        for gate in &self.0.gates {
-            gate.went(at);
-        }
-    }
-}
-
-impl Drop for Turn {
-    fn drop(&mut self) {
-        if let Some(transit) = self.transit.take() {
-            transit.went(None);
-        }
-    }
-}
-
-/// What a fleet booked in each of a lane's gates' windows ending at one
-/// slot (see `Reserved`), shared by the slot and its turn. Behind one thin
-/// pointer: every waiting request's answer has room for a turn.
-pub(crate) type Fleet = Arc<Vec<Option<Booked>>>;
 
 /// What a lane is doing right now. With the `serde` feature it serializes
 /// (durations as text like `"1.5s"`), to serve it as JSON.
@@ -313,37 +263,6 @@ impl Shared {
 /// for it.
 fn is_shared(gate: &Arc<Gate>) -> bool {
     Arc::strong_count(gate) > 1
-}
-
-/// Strict spacing, for a lane whose meters keep it (see `spacing.rs`):
-/// `Ok(Some(at))` when the last request that really went lets the next go
-/// at `at`, `Ok(None)` when no send holds it (not strict, or nothing went
-/// yet), and `Err` with a wake-up while a turn released before is still on
-/// its way to the wire: its word says when it went, which the next is
-/// measured from. The wake-up is enabled before the check, so a word after
-/// it is not missed.
-fn departure(
-    shared: &Shared,
-    meters: &[MutexGuard<'_, Meters>],
-) -> Result<Option<Instant>, Pin<Box<OwnedNotified>>> {
-    let mut at = None;
-    for (meters, gate) in meters.iter().zip(&shared.gates) {
-        let Some(gap) = meters.spacing() else {
-            continue;
-        };
-        let wake = gate.next_turn();
-        let departures = gate.departures();
-        if departures.in_transit() {
-            return Err(wake);
-        }
-        at = at.max(departures.last().map(|last| later(last, gap)));
-    }
-    Ok(at)
-}
-
-/// True when one of `meters` keeps strict spacing.
-fn is_strict(meters: &[MutexGuard<'_, Meters>]) -> bool {
-    meters.iter().any(|meters| meters.spacing().is_some())
 }
 
 /// When every meter of `meters` allows a request of `cost`.
@@ -605,11 +524,9 @@ impl Lane {
         self.shared.vendor().throttled(hint)
     }
 
-    /// The vendor accepted a request released at `released`.
-    pub(crate) fn succeeded(&self, released: Instant) {
-        let vendor = self.shared.vendor();
-        vendor.succeeded();
-        vendor.accepted(released);
+    /// The vendor accepted a request.
+    pub(crate) fn succeeded(&self) {
+        self.shared.vendor().succeeded();
     }
 
     /// The vendor refused the request released at `released` (saying its
@@ -929,28 +846,6 @@ impl Place {
     /// The place's number in its lane's order.
     pub(crate) fn seq(&self) -> u64 {
         self.seq
-    }
-}
-
-impl Turn {
-    /// The request goes on the wire now: a strict lane measures its next
-    /// send from here. [`Lane::acquire`] says it as it hands the turn over;
-    /// the shaper says it as the transport takes the request.
-    pub(crate) fn went(&mut self) {
-        if let Some(transit) = self.transit.take() {
-            transit.went(Some(Instant::now()));
-        }
-    }
-
-    /// When the lane's meters were charged for this turn.
-    pub(crate) fn at(&self) -> Instant {
-        self.at
-    }
-
-    /// What the fleet had booked in each gate's window ending at this
-    /// turn's slot; `None` in memory, and for a turn off the store.
-    pub(crate) fn fleet(&self) -> Option<Fleet> {
-        self.fleet.clone()
     }
 }
 

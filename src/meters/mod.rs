@@ -316,9 +316,20 @@ impl Quota {
         Self::new(Algorithm::Custom(meter))
     }
 
-    /// True for a meter of the user's own, which no shared store can hold.
-    pub(crate) fn is_custom(&self) -> bool {
-        matches!(self.algorithm, Algorithm::Custom(_))
+    /// Why no shared store can hold this quota, if none can: a meter of
+    /// the user's own, or strict spacing, are kept in this process only.
+    pub(crate) fn in_memory_only(&self) -> Option<&'static str> {
+        if matches!(self.algorithm, Algorithm::Custom(_)) {
+            Some(
+                "a custom meter runs in this process only: with a shared store, use the built-in algorithms",
+            )
+        } else if self.strict {
+            Some(
+                "strict spacing is kept in this process only: with a shared store, declare the quota without `strict`",
+            )
+        } else {
+            None
+        }
     }
 
     /// A sliding window counter: `count` in any window of `per`, nearly.

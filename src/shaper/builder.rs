@@ -327,19 +327,9 @@ impl ShaperBuilder {
             }
             .validate()
             .map_err(|e| e.within(&format!("levels.{name}")))?;
-            if self.store.is_some() && level.quotas.iter().any(Quota::is_custom) {
-                return Err(ConfigError::new(
-                    format!("levels.{name}.quotas"),
-                    "a custom meter runs in this process only: with a shared store, \
-                     use the built-in algorithms",
-                ));
-            }
-            if self.store.is_some() && level.quotas.iter().any(|quota| quota.strict) {
-                return Err(ConfigError::new(
-                    format!("levels.{name}.quotas"),
-                    "strict spacing is kept in this process only: with a shared store, \
-                     declare the quota without `strict`",
-                ));
+            let in_memory = level.quotas.iter().find_map(Quota::in_memory_only);
+            if let (Some(_), Some(why)) = (&self.store, in_memory) {
+                return Err(ConfigError::new(format!("levels.{name}.quotas"), why));
             }
         }
         if self.retry.max_attempts == 0 {

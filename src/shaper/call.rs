@@ -245,7 +245,7 @@ impl Shaper {
             // How long the request waits, in its lane, before it goes again.
             let backoff = match (verdict, outcome) {
                 (Verdict::Done, outcome) => {
-                    lane.succeeded(charged_at);
+                    lane.succeeded();
                     if let Some(pause) = throttle::spent(
                         &lane,
                         &signals,
@@ -282,25 +282,12 @@ impl Shaper {
                 }
                 (Verdict::Throttled, Ok(response)) => {
                     tally.throttles = tally.throttles.saturating_add(1);
-                    let status = response.status();
-                    let spacing = throttle::spacing(&lane, status, &signals, charged_at, headroom);
-                    let pause = spacing
-                        .unwrap_or_else(|| throttle::throttled(&lane, status, &signals, headroom));
-                    let said = crate::signals::cite(response.headers(), &signals);
-                    // A spacing refusal's gap may have passed already.
-                    if !(pause.cause == PauseCause::Spacing && pause.padded.is_zero()) {
-                        lane.pause_because(pause.padded, pause.cause, said.as_ref());
-                    }
-                    if spacing.is_none() {
-                        throttle::refused(&lane, status, &signals, charged_at);
-                    }
-                    tracing::warn!(
-                        lane = lane.key(),
-                        status = response.status().as_u16(),
-                        pause = ?pause.asked,
-                        cause = pause.cause.label(),
-                        said = said.as_deref(),
-                        "vendor throttled the lane; pausing it"
+                    let pause = throttle::refusal(
+                        &lane,
+                        response.status(),
+                        response.headers(),
+                        &signals,
+                        charged_at,
                     );
                     let max_pause = lane.policy().max_pause;
                     if pause.asked > max_pause {

@@ -96,6 +96,10 @@ pub(crate) struct Refusal {
     /// between two releases, neither refused (the vendor measures a
     /// release after a refused one from the one before that).
     pub(crate) accepted: Option<Duration>,
+    /// Every release the lane ever made before the refused one is in the
+    /// window: it has not sent for a window yet, so its count says nothing
+    /// of the vendor's.
+    pub(crate) cold: bool,
 }
 
 /// The declared request rate, as a refusal is read against it.
@@ -138,6 +142,12 @@ pub(crate) enum Reading {
 /// back down.
 const QUIET: u32 = 30;
 
+/// The least a margin for jitter grows by: what moves a gap between the
+/// lane's clock and the vendor's (the hand-over to the connection's task,
+/// the vendor's event loop) is absolute, up to about half a millisecond
+/// on loopback, however short the interval.
+const JITTER: Duration = Duration::from_micros(500);
+
 /// The spacing a vendor's refusals taught, and how it decays.
 ///
 /// # The reading
@@ -149,24 +159,37 @@ const QUIET: u32 = 30;
 ///    all: the lane's own forgiven lateness, against a vendor that measures
 ///    spacing. The lane turns strict at `T`; its count stays. (A lane
 ///    not yet strict reads 2 and 3 only from a refusal that says nothing
-///    of the vendor's quota, a bare 429 or nginx's 503, at a gap the
-///    vendor never accepted; any other is a count, 4.)
-/// 2. **Strict, and the vendor accepted a gap of `g` or less in the window
-///    before** (between two releases it did not refuse), and the lane was near its full
-///    count or the send before was accepted: jitter between the lane's clock and
-///    the vendor's (nginx reads a millisecond clock cached per event-loop
-///    turn; a cold connection's first request lands later than it left).
-///    The margin widens by `T / 50`, at most to `T + T / 10`.
+///    of the vendor's quota, a bare 429 or nginx's 503, at a gap of about
+///    `T`; any other is a count, 4.)
+/// 2. **The vendor accepted a gap of `g` or less in the window before**
+///    (between two releases it did not refuse), and the lane was near its
+///    full count or the send before was accepted: jitter between the
+///    lane's clock and the vendor's. The lane's ledger sees when it
+///    released, not when the request landed: the hand-over to the caller,
+///    a cold connection, and nginx's millisecond clock cached per
+///    event-loop turn each move a gap by up to a millisecond, so nginx
+///    accepts 99.5 ms and refuses 99.9. The margin widens by `T / 50` (at
+///    least [`JITTER`]), at most to `T + T / 10`. A lane not yet strict turns strict so near its
+///    full count, or at a gap under `T` (a release whose lateness it
+///    forgave, which is where jitter bites): taking jitter for a count
+///    would teach it a lower quota (9/s against nginx's 10), a margin
+///    costs it 2 %.
 /// 3. **Nothing that close was accepted in the window**: the vendor's spacing may be
 ///    longer than `g` (a lane declared faster than a spacing vendor: nginx
 ///    refuses the second request of a 15/s lane 67 ms in). The first such
-///    refusal turns the lane strict at `T + T / 50`; each later one grows
+///    refusal turns the lane strict at `T` plus the margin of 2; each later one grows
 ///    the gap by a quarter, never past the smallest gap the vendor
 ///    accepted, nor past the declared window: 68 ms, then 85, then 107
 ///    against nginx's 100, three refusals.
-/// 4. Otherwise (a second refusal in a row, at a gap the vendor accepted
-///    before, below the lane's count) the vendor counts: a quota below the
-///    declared one, which the count learning reads.
+/// 4. Otherwise the vendor counts: a quota below the declared one, which
+///    the count learning reads. So is a second refusal in a row at a gap
+///    the vendor accepted (a spacing vendor measures it from the last send
+///    it accepted, two gaps back), and one below the lane's count at a gap
+///    the vendor accepted when the lane sent on its own schedule (`g >=
+///    T`, not yet strict), or, after the lane's first window, within two
+///    windows of the last spacing reading (a window vendor's refusals come
+///    back every window; jitter's are rare once the lane is strict, and a
+///    first window's count says nothing).
 ///
 /// # The decay
 ///
@@ -185,6 +208,8 @@ pub(crate) struct Learned {
     step_at: Option<Instant>,
     quiet: Duration,
     trial: Option<Duration>,
+    /// The refused release last read as spacing.
+    spaced: Option<Instant>,
 }
 
 impl Learned {
@@ -212,13 +237,15 @@ impl Learned {
             .filter(|pair| !pair.iter().any(|at| self.refused.contains(at)))
             .map(|pair| pair[1].saturating_duration_since(pair[0]))
             .min();
+        let before = u64::try_from(inside.len()).unwrap_or(u64::MAX);
         Some(Refusal {
             gap: released.saturating_duration_since(prior),
-            before: u64::try_from(inside.len()).unwrap_or(u64::MAX),
+            before,
             prior,
             strict,
             silent,
             accepted,
+            cold: releases.around(released).0 <= before,
         })
     }
 
@@ -245,9 +272,13 @@ impl Learned {
         }
         let Refusal { gap, before, .. } = refusal;
         let t = declared.interval;
+        let step = (t / 50).max(JITTER).min(t / 10);
         let kept = self.gap.unwrap_or(t).max(t);
         let near_full = before.saturating_add(2) >= declared.count;
         let accepted_closer = refusal.accepted.is_some_and(|a| a <= gap);
+        let recent = self
+            .spaced
+            .is_some_and(|at| released.saturating_duration_since(at) < declared.per * 2);
         let gap = if gap < declared.spacing {
             kept
         } else if let Some(before_step) = self.trial.take() {
@@ -255,25 +286,34 @@ impl Learned {
             self.quiet = self.quiet.saturating_mul(2);
             before_step
         } else if gap > kept.saturating_mul(2)
-            || (!refusal.strict
-                && (!refusal.silent || accepted_closer || gap > t.saturating_add(t / 10)))
+            || (!refusal.strict && (!refusal.silent || gap > t.saturating_add(t / 10)))
         {
             // A lane that was not pushing at its pace shows no spacing (a
             // throttle after a pause, an outage). One not yet strict meets
-            // a count when the vendor says what it counts, accepted that
-            // gap before, or refused a gap well over the declared interval
-            // (the lane kept to a learned quota, or probed it).
+            // a count when the vendor says what it counts, or refused a gap
+            // well over the declared interval (the lane kept to a learned
+            // quota, or probed it).
             return Reading::Count;
-        } else if accepted_closer && (near_full || isolated) {
-            let most = t.saturating_add(t / 10);
-            kept.max(gap).saturating_add(t / 50).min(most.max(kept))
+        } else if accepted_closer && !isolated {
+            // Two in a row at a gap the vendor accepts: a spacing vendor
+            // measures the second from the last it accepted, two gaps back.
+            return Reading::Count;
+        } else if accepted_closer
+            && !near_full
+            && ((!refusal.strict && gap >= t) || (recent && !refusal.cold))
+        {
+            // Refused below the lane's count at a gap the vendor accepts,
+            // on the lane's own schedule or soon again: it counts fewer
+            // than declared in each window.
+            return Reading::Count;
         } else if accepted_closer {
-            return Reading::Count;
+            let most = t.saturating_add(t / 10);
+            kept.max(gap).saturating_add(step).min(most.max(kept))
         } else if self.gap.is_none() {
             // No word yet of what the vendor accepts: the first refusal
             // may be the send after a cold connection's, landing closer
             // than it left. Strict, with a margin.
-            t.saturating_add(t / 50)
+            t.saturating_add(step)
         } else {
             let grown = kept.max(gap).saturating_add(kept.max(gap) / 4);
             let ceiling = refusal
@@ -288,6 +328,7 @@ impl Learned {
         }
         self.step_at = Some(later(now, self.quiet));
         self.gap = Some(gap);
+        self.spaced = Some(released);
         Reading::Spacing(gap)
     }
 
@@ -364,6 +405,7 @@ mod tests {
             strict: false,
             silent: true,
             accepted: None,
+            cold: false,
         };
         let reading = learned.refused(refusal, ten(), now, now);
         assert_eq!(reading, Reading::Spacing(ten().interval));
@@ -380,6 +422,7 @@ mod tests {
             strict: true,
             silent: true,
             accepted: Some(ten().interval),
+            cold: false,
         };
         let first = learned.refused(refusal, ten(), t0 + ms(1), t0);
         assert_eq!(first, Reading::Spacing(Duration::from_micros(102_510)));
@@ -404,6 +447,7 @@ mod tests {
             strict: gap > ms(67),
             silent: true,
             accepted: None,
+            cold: false,
         };
         let first = learned.refused(early(ms(67)), declared, now, now);
         assert_eq!(first, Reading::Spacing(Duration::from_micros(68_340)));
@@ -417,9 +461,12 @@ mod tests {
         );
     }
 
-    /// A vendor counting 3 a second against a lane declared 10, not yet
-    /// strict: a refusal at a gap it accepted before is a count, which the
-    /// count learning reads; so is any refusal that states a limit.
+    /// A vendor counting 3 a second with bare 429s, against a lane
+    /// declared 10: a refusal at a gap it accepted before, on the lane's
+    /// schedule, is a count, which the count learning reads. One at a gap
+    /// under the lane's interval (a release whose lateness it forgave) may
+    /// be jitter: the lane turns strict with a margin, and the next, soon
+    /// after, is a count. A refusal that states a limit is a count at once.
     #[tokio::test(start_paused = true)]
     async fn a_refusal_at_an_accepted_gap_is_a_count() {
         let mut learned = Learned::default();
@@ -430,10 +477,30 @@ mod tests {
             prior: now + ms(200),
             strict: false,
             silent: true,
-            accepted: Some(ten().interval),
+            accepted: Some(ms(100)),
+            cold: false,
         };
         assert_eq!(
             learned.refused(refusal, ten(), now + ms(300), now),
+            Reading::Count
+        );
+        let mut forgiven = Learned::default();
+        let sooner = Refusal {
+            gap: ms(100),
+            ..refusal
+        };
+        assert_eq!(
+            forgiven.refused(sooner, ten(), now + ms(300), now),
+            Reading::Spacing(Duration::from_micros(102_510)),
+            "maybe jitter"
+        );
+        let again = Refusal {
+            strict: true,
+            prior: now + ms(1200),
+            ..sooner
+        };
+        assert_eq!(
+            forgiven.refused(again, ten(), now + ms(1300), now + ms(1300)),
             Reading::Count
         );
         let mut fresh = Learned::default();
@@ -462,6 +529,7 @@ mod tests {
             strict: true,
             silent: true,
             accepted: None,
+            cold: false,
         };
         let Reading::Spacing(gap) = learned.refused(refusal, declared, t0, t0) else {
             panic!("a spacing refusal");

@@ -14,6 +14,10 @@ use common::{Busy, SECOND, Wire, burst, join_all, shaper};
 use reqwest::StatusCode;
 use tokio::time::Instant;
 
+/// The tests on the real clock take turns: each measures its own lane's
+/// timing, not the cores another test keeps busy.
+static REAL_CLOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The share of `per_second` a vendor's accepted arrivals used after
 /// `from`, between the first and last of them.
 fn used_after(vendor: &Vendor, per_second: f64, from: Duration) -> f64 {
@@ -151,11 +155,12 @@ async fn a_late_release_is_not_made_up_on_a_strict_lane() {
 }
 
 /// On the wire, with the real clock and both cores kept busy: a strict
-/// lane at 100/s sends 1,000 requests, and no two reach the transport
-/// closer than the lane's interval (10.05 ms), however late its timers
-/// fire.
+/// lane at 100/s sends 1,000 requests, no two reach the transport closer
+/// than the lane's interval (10.05 ms), however late its timers fire, and
+/// the lane still uses most of its quota.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_strict_lane_keeps_its_interval_on_the_wire_under_load() {
+    let _alone = REAL_CLOCK.lock().await;
     let server = wiremock::MockServer::start().await;
     wiremock::Mock::given(wiremock::matchers::any())
         .respond_with(wiremock::ResponseTemplate::new(200))
@@ -174,11 +179,14 @@ async fn a_strict_lane_keeps_its_interval_on_the_wire_under_load() {
     let interval = Duration::from_micros(10_050);
     let smallest = wire.smallest_gap();
     assert!(smallest >= interval, "two sends {smallest:?} apart");
-    // Lateness is not made up: report what strict spacing costs here.
+    // Lateness is not made up, but the door keeps the hand-over's out of
+    // the gap: 97-98 % here.
+    let used = wire.used(100.0, Duration::ZERO);
     eprintln!(
         "strict at 100/s under load: smallest gap {smallest:?}, {:.1} % of the quota",
-        wire.used(100.0, Duration::ZERO) * 100.0
+        used * 100.0
     );
+    assert!(used >= 0.85, "{:.1} % of the quota", used * 100.0);
 }
 
 /// `n` requests from as many tasks through a lane of `shaper`, to `url`.
@@ -202,6 +210,7 @@ struct Run {
 /// per second in its default mode: `n` requests, and the share of nginx's
 /// rate they used after `from`, as the wire saw them.
 async fn against_nginx(rate: u32, declared: u32, n: usize, from: Duration) -> Run {
+    let _alone = REAL_CLOCK.lock().await;
     let nginx = Nginx::start(rate, 0);
     let wire = Wire::default();
     let shaper = Shaper::builder()
@@ -217,10 +226,11 @@ async fn against_nginx(rate: u32, declared: u32, n: usize, from: Duration) -> Ru
         lane: shaper.lanes().remove(0),
     };
     eprintln!(
-        "nginx {rate}r/s, lane {declared}/s: {} refused, {:.1} % after {from:?}, spacing {:?}",
+        "nginx {rate}r/s, lane {declared}/s: {} refused, {:.1} % after {from:?}, spacing {:?}, smallest gap {:?}",
         run.refused,
         run.used * 100.0,
-        run.lane.spacing
+        run.lane.spacing,
+        wire.smallest_gap()
     );
     run
 }
@@ -247,36 +257,38 @@ fn assert_at_the_true_quota(run: &Run, most_refused: usize, least_used: f64) {
 }
 
 /// A real nginx `limit_req` at `10r/s`, burst 0: the lane at the true
-/// quota, in its default mode, meets a refusal or two (a send its forgiven
+/// quota, in its default mode, meets a refusal (a send its forgiven
 /// lateness, or a cold connection, put under 100 ms after the last on
-/// nginx's clock), turns strict, learns no lower quota, and keeps most of
-/// the quota. Measured here: 2 refusals, 93 %; the bounds leave room for
-/// a loaded machine.
+/// nginx's clock), turns strict, learns no lower quota, and keeps the
+/// quota. Measured here: 1 refusal, 96.6-98.5 %; the bounds leave room
+/// for a loaded machine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_nginx_at_the_true_quota() {
     let run = against_nginx(10, 10, 100, Duration::ZERO).await;
-    assert_at_the_true_quota(&run, 4, 0.85);
+    assert_at_the_true_quota(&run, 2, 0.95);
 }
 
-/// The same at `100r/s`: 1,000 requests (millisecond timers and jitter are
-/// a larger share of a 10 ms interval). Measured here: 3 refusals, 80 %.
+/// The same at `100r/s`: 1,000 requests. Jitter between the lane's clock
+/// and nginx's (the hand-over to the connection's task, nginx's event
+/// loop) is a larger share of a 10 ms interval, and now and then passes
+/// the margin the lane learned. Measured here: 1-5 refusals, 85-95 %.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_nginx_at_the_true_quota_at_100_a_second() {
     let run = against_nginx(100, 100, 1000, Duration::ZERO).await;
-    assert_at_the_true_quota(&run, 8, 0.65);
+    assert_at_the_true_quota(&run, 6, 0.80);
 }
 
 /// A real nginx at `10r/s`, burst 0, the lane declared at 1.5x: no failed
 /// request, a few refusals while the lane learns nginx's spacing, and most
 /// of nginx's rate after the first second. Measured here: 3 refusals,
-/// 89.8 %.
+/// 93 %.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_nginx_with_the_lane_declared_half_again_too_fast() {
     let run = against_nginx(10, 15, 60, SECOND).await;
     assert_eq!(run.failed, 0);
-    assert!(run.refused <= 6, "{} refusals", run.refused);
+    assert!(run.refused <= 4, "{} refusals", run.refused);
     assert!(
-        run.used >= 0.80,
+        run.used >= 0.88,
         "{:.1} % after the first second",
         run.used * 100.0
     );

@@ -15,9 +15,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::waiter::Waiter;
-use super::{
-    Lane, Place, Priority, Slot, Transit, Turn, departure, earliest, is_shared, is_strict,
-};
+use super::{Door, Lane, Place, Priority, Slot, Transit, Turn, departure, earliest, is_shared};
 use crate::error::Error;
 use crate::meters::{Meters, spacing};
 use crate::store::StoreMode;
@@ -129,21 +127,24 @@ impl Lane {
         // The clock is read under the lock: an instant read before it may
         // predate the charge of whoever held it, and would send this caller
         // to the queue for nothing (and everyone after it, behind it).
-        let (charged_at, transit) = shared.with_meters(|meters| {
+        let (charged_at, transit, door) = shared.with_meters(|meters| {
             let now = Instant::now();
             let waiting = shared.waiting.load(Ordering::SeqCst) != 0;
             if waiting || shared.paused_until(now).is_some() || earliest(meters, cost, now) > now {
                 return None;
             }
-            // Strict: not before the last send's word, a gap after it.
-            if departure(shared, meters).ok()?.is_some_and(|at| at > now) {
+            // Strict: not before the last send's word, released no sooner
+            // than its door allows, charged at it (see `lane/turn.rs`).
+            let door = departure(shared, meters, cost, now).ok()?;
+            if door.is_some_and(|door| door.release() > now) {
                 return None;
             }
+            let charged = door.map_or(now, Door::at);
             for meter in meters.iter_mut() {
-                meter.commit(cost, now);
+                meter.commit(cost, charged);
             }
-            let transit = is_strict(meters).then(|| Transit::leave(shared));
-            Some((now, transit))
+            let transit = door.map(|_| Transit::leave(shared));
+            Some((charged, transit, door.and_then(|door| door.shut(now))))
         })?;
         shared.released.fetch_add(1, Ordering::Relaxed);
         shared.metrics.released();
@@ -152,6 +153,7 @@ impl Lane {
             at: charged_at,
             fleet: None,
             transit,
+            door,
         })
     }
 

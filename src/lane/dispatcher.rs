@@ -10,7 +10,6 @@
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, sleep, sleep_until};
@@ -156,7 +155,6 @@ impl<R: Release> Dispatcher<R> {
         match self.engine.release(&mut ready, head, now).await {
             Step::Done => true,
             Step::Wait(Blocked::Until(at)) => self.or_new_ticket(sleep_until(at)).await,
-            Step::Wait(Blocked::Exactly(at)) => self.or_new_ticket(on_time(at)).await,
             Step::Wait(Blocked::Turn(turn)) => self.or_new_ticket(turn).await,
         }
     }
@@ -195,27 +193,6 @@ impl<R: Release> Dispatcher<R> {
     }
 }
 
-/// How far ahead of a strict deadline the timer wakes the dispatcher.
-/// tokio's timers tick in milliseconds and round a deadline up to the next
-/// tick, so a sleep ends up to a millisecond late (more on a busy machine);
-/// strict spacing never makes lateness up, and at 100/s that alone costs
-/// 5-10 % of the quota.
-const EARLY: Duration = Duration::from_millis(1);
-
-/// Wake at `at`, not a tick later: the timer wakes [`EARLY`], then the task
-/// yields until the real clock reaches `at` (at most [`EARLY`] of it, so a
-/// paused test clock, whose instants run ahead of the real one, is never
-/// waited for), then sleeps to `at` (at once, unless the clock is paused).
-async fn on_time(at: Instant) {
-    sleep_until(at.checked_sub(EARLY).unwrap_or(at)).await;
-    let left = at.saturating_duration_since(Instant::now()).min(EARLY);
-    let real = std::time::Instant::now() + left;
-    while std::time::Instant::now() < real {
-        tokio::task::yield_now().await;
-    }
-    sleep_until(at).await;
-}
-
 /// A lane whose head may go but for its engine: what the engine needs to
 /// hand the head its turn.
 pub(super) struct Ready<'a> {
@@ -240,13 +217,14 @@ impl Ready<'_> {
     /// Hand `head` its turn, charged at `now`, and count it; false if its
     /// caller left (its ticket is gone either way). `strict`: the lane
     /// keeps strict spacing, and its next release waits for this turn's
-    /// word of when it went.
+    /// word of when it went; `door`: not on the wire before then.
     pub(super) fn hand(
         &mut self,
         head: Head,
         now: Instant,
         fleet: Option<Fleet>,
         strict: bool,
+        door: Option<Instant>,
     ) -> bool {
         let Some(taken) = self.queue.take(head) else {
             return false;
@@ -259,6 +237,7 @@ impl Ready<'_> {
             at: now,
             fleet,
             transit: strict.then(|| Transit::leave(self.shared)),
+            door,
         };
         // Sent, the turn is counted out here; unsent, its caller counted
         // itself out as it left.

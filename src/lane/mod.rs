@@ -51,7 +51,7 @@ pub use self::policy::{LanePolicy, Priority};
 use self::release::{Local, Reserved};
 pub(crate) use self::turn::Fleet;
 pub use self::turn::Turn;
-use self::turn::{Transit, departure, is_strict};
+use self::turn::{Door, Transit, departure};
 use self::waiter::Waiter;
 use crate::error::{ConfigError, Error};
 pub use crate::gate::PauseCause;
@@ -373,6 +373,7 @@ impl Lane {
             .await
             .inspect_err(|error| self.ended(error.reason()))?;
         // The caller sends now: a strict lane measures its next from here.
+        turn.door_opens().await;
         turn.went();
         Ok(turn)
     }

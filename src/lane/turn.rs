@@ -1,15 +1,26 @@
 //! A turn: permission to send one request now, and, on a strict lane, the
 //! word of when it really went, which the lane's next release is measured
 //! from (see `spacing.rs`).
+//!
+//! # The door
+//!
+//! A strict turn is released [`LEAD`] before its send may go and waits at
+//! the door ([`Turn::door_opens`]) for the instant itself. The hand-over from
+//! the dispatcher to the caller's task, and the timer's tick, then happen
+//! before that instant instead of after it: measured from the last send,
+//! they would widen every gap by their latency, for good (at 100/s, 1.5 ms
+//! of every 10). The gap on the wire is the spacing, within the door's
+//! own wake-up (tens of microseconds).
 
 use std::pin::Pin;
 use std::sync::{Arc, MutexGuard};
+use std::time::Duration;
 
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::sync::futures::OwnedNotified;
-use tokio::time::Instant;
+use tokio::time::{Instant, sleep_until};
 
-use super::Shared;
+use super::{Shared, earliest};
 use crate::gate::Booked;
 use crate::meters::Meters;
 use crate::time::later;
@@ -27,6 +38,9 @@ pub struct Turn {
     /// On a strict lane: the lane whose next release waits to hear when
     /// this one went (see [`Turn::went`]).
     pub(super) transit: Option<Transit>,
+    /// On a strict lane: not on the wire before this (the last send plus
+    /// the spacing; see the module's docs).
+    pub(super) door: Option<Instant>,
 }
 
 /// A strict turn's lane, told when the turn went, or that it never did.
@@ -68,9 +82,18 @@ impl Drop for Turn {
 pub(crate) type Fleet = Arc<Vec<Option<Booked>>>;
 
 impl Turn {
-    /// The request goes on the wire now: a strict lane measures its next
-    /// send from here. [`Lane::acquire`] says it as it hands the turn over;
-    /// the shaper says it as the transport takes the request.
+    /// Wait until this turn's request may go on the wire: on a strict
+    /// lane, its door (see the module's docs); at once on any other.
+    pub(crate) async fn door_opens(&mut self) {
+        if let Some(door) = self.door.take() {
+            on_time(door).await;
+        }
+    }
+
+    /// The request went on the wire: a strict lane measures its next send
+    /// from here. [`Lane::acquire`] says so as it hands the turn over; the
+    /// shaper says so once the transport took the request, so no send of
+    /// the lane's reaches the transport sooner than the spacing after this.
     pub(crate) fn went(&mut self) {
         if let Some(transit) = self.transit.take() {
             transit.went(Some(Instant::now()));
@@ -89,21 +112,36 @@ impl Turn {
     }
 }
 
+/// How far ahead of its door a strict turn is released (see the module's
+/// docs): tokio's timers tick in milliseconds and round a deadline up to
+/// the next tick, and the hand-over takes a few hundred microseconds more
+/// on a busy machine.
+const LEAD: Duration = Duration::from_millis(3);
+
+/// How far ahead of the door the caller's timer wakes; the last of it is
+/// yielded through on the real clock (see [`on_time`]).
+const EARLY: Duration = Duration::from_millis(2);
+
 /// Strict spacing, for a lane whose meters keep it (see `spacing.rs`):
-/// `Ok(Some(at))` when the last request that really went lets the next go
-/// at `at`, `Ok(None)` when no send holds it (not strict, or nothing went
-/// yet), and `Err` with a wake-up while a turn released before is still on
-/// its way to the wire: its word says when it went, which the next is
-/// measured from.
+/// `Ok(Some(door))` with the instant the lane's next request of `cost`
+/// may go on the wire (a full gap after the last that really went, and
+/// when its meters allow it), `Ok(None)` on a lane that is not strict, and
+/// `Err` with a wake-up while a turn released before is still on its way
+/// to the wire: its word says when it went, which the next is measured
+/// from.
 pub(super) fn departure(
     shared: &Shared,
     meters: &[MutexGuard<'_, Meters>],
-) -> Result<Option<Instant>, Pin<Box<OwnedNotified>>> {
-    let mut at = None;
+    cost: u64,
+    now: Instant,
+) -> Result<Option<Door>, Pin<Box<OwnedNotified>>> {
+    let mut strict = false;
+    let mut at = now;
     for (meters, gate) in meters.iter().zip(&shared.gates) {
         let Some(gap) = meters.spacing() else {
             continue;
         };
+        strict = true;
         let departures = gate.departures();
         if departures.in_transit() {
             // Enabled, then checked again: a word in between is not missed.
@@ -112,12 +150,53 @@ pub(super) fn departure(
                 return Err(wake);
             }
         }
-        at = at.max(departures.last().map(|last| later(last, gap)));
+        if let Some(last) = departures.last() {
+            at = at.max(later(last, gap));
+        }
     }
-    Ok(at)
+    Ok(strict.then(|| Door(earliest(meters, cost, at).max(at))))
 }
 
-/// True when one of `meters` keeps strict spacing.
-pub(super) fn is_strict(meters: &[MutexGuard<'_, Meters>]) -> bool {
-    meters.iter().any(|meters| meters.spacing().is_some())
+/// When a strict lane's next request goes on the wire: the turn is
+/// released [`LEAD`] before, its meters are charged at this instant (the
+/// ledger a refusal is read against holds sends, not hand-overs), and it
+/// waits at the door for it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Door(Instant);
+
+impl Door {
+    /// When the turn may be released: [`LEAD`] before the door.
+    pub(super) fn release(self) -> Instant {
+        self.0.checked_sub(LEAD).unwrap_or(self.0)
+    }
+
+    /// When the request goes, and the meters are charged.
+    pub(super) fn at(self) -> Instant {
+        self.0
+    }
+
+    /// The door a turn released at `now` waits at, if it is still shut.
+    pub(super) fn shut(self, now: Instant) -> Option<Instant> {
+        (self.0 > now).then_some(self.0)
+    }
+}
+
+/// Wake at `at`, not a tick later: the timer wakes [`EARLY`], then the task
+/// yields until the real clock reaches `at` (at most [`EARLY`] of it, so a
+/// paused test clock, whose instants run ahead of the real one, is never
+/// waited for), then sleeps to `at` if the clock is paused. (A sleep to
+/// an instant already past still waits for the timer's next tick: a
+/// millisecond, on every gap.)
+async fn on_time(at: Instant) {
+    if Instant::now() < at {
+        sleep_until(at.checked_sub(EARLY).unwrap_or(at)).await;
+    }
+    let left = at.saturating_duration_since(Instant::now()).min(EARLY);
+    let real = std::time::Instant::now() + left;
+    while std::time::Instant::now() < real {
+        tokio::task::yield_now().await;
+    }
+    if Instant::now() < at {
+        sleep_until(at).await;
+    }
 }

@@ -389,15 +389,11 @@ impl Meters {
             .iter()
             .map(|(meter, unit)| meter.earliest(Self::units(*unit, cost), now));
         let pace = self.paces().map(|pace| pace.earliest(1, now));
-        // Strict, the last release's lateness is not made up.
-        let spaced = self
-            .spacing()
-            .zip(self.last)
-            .map(|(gap, last)| later(last, gap));
+        // Strict spacing is measured from the last send, not the last
+        // release: the lane's departures keep it (`lane/turn.rs`).
         declared
             .chain(pace)
             .chain(self.first_word())
-            .chain(spaced)
             .max()
             .unwrap_or(now)
     }

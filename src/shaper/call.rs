@@ -210,8 +210,10 @@ impl Shaper {
             let attempt = span.attempt(attempts);
             let mut outcome = {
                 let _on_the_wire = lane.sending();
+                turn.door_opens().await;
+                let sending = send(request);
                 turn.went();
-                send(request).instrument(attempt.span().clone()).await
+                sending.instrument(attempt.span().clone()).await
             };
             match &outcome {
                 Ok(response) => attempt.answered(response.status().as_u16()),

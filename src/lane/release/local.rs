@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use super::{Blocked, Release, Step};
 use crate::lane::dispatcher::Ready;
 use crate::lane::queue::Head;
-use crate::lane::{Shared, departure, earliest, is_shared, is_strict};
+use crate::lane::{Door, Shared, departure, earliest, is_shared};
 use crate::meters::Meters;
 
 /// Releases by the gates' meters in this process.
@@ -81,29 +81,28 @@ impl Local {
         let cost = head.cost;
         let shared = ready.shared;
         let handed = shared.with_meters(|meters| {
-            let at = earliest(meters, cost, now);
+            // Strict: released ahead of its door, charged at it (see
+            // `lane/turn.rs`).
+            let door = departure(shared, meters, cost, now).map_err(|word| Blocked::Turn(word))?;
+            let at = door.map_or_else(|| earliest(meters, cost, now), Door::release);
             if let Some(blocked) = self.queue_up(shared, meters, cost, now) {
                 return Err(blocked);
             }
-            let strict = is_strict(meters);
-            let at = match departure(shared, meters) {
-                Err(word) => return Err(Blocked::Turn(word)),
-                Ok(sent) => at.max(sent.unwrap_or(at)),
-            };
             if at > now {
                 let blocked = first_word(shared, meters, at);
-                // Strict, a timer's lateness is never made up: wake on time.
-                let until = if strict {
-                    Blocked::Exactly(at)
-                } else {
-                    Blocked::Until(at)
-                };
-                return Err(blocked.unwrap_or(until));
+                return Err(blocked.unwrap_or(Blocked::Until(at)));
             }
-            let handed = ready.hand(head, now, None, strict);
+            let charged = door.map_or(now, Door::at);
+            let handed = ready.hand(
+                head,
+                charged,
+                None,
+                door.is_some(),
+                door.and_then(|door| door.shut(now)),
+            );
             if handed {
                 for meter in meters.iter_mut() {
-                    meter.commit(cost, now);
+                    meter.commit(cost, charged);
                 }
             }
             Ok(handed)

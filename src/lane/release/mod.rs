@@ -69,9 +69,6 @@ pub(super) enum Step {
 pub(super) enum Blocked {
     /// A meter (or a reserved slot) allows it then.
     Until(Instant),
-    /// Strict spacing allows it then, and not a moment later: a timer's
-    /// lateness would widen the gap for good (see `Dispatcher::on_time`).
-    Exactly(Instant),
     /// Another lane is first in a gate's queue, or a gate waits for the
     /// vendor's first word: wait for it.
     Turn(Pin<Box<dyn Future<Output = ()> + Send>>),

@@ -213,7 +213,7 @@ impl Reserved {
             });
         }
         let slot = self.slots.pop_front()?;
-        if !ready.hand(head, now, Some(slot.fleet.clone()), false) {
+        if !ready.hand(head, now, Some(slot.fleet.clone()), false, None) {
             // Its caller left just now: the slot serves the next.
             self.slots.push_front(slot);
             return Some(Step::Done);

@@ -98,6 +98,15 @@ fn zoo() -> Vec<Case> {
         },
         steady("discord", || Vendor::discord(100, SECOND), 300),
         steady("stripe", || Vendor::stripe(100, SECOND), 300),
+        // nginx's `limit_req` without burst, `limit_req_status 429`, and a
+        // GCRA with a hundredth of its interval as tolerance: both measure
+        // the spacing of requests, not a count per window.
+        steady("nginx", || Vendor::nginx(100, 0).refusing_with(429), 300),
+        steady(
+            "gcra",
+            || Vendor::gcra(100, SECOND, Duration::from_micros(100)),
+            300,
+        ),
     ]
 }
 
@@ -155,6 +164,13 @@ fn main() {
             print_row(&case, declared, "tower rate_limit + retry", tower);
             let retry = rt.block_on(with_reqwest_retry(&case));
             print_row(&case, declared, "reqwest-retry", retry);
+        }
+        // What strict spacing costs where the vendor counts, and what it
+        // saves where it measures spacing.
+        if case.burst == 1 {
+            let strict = case.quota.clone().strict();
+            let callshaper = rt.block_on(with_callshaper(&case, strict));
+            print_row(&case, "strict", "callshaper", callshaper);
         }
     }
     if picked.is_empty() || picked.iter().any(|p| p == "shared") {

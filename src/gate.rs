@@ -325,6 +325,23 @@ fn slack(length: Duration) -> Duration {
     (length / 10).min(Duration::from_secs(1))
 }
 
+/// True when a window's end `reset` from now, written to `precision`
+/// (rounded up: it may overstate the end by that much, never understate
+/// it), is `length` after the lane's release at `opened`, as a window that
+/// opens at the first request ends. A whole-second end read from now says
+/// anything up to the window plus a second, so a 1 s window whose end was
+/// written 1.4 s ahead looks like no declared window; read from where the
+/// window opened it is 1.4 s give or take a second, and a 2 s window is
+/// never less than 2 (nor than 1 plus [`OPENED`]).
+fn opened_like(opened: Instant, reset: Duration, precision: Duration, length: Duration) -> bool {
+    let span = later(Instant::now(), reset).saturating_duration_since(opened);
+    span >= length / 4 && span.saturating_sub(precision) <= length.saturating_add(OPENED)
+}
+
+/// How much later than the lane's release a vendor may open its window:
+/// the request's way there.
+const OPENED: Duration = Duration::from_millis(50);
+
 /// Declared windows without a refusal before a learned quota is probed.
 const PROBE_QUIET: u32 = 30;
 
@@ -618,9 +635,11 @@ impl Gate {
     /// teaches: the step between the last two ends of its fixed window
     /// (see [`saw_end`](Self::saw_end)) within a tenth of the window (at
     /// most a second); else its reset (read as `(reset, precision)`) between a quarter
-    /// of the window and the window, give or take its precision (a bucket's
-    /// whole-second "full again" at a 1 s window may read 2) and a tenth of
-    /// the window (at most a second); or without a reset, a refusal at
+    /// of the window and the window, give or take a tenth of the window (at
+    /// most a second) and, for a bucket, its precision (a whole-second
+    /// "full again" at a 1 s window may read 2); a window's end, read from
+    /// the lane's first release after a quiet window, the window give or
+    /// take its precision (see [`opened_like`]); or without a reset, a refusal at
     /// least a quarter into the lane's window. A lane declared 1,000 a
     /// minute against a vendor counting 10 a second hears a reset of a
     /// second, and one declared 10 a second against 3 per 2 s hears two:
@@ -663,11 +682,20 @@ impl Gate {
             // Releases before the previous refusal were not all accepted.
             since = since.max(later(previous, Duration::from_nanos(1)));
         }
-        let (accepted, first, gap) = {
+        let (accepted, first, gap, opened) = {
             let meters = lock(&self.meters);
             let releases = meters.releases()?;
             let (accepted, first) = releases.between(since, released);
-            (accepted, first, releases.longest_gap(since, released))
+            // The lane's first release after a quiet window (or ever): a
+            // window that opens at the first request (Flask-Limiter's,
+            // express-rate-limit's) opened there.
+            let opened = first.filter(|&first| {
+                releases
+                    .before(first)
+                    .is_none_or(|before| later(before, window.length) <= first)
+            });
+            let gap = releases.longest_gap(since, released);
+            (accepted, first, gap, opened)
         };
         // Without a stated limit, what the vendor accepted says what it
         // allows only if the lane was pushing at its pace all along: a
@@ -685,9 +713,16 @@ impl Gate {
         let length = window.length;
         let looks_declared = steps_like
             || match reset {
-                Some((reset, precision)) => {
+                Some((reset, precision)) if bucket.is_some() => {
                     reset.saturating_add(precision) >= length / 4
                         && reset.saturating_sub(precision) <= length.saturating_add(slack(length))
+                }
+                Some((reset, precision)) => {
+                    let within =
+                        reset >= length / 4 && reset <= length.saturating_add(slack(length));
+                    within
+                        || opened
+                            .is_some_and(|opened| opened_like(opened, reset, precision, length))
                 }
                 None => released.saturating_duration_since(first?) >= length / 4,
             };

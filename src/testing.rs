@@ -154,6 +154,17 @@ impl Vendor {
         Self::with(limit, window, |_| Counting::Fixed(0, 0))
     }
 
+    /// A vendor that counts like Flask-Limiter's fixed window (and
+    /// express-rate-limit's memory store): at most `limit` in a window of
+    /// `window` that opens at the first request after the last one closed,
+    /// and every answer carries `x-ratelimit-limit/-remaining/-reset`, the
+    /// reset the window's end in epoch seconds, rounded up. Where in the
+    /// wall-clock second a window opens decides how much the reset
+    /// overstates the wait: up to a second.
+    pub fn flask_limiter(limit: usize, window: Duration) -> Self {
+        Self::with(limit, window, |_| Counting::Opening(None, 0))
+    }
+
     /// A vendor running a token bucket: bursts up to `capacity`, refilled
     /// `count` per `per`.
     pub fn token_bucket(capacity: usize, count: u32, per: Duration) -> Self {

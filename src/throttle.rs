@@ -170,19 +170,11 @@ pub(crate) fn refused(lane: &Lane, status: StatusCode, signals: &Signals, releas
         // the pause answers it, and only a refusal teaches.
         return;
     }
-    // A bucket's reset at a refusal is its whole window, give or take the
-    // reset's precision; a window's end may be anywhere in the window, and
-    // widening it by a whole second would take a 2 s window for a 1 s one.
+    // A reset with its precision: `Gate::refused` reads a bucket's as its
+    // whole window, a window's end from where the window opened.
     let reset = signals
         .request_limits()
-        .filter_map(|l| {
-            let precision = if l.refills {
-                l.precision
-            } else {
-                Duration::ZERO
-            };
-            Some((l.reset?, precision))
-        })
+        .filter_map(|l| Some((l.reset?, l.precision)))
         .max();
     let limit = signals.request_limit();
     let bucket = signals.bucket().and_then(|l| l.limit);

@@ -595,3 +595,55 @@ async fn probing_a_quota_the_vendor_really_has_costs_a_refusal_per_doubling_quie
     assert_learned_ten(&shaper, "");
     assert!(vendor.max_in_any_window(SECOND) <= 11);
 }
+
+/// A vendor's whole-second epoch reset (`x-ratelimit-reset`, rounded up,
+/// as Flask-Limiter and express-rate-limit write it) overstates the wait by
+/// up to a second, by as much as the wall-clock second had run when the
+/// vendor's window opened; Flask-Limiter's window opens at the first
+/// request after the last one closed, so a lane resuming on a whole second
+/// hears every later end about 1.4 s ahead. A lane declared at 1.5x learns
+/// the vendor's 10/s wherever in the second the first request lands: for
+/// each of ten phases, at most 2 refusals and 90 % of the quota after the
+/// first window, against Flask-Limiter's window and against a fixed window
+/// from the vendor's start.
+#[tokio::test(start_paused = true)]
+async fn whole_second_resets_teach_wherever_the_window_opens() {
+    for name in ["flask-limiter", "fixed"] {
+        let vendor = || match name {
+            "flask-limiter" => Vendor::flask_limiter(10, SECOND),
+            _ => Vendor::fixed_window(10, SECOND),
+        };
+        for tenth in 0..10_u32 {
+            // Tokio's clock, and the wall clock read off it, on to `tenth`
+            // tenths into a wall-clock second: the first request lands there.
+            let into = TokioWall
+                .now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .subsec_nanos();
+            let phase = tenth * 100_000_000;
+            let ahead = (phase + 1_000_000_000 - into) % 1_000_000_000;
+            tokio::time::advance(Duration::from_nanos(u64::from(ahead))).await;
+            let vendor = vendor().start().await;
+            let shaper = shaper(15).build().unwrap();
+            let case = format!("{name}, phase {tenth}/10");
+            for outcome in burst(&shaper, &vendor.uri(), 60).await {
+                assert_eq!(outcome.unwrap().status(), 200, "{case}");
+            }
+            let accepted: Vec<Duration> = accepted_at(&vendor)
+                .into_iter()
+                .filter(|&at| at >= SECOND)
+                .collect();
+            let span = (*accepted.last().unwrap() - accepted[0]).as_secs_f64();
+            let used = (accepted.len() - 1) as f64 / (span * 10.0);
+            println!(
+                "{case}: {} refused, {:.1} % after the first window, learned {:?}",
+                vendor.throttled(),
+                used * 100.0,
+                shaper.lanes()[0].learned
+            );
+            assert!(vendor.throttled() <= 2, "{case}");
+            assert!(used >= 0.90, "{case}: {:.1} %", used * 100.0);
+        }
+    }
+}

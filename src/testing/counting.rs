@@ -1,5 +1,6 @@
-//! How a test vendor counts: a sliding window, a fixed window, a token
-//! bucket, nginx's `limit_req` and GCRA, each as the limiter it models
+//! How a test vendor counts: a sliding window, a fixed window (from the
+//! vendor's start, or opening at the first request), a token bucket,
+//! nginx's `limit_req` and GCRA, each as the limiter it models
 //! computes it, and what each says of its quota.
 
 use std::collections::VecDeque;
@@ -27,6 +28,10 @@ pub(super) enum Counting {
     /// At most `limit` in each window `[k·window, (k+1)·window)` from the
     /// vendor's start, as GitHub counts per hour: `(k, spent)`.
     Fixed(u128, u64),
+    /// At most `limit` in a fixed window that opens at the first request
+    /// after the last one closed, as Flask-Limiter's in-memory fixed window
+    /// and express-rate-limit's memory store count: `(opened, spent)`.
+    Opening(Option<Instant>, u64),
     /// A bucket of `limit` tokens: `(tokens, last refill, refill per
     /// second)`.
     Bucket(f64, Instant, f64),
@@ -97,6 +102,12 @@ impl Quota {
                     Err(window_end(start, self.window, now) - now)
                 }
             }
+            Counting::Opening(opened, spent) => match opened {
+                Some(opened) if spent + cost > self.limit => {
+                    Err(later(*opened, self.window).saturating_duration_since(now))
+                }
+                _ => Ok(()),
+            },
             Counting::Bucket(tokens, _, per_second) => {
                 let missing = cost as f64 - tokens;
                 if missing <= 0.0 {
@@ -157,6 +168,12 @@ impl Quota {
                     *spent = 0;
                 }
             }
+            Counting::Opening(opened, spent) => {
+                if opened.is_some_and(|at| later(at, window) <= now) {
+                    *opened = None;
+                    *spent = 0;
+                }
+            }
             Counting::Bucket(tokens, last, per_second) => {
                 *tokens = (*tokens + (now - *last).as_secs_f64() * *per_second).min(limit);
                 *last = now;
@@ -170,6 +187,10 @@ impl Quota {
         match &mut self.counting {
             Counting::Sliding(accepted) => accepted.push_back((now, cost)),
             Counting::Fixed(_, spent) => *spent += cost,
+            Counting::Opening(opened, spent) => {
+                opened.get_or_insert(now);
+                *spent += cost;
+            }
             Counting::Bucket(tokens, _, _) => *tokens -= cost as f64,
             Counting::Nginx(nginx) => {
                 let now_ms = millis(start, now);
@@ -202,6 +223,9 @@ impl Quota {
                 (at + self.window).saturating_duration_since(now)
             }),
             Counting::Fixed(..) => window_end(start, self.window, now) - now,
+            Counting::Opening(opened, _) => opened.map_or(self.window, |opened| {
+                later(opened, self.window).saturating_duration_since(now)
+            }),
             Counting::Bucket(tokens, _, per_second) => {
                 let missing = (self.limit as f64 - tokens).max(0.0);
                 Duration::from_secs_f64(missing / per_second)
@@ -228,7 +252,7 @@ impl Quota {
             remaining,
             window: self.window,
             reset,
-            fixed: matches!(self.counting, Counting::Fixed(..)),
+            fixed: matches!(self.counting, Counting::Fixed(..) | Counting::Opening(..)),
             wall,
         }
     }
@@ -238,7 +262,9 @@ impl Quota {
             Counting::Sliding(accepted) => self
                 .limit
                 .saturating_sub(accepted.iter().map(|&(_, c)| c).sum()),
-            Counting::Fixed(_, spent) => self.limit.saturating_sub(*spent),
+            Counting::Fixed(_, spent) | Counting::Opening(_, spent) => {
+                self.limit.saturating_sub(*spent)
+            }
             Counting::Bucket(tokens, _, _) => tokens.max(0.0) as u64,
             // Read at an instant: see `said`.
             Counting::Gcra(..) | Counting::Nginx(_) => 0,

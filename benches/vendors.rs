@@ -23,7 +23,7 @@
 //! made available), and the most requests in any window of
 //! the vendor's against its limit (a bucket's limit is its burst plus a
 //! window's refill), and the requests that never got a 200 (a retry
-//! policy that gave up).
+//! policy that gave up, or a run cut off after a minute).
 
 use std::future::Future;
 use std::num::NonZeroU32;
@@ -470,10 +470,19 @@ async fn with_reqwest_retry(case: &Case) -> Run {
     finish(vendor, started, calls).await
 }
 
-/// Wait for every caller of a run started at `started`.
+/// The longest a run may take: a client that would need longer (tower's
+/// bursts against nginx, one accepted per window) is cut off there, and
+/// its requests without a 200 count as failed.
+const LONGEST: Duration = Duration::from_secs(60);
+
+/// Wait for every caller of a run started at `started`, until [`LONGEST`].
 async fn finish(vendor: Vendor, started: Instant, calls: Vec<tokio::task::JoinHandle<()>>) -> Run {
     for call in calls {
-        call.await.expect("a caller panicked");
+        let abort = call.abort_handle();
+        match tokio::time::timeout_at(started + LONGEST, call).await {
+            Ok(joined) => joined.expect("a caller panicked"),
+            Err(_) => abort.abort(),
+        }
     }
     Run {
         vendor,

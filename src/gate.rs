@@ -25,7 +25,7 @@ use tokio::time::Instant;
 
 use crate::adaptive::{Adaptive, Aimd};
 use crate::drain::Drain;
-use crate::meters::{Meters, Quota, Rate, Unit};
+use crate::meters::{Meters, Quota, Rate, Releases, Unit};
 use crate::retry::{Backoff, Ledger, RetryBudget};
 use crate::spacing::{Declared, Departures, Learned, Reading};
 use crate::sync::{lock, shrink};
@@ -323,6 +323,17 @@ struct Probe {
 /// look like it: a tenth, at most a second.
 fn slack(length: Duration) -> Duration {
     (length / 10).min(Duration::from_secs(1))
+}
+
+/// `first`, if it is the lane's first release after a quiet `length` (or
+/// ever): a window that opens at the first request (Flask-Limiter's,
+/// express-rate-limit's) opened there.
+fn opened(releases: &Releases, first: Option<Instant>, length: Duration) -> Option<Instant> {
+    first.filter(|&first| {
+        releases
+            .before(first)
+            .is_none_or(|before| later(before, length) <= first)
+    })
 }
 
 /// True when a window's end `reset` from now, written to `precision`
@@ -686,14 +697,7 @@ impl Gate {
             let meters = lock(&self.meters);
             let releases = meters.releases()?;
             let (accepted, first) = releases.between(since, released);
-            // The lane's first release after a quiet window (or ever): a
-            // window that opens at the first request (Flask-Limiter's,
-            // express-rate-limit's) opened there.
-            let opened = first.filter(|&first| {
-                releases
-                    .before(first)
-                    .is_none_or(|before| later(before, window.length) <= first)
-            });
+            let opened = opened(releases, first, window.length);
             let gap = releases.longest_gap(since, released);
             (accepted, first, gap, opened)
         };
@@ -705,6 +709,15 @@ impl Gate {
         let busy = gap <= kept.interval(self.headroom).saturating_mul(2);
         if limit.is_none() && !busy {
             return None;
+        }
+        if bucket.is_none()
+            && let (Some(limit), Some((reset, precision))) = (limit, reset)
+            && let Some(span) = self.longer_window(reset, precision, released)
+        {
+            // The vendor's window is longer than declared: its limit over
+            // what the window spans.
+            let limit = u32::try_from(limit).ok().filter(|&limit| limit > 0)?;
+            return self.keep_learned(Rate::new(limit, span), &window, bucket);
         }
         let count = limit.unwrap_or(accepted);
         if count == 0 || window.allows(count) {
@@ -730,6 +743,12 @@ impl Gate {
             return None;
         }
         let rate = window.declared_rate(count)?;
+        self.keep_learned(rate, &window, bucket)
+    }
+
+    /// Keep to `rate`, learned from a refusal, and probe it after a quiet
+    /// spell; `rate` if the pace changed.
+    fn keep_learned(&self, rate: Rate, window: &Window, bucket: Option<u64>) -> Option<Rate> {
         let quiet = window.declared.per.saturating_mul(PROBE_QUIET);
         let probe = Probe {
             at: later(Instant::now(), quiet),
@@ -738,6 +757,33 @@ impl Gate {
             raised: false,
         };
         self.keep_to(rate, Some(probe), bucket).then_some(rate)
+    }
+
+    /// A window's end `reset` from now, written to `precision` (rounded
+    /// up), in the answer to a request released at `released`, further
+    /// than the declared window can end (give or take a tenth of it): the
+    /// vendor's window is longer than declared. How long, at most: from
+    /// the lane's first release after a quiet window (which the vendor
+    /// counted in that window), or from now, to the end. `None` when the
+    /// end fits the declared window.
+    pub(crate) fn longer_window(
+        &self,
+        reset: Duration,
+        precision: Duration,
+        released: Instant,
+    ) -> Option<Duration> {
+        let window = self.window(released)?;
+        let now = Instant::now();
+        let end = later(now, reset);
+        let from = {
+            let meters = lock(&self.meters);
+            let releases = meters.releases()?;
+            let first = releases.between(window.since, released).1;
+            opened(releases, first, window.length).unwrap_or(now)
+        };
+        let most = end.saturating_duration_since(from);
+        let least = most.saturating_sub(precision);
+        (least > window.length.saturating_add(slack(window.length))).then_some(most)
     }
 
     /// When the last request through this gate really went, and whether a

@@ -96,6 +96,23 @@ pub(crate) fn spent(
     let Some(reset) = signals.exhausted_for() else {
         return contested(lane, signals, released, fleet);
     };
+    let window_end = signals
+        .request_limits()
+        .filter(|l| l.remaining == Some(0) && !l.refills)
+        .filter_map(|l| Some((l.reset?, l.precision)))
+        .max();
+    if window_end
+        .is_some_and(|(end, precision)| lane.longer_window(end, precision, released).is_some())
+    {
+        // The vendor's window is longer than declared: the lane's releases
+        // in the declared window neither explain nothing left nor say when
+        // a unit frees.
+        return Some(Pause {
+            asked: reset,
+            padded: reset.saturating_add(headroom),
+            cause: PauseCause::Spent,
+        });
+    }
     if explained(signals, |limit, used| {
         lane.explains(limit, used, released, fleet)
     }) {

@@ -604,6 +604,20 @@ impl Lane {
         self.shared.gates[vendor].frees_at(limit, released, self.spending(vendor, fleet))
     }
 
+    /// How long the vendor's window is at most, when its end `reset` from
+    /// now (to `precision`) is further than the declared window can end
+    /// (see [`Gate::longer_window`]).
+    pub(crate) fn longer_window(
+        &self,
+        reset: Duration,
+        precision: Duration,
+        released: Instant,
+    ) -> Option<Duration> {
+        self.shared
+            .vendor()
+            .longer_window(reset, precision, released)
+    }
+
     /// The vendor announced its quota; see [`Gate::learn`]. True when this
     /// changed the pace.
     pub(crate) fn learn(&self, announced: Rate) -> bool {

@@ -710,15 +710,6 @@ impl Gate {
         if limit.is_none() && !busy {
             return None;
         }
-        if bucket.is_none()
-            && let (Some(limit), Some((reset, precision))) = (limit, reset)
-            && let Some(span) = self.longer_window(reset, precision, released)
-        {
-            // The vendor's window is longer than declared: its limit over
-            // what the window spans.
-            let limit = u32::try_from(limit).ok().filter(|&limit| limit > 0)?;
-            return self.keep_learned(Rate::new(limit, span), &window, bucket);
-        }
         let count = limit.unwrap_or(accepted);
         if count == 0 || window.allows(count) {
             return None;
@@ -743,12 +734,6 @@ impl Gate {
             return None;
         }
         let rate = window.declared_rate(count)?;
-        self.keep_learned(rate, &window, bucket)
-    }
-
-    /// Keep to `rate`, learned from a refusal, and probe it after a quiet
-    /// spell; `rate` if the pace changed.
-    fn keep_learned(&self, rate: Rate, window: &Window, bucket: Option<u64>) -> Option<Rate> {
         let quiet = window.declared.per.saturating_mul(PROBE_QUIET);
         let probe = Probe {
             at: later(Instant::now(), quiet),
@@ -762,10 +747,12 @@ impl Gate {
     /// A window's end `reset` from now, written to `precision` (rounded
     /// up), in the answer to a request released at `released`, further
     /// than the declared window can end (give or take a tenth of it): the
-    /// vendor's window is longer than declared. How long, at most: from
-    /// the lane's first release after a quiet window (which the vendor
-    /// counted in that window), or from now, to the end. `None` when the
-    /// end fits the declared window.
+    /// vendor's window is longer than declared, and the pause until its
+    /// end is the answer (a pace learned from it would spread the
+    /// vendor's burst: 3 per fixed 2 s, paced, is 2 a window). How long,
+    /// at most: from the lane's first release after a quiet window (which
+    /// the vendor counted in that window), or from now, to the end. `None`
+    /// when the end fits the declared window.
     pub(crate) fn longer_window(
         &self,
         reset: Duration,

@@ -710,6 +710,9 @@ impl Gate {
         if limit.is_none() && !busy {
             return None;
         }
+        // Releases refused for their spacing were not accepted.
+        let accepted =
+            accepted.saturating_sub(lock(&self.spacing).refused_between(since, released));
         let count = limit.unwrap_or(accepted);
         if count == 0 || window.allows(count) {
             return None;

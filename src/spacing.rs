@@ -160,10 +160,12 @@ const JITTER: Duration = Duration::from_micros(500);
 ///    spacing. The lane turns strict at `T`; its count stays. (A lane
 ///    not yet strict reads 2 and 3 only from a refusal that says nothing
 ///    of the vendor's quota, a bare 429 or nginx's 503, at a gap of about
-///    `T`; any other is a count, 4.)
+///    `T`, or any gap in the first quarter of its first window; any other
+///    is a count, 4.)
 /// 2. **The vendor accepted a gap of `g` or less in the window before**
 ///    (between two releases it did not refuse), and the lane was near its
-///    full count or the send before was accepted: jitter between the
+///    full count (within a tenth of what its kept gap lets into a window)
+///    or the send before was accepted: jitter between the
 ///    lane's clock and the vendor's. The lane's ledger sees when it
 ///    released, not when the request landed: the hand-over to the caller,
 ///    a cold connection, and nginx's millisecond clock cached per
@@ -186,10 +188,11 @@ const JITTER: Duration = Duration::from_micros(500);
 ///    the vendor accepted (a spacing vendor measures it from the last send
 ///    it accepted, two gaps back), and one below the lane's count at a gap
 ///    the vendor accepted when the lane sent on its own schedule (`g >=
-///    T`, not yet strict), or, after the lane's first window, within two
-///    windows of the last spacing reading (a window vendor's refusals come
-///    back every window; jitter's are rare once the lane is strict, and a
-///    first window's count says nothing).
+///    T`, not yet strict; past the first quarter of its first window,
+///    where new connections' jitter lands and a count says nothing yet),
+///    or, after its first window, within two windows of the last spacing
+///    reading (a window vendor's refusals come back every window; jitter's
+///    are rare once the lane is strict).
 ///
 /// # The decay
 ///
@@ -249,6 +252,14 @@ impl Learned {
         })
     }
 
+    /// How many releases from `since` up to `until` the vendor refused
+    /// (that the lane knows of): the count learning takes them out of what
+    /// the vendor accepted.
+    pub(crate) fn refused_between(&self, since: Instant, until: Instant) -> u64 {
+        let refused = self.refused.iter().filter(|&&at| at >= since && at < until);
+        u64::try_from(refused.count()).unwrap_or(u64::MAX)
+    }
+
     /// True while a learned gap above `interval` waits to step down.
     pub(crate) fn decays(&self, interval: Duration) -> bool {
         self.gap.is_some_and(|gap| gap > interval)
@@ -271,10 +282,18 @@ impl Learned {
             self.refused.push_back(released);
         }
         let Refusal { gap, before, .. } = refusal;
+        // The first quarter of the lane's first window: its connections
+        // are new (their jitter lands here), and a count says nothing yet.
+        let opening = refusal.cold && before < declared.count / 4;
         let t = declared.interval;
         let step = (t / 50).max(JITTER).min(t / 10);
         let kept = self.gap.unwrap_or(t).max(t);
-        let near_full = before.saturating_add(2) >= declared.count;
+        // Within a tenth of the count its kept gap lets into a window: a
+        // margin keeps a strict lane below its declared count, and a busy
+        // lane's sends still wander a little.
+        let fits = declared.per.as_nanos() / kept.as_nanos().max(1);
+        let fits = u64::try_from(fits).unwrap_or(u64::MAX).min(declared.count);
+        let near_full = before.saturating_add(fits / 10).saturating_add(2) >= fits;
         let accepted_closer = refusal.accepted.is_some_and(|a| a <= gap);
         let recent = self
             .spaced
@@ -286,7 +305,8 @@ impl Learned {
             self.quiet = self.quiet.saturating_mul(2);
             before_step
         } else if gap > kept.saturating_mul(2)
-            || (!refusal.strict && (!refusal.silent || gap > t.saturating_add(t / 10)))
+            || (!refusal.strict
+                && (!refusal.silent || (gap > t.saturating_add(t / 10) && !opening)))
         {
             // A lane that was not pushing at its pace shows no spacing (a
             // throttle after a pause, an outage). One not yet strict meets
@@ -300,7 +320,7 @@ impl Learned {
             return Reading::Count;
         } else if accepted_closer
             && !near_full
-            && ((!refusal.strict && gap >= t) || (recent && !refusal.cold))
+            && ((recent && !refusal.cold) || (!refusal.strict && gap >= t && !opening))
         {
             // Refused below the lane's count at a gap the vendor accepts,
             // on the lane's own schedule or soon again: it counts fewer

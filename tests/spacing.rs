@@ -271,7 +271,7 @@ async fn real_nginx_at_the_true_quota() {
 /// The same at `100r/s`: 1,000 requests. Jitter between the lane's clock
 /// and nginx's (the hand-over to the connection's task, nginx's event
 /// loop) is a larger share of a 10 ms interval, and now and then passes
-/// the margin the lane learned. Measured here: 1-5 refusals, 85-95 %.
+/// the margin the lane learned. Measured here: 1-5 refusals, 90-95 %.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_nginx_at_the_true_quota_at_100_a_second() {
     let run = against_nginx(100, 100, 1000, Duration::ZERO).await;

@@ -298,3 +298,26 @@ async fn real_nginx_with_the_lane_declared_half_again_too_fast() {
         "{spacing:?}"
     );
 }
+
+/// nginx's model at `100r/s`, the lane declared 150/s, on the real clock:
+/// the ledger's gaps and the vendor's differ by the hand-over's jitter, so
+/// the vendor accepts a gap the ledger reads under its spacing. The lane
+/// still learns a gap past nginx's 10 ms (it once stayed under it for
+/// good: 256 refusals in 300), and no request fails. Measured here: 2-3
+/// refusals, 85-97 % of nginx's rate after the first second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lane_declared_too_fast_learns_nginxs_spacing_on_the_real_clock() {
+    let _alone = REAL_CLOCK.lock().await;
+    let vendor = Vendor::nginx(100, 0).refusing_with(429).start().await;
+    let shaper = Shaper::builder().rate(150, SECOND).build().unwrap();
+    let outcomes = burst(&shaper, &vendor.uri(), 300).await;
+    assert!(outcomes.iter().all(|o| o.is_ok()));
+    let used = used_after(&vendor, 100.0, SECOND);
+    eprintln!(
+        "nginx's model 100r/s, lane 150/s: {} refused, {:.1} % after 1 s",
+        vendor.throttled(),
+        used * 100.0
+    );
+    assert!(vendor.throttled() <= 8, "{} refusals", vendor.throttled());
+    assert!(used >= 0.75, "{:.1} %", used * 100.0);
+}

@@ -747,33 +747,36 @@ impl Gate {
         self.keep_to(rate, Some(probe), bucket).then_some(rate)
     }
 
-    /// A window's end `reset` from now, written to `precision` (rounded
-    /// up), in the answer to a request released at `released`, further
-    /// than the declared window can end (give or take a tenth of it): the
-    /// vendor's window is longer than declared, and the pause until its
-    /// end is the answer (a pace learned from it would spread the
-    /// vendor's burst: 3 per fixed 2 s, paced, is 2 a window). How long,
-    /// at most: from the lane's first release after a quiet window (which
-    /// the vendor counted in that window), or from now, to the end. `None`
-    /// when the end fits the declared window.
+    /// True when a window's end `reset` from now, written to `precision`
+    /// (rounded up), in the answer to a request released at `released`, is
+    /// further than the declared window can end (give or take a tenth of
+    /// it): the vendor's window is longer than declared, and the pause
+    /// until its end is the answer (a pace learned from it would spread
+    /// the vendor's burst: 3 per fixed 2 s, paced, is 2 a window). The
+    /// window is measured from the lane's first release after a quiet
+    /// window (which the vendor counted in it), or from now.
     pub(crate) fn longer_window(
         &self,
         reset: Duration,
         precision: Duration,
         released: Instant,
-    ) -> Option<Duration> {
-        let window = self.window(released)?;
+    ) -> bool {
+        let Some(window) = self.window(released) else {
+            return false;
+        };
         let now = Instant::now();
-        let end = later(now, reset);
         let from = {
             let meters = lock(&self.meters);
-            let releases = meters.releases()?;
+            let Some(releases) = meters.releases() else {
+                return false;
+            };
             let first = releases.between(window.since, released).1;
             opened(releases, first, window.length).unwrap_or(now)
         };
-        let most = end.saturating_duration_since(from);
-        let least = most.saturating_sub(precision);
-        (least > window.length.saturating_add(slack(window.length))).then_some(most)
+        let least = later(now, reset)
+            .saturating_duration_since(from)
+            .saturating_sub(precision);
+        least > window.length.saturating_add(slack(window.length))
     }
 
     /// When the last request through this gate really went, and whether a

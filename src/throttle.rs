@@ -101,9 +101,7 @@ pub(crate) fn spent(
         .filter(|l| l.remaining == Some(0) && !l.refills)
         .filter_map(|l| Some((l.reset?, l.precision)))
         .max();
-    if window_end
-        .is_some_and(|(end, precision)| lane.longer_window(end, precision, released).is_some())
-    {
+    if window_end.is_some_and(|(end, precision)| lane.longer_window(end, precision, released)) {
         // The vendor's window is longer than declared: the lane's releases
         // in the declared window neither explain nothing left nor say when
         // a unit frees.

@@ -83,7 +83,9 @@ async fn nginxs_default_503_is_a_throttle_once_marked() {
 /// A GCRA with a tolerance of a hundredth of its emission interval, the
 /// lane declared 15/s against its 10/s: the refusals carry `Retry-After:
 /// 1`, which the lane honours, and `x-ratelimit-limit: 10`, from which it
-/// learns the vendor's rate.
+/// learns the vendor's rate. It does not check the share used: that is
+/// 10 % here, the open defect the README states (the GCRA's "0 left" after
+/// every request reads as a window another consumer spent).
 #[tokio::test(start_paused = true)]
 async fn a_gcra_with_a_small_tolerance_teaches_its_spacing() {
     let vendor = Vendor::gcra(10, SECOND, Duration::from_millis(1))

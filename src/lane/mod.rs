@@ -604,15 +604,15 @@ impl Lane {
         self.shared.gates[vendor].frees_at(limit, released, self.spending(vendor, fleet))
     }
 
-    /// How long the vendor's window is at most, when its end `reset` from
-    /// now (to `precision`) is further than the declared window can end
-    /// (see [`Gate::longer_window`]).
+    /// True when the vendor's window end `reset` from now (to `precision`)
+    /// is further than the declared window can end (see
+    /// [`Gate::longer_window`]).
     pub(crate) fn longer_window(
         &self,
         reset: Duration,
         precision: Duration,
         released: Instant,
-    ) -> Option<Duration> {
+    ) -> bool {
         self.shared
             .vendor()
             .longer_window(reset, precision, released)

@@ -342,16 +342,14 @@ fn opened(releases: &Releases, first: Option<Instant>, length: Duration) -> Opti
 /// opens at the first request ends. A whole-second end read from now says
 /// anything up to the window plus a second, so a 1 s window whose end was
 /// written 1.4 s ahead looks like no declared window; read from where the
-/// window opened it is 1.4 s give or take a second, and a 2 s window is
-/// never less than 2 (nor than 1 plus [`OPENED`]).
+/// window opened, a window of `length` spans `[length, length +
+/// precision)` to its written end, and one twice as long never less than
+/// twice `length` (the declared `length` carries the headroom, which
+/// covers the request's way to the vendor).
 fn opened_like(opened: Instant, reset: Duration, precision: Duration, length: Duration) -> bool {
     let span = later(Instant::now(), reset).saturating_duration_since(opened);
-    span >= length / 4 && span.saturating_sub(precision) <= length.saturating_add(OPENED)
+    span >= length / 4 && span.saturating_sub(precision) < length
 }
-
-/// How much later than the lane's release a vendor may open its window:
-/// the request's way there.
-const OPENED: Duration = Duration::from_millis(50);
 
 /// Declared windows without a refusal before a learned quota is probed.
 const PROBE_QUIET: u32 = 30;

@@ -247,6 +247,9 @@ struct Pace {
     /// it counted last had been released (for a lane on a shared store,
     /// whose bursts keep within it).
     left: Option<(u64, Instant)>,
+    /// The vendor's "remaining" is its burst room, not what is left of a
+    /// window (see [`Gate::burst_room`]).
+    burst_room: bool,
 }
 
 /// The ends a vendor wrote for its fixed window (GitHub's epoch second),
@@ -396,6 +399,7 @@ impl Gate {
                 unread: false,
                 ends: WindowEnds::default(),
                 left: None,
+                burst_room: false,
             }),
             ledger: Mutex::new(Ledger::new(settings.budget)),
             throttle_streak: AtomicU32::new(0),
@@ -669,6 +673,8 @@ impl Gate {
         let mut since = window.since;
         let (previous, steps_like) = {
             let mut pace = lock(&self.pace);
+            // "Nothing left" read as burst room let this request go.
+            pace.burst_room = false;
             let previous = pace.refused_at;
             pace.refused_at = Some(previous.map_or(released, |p| p.max(released)));
             if let Some(probe) = pace.probe.filter(|p| p.raised) {
@@ -1003,6 +1009,41 @@ impl Gate {
             Spending::Fleet(booked) => booked.count >= used,
             Spending::Unknown => true,
         }
+    }
+
+    /// Whether the vendor's "nothing left" on a request released at
+    /// `released` is its burst room rather than a spent window (`None`:
+    /// a window), learning it once shown. A GCRA with a small tolerance (or a bucket a request
+    /// deep) says "0 left" after every request it accepts, with a reset a
+    /// unit away that a whole-second header writes as 1 s. Read as a
+    /// window, that is another consumer spending the rest, and a pause
+    /// until the reset after every request: 1 % of a 100/s quota. It shows
+    /// on the first release after a quiet window (on a shared store, the
+    /// only slot the fleet booked in it): a window that counts would have
+    /// the whole quota less one left, unless another consumer spent all of
+    /// it but one in the meantime. That rare case costs one refusal, which
+    /// unlearns it (`Gate::refused`); meanwhile the meters keep to the
+    /// quota, and a GCRA's spacing is learned from its refusals as
+    /// nginx's is.
+    /// True the first time it shows, so the lane can say so once.
+    pub(crate) fn burst_room(&self, released: Instant, spending: Spending) -> Option<bool> {
+        if lock(&self.pace).burst_room {
+            return Some(false);
+        }
+        let window = self.window(released)?;
+        let quiet = match spending {
+            Spending::Own => lock(&self.meters).releases().is_some_and(|releases| {
+                releases
+                    .before(released)
+                    .is_none_or(|before| later(before, window.length) <= released)
+            }),
+            Spending::Fleet(booked) => booked.count <= 1,
+            Spending::Unknown => false,
+        };
+        if quiet {
+            lock(&self.pace).burst_room = true;
+        }
+        quiet.then_some(true)
     }
 
     /// The declared request window (stretched by headroom) that ends with a

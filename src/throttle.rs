@@ -28,7 +28,10 @@
 //!   reset on every answer). "0 left" is news when the vendor's limit is
 //!   below the lane's declared quota, or when the lane released fewer
 //!   requests in the window than the vendor counts (another consumer
-//!   spends the same quota).
+//!   spends the same quota). Nor is it news from a vendor whose
+//!   "remaining" is its burst room (a GCRA, a bucket a request deep): it
+//!   says "0 left" on the first request after a quiet window, where a
+//!   window would have the whole quota less one (`Gate::burst_room`).
 //! - **Failures:** 500, 502, 504, 408 and transport errors.
 
 use std::time::Duration;
@@ -113,7 +116,8 @@ pub(crate) fn spent(
     }
     if explained(signals, |limit, used| {
         lane.explains(limit, used, released, fleet)
-    }) {
+    }) || (!refills(signals) && lane.burst_room(released, fleet))
+    {
         return None;
     }
     // The reset is coarse (whole seconds); the lane's own (the fleet's)
@@ -158,7 +162,9 @@ fn contested(
         .request_limits()
         .filter(|l| l.remaining == Some(1) && l.reset.is_some())
         .find_map(|l| l.limit)?;
-    if lane.explains(limit, limit.saturating_sub(1), released, fleet) {
+    if lane.explains(limit, limit.saturating_sub(1), released, fleet)
+        || (!refills(signals) && lane.burst_room(released, fleet))
+    {
         return None;
     }
     let wait = lane
@@ -342,6 +348,16 @@ fn explained(signals: &Signals, explains: impl Fn(u64, u64) -> bool) -> bool {
     exhausted.peek().is_some()
         && exhausted
             .all(|l| l.counts_requests() && l.limit.is_some_and(|limit| explains(limit, limit)))
+}
+
+/// True when a request limit with little or nothing left is a bucket
+/// that says it refills: its "0 left" already waits one unit
+/// ([`Signals::exhausted_for`]), and its level is what it has, so it needs
+/// no reading as burst room.
+fn refills(signals: &Signals) -> bool {
+    signals
+        .request_limits()
+        .any(|l| l.refills && l.remaining.is_some_and(|r| r <= 1))
 }
 
 /// A throttle answered `status`: the vendor's hint, else the vendor

@@ -592,6 +592,24 @@ impl Lane {
             .any(|(i, gate)| gate.explains(limit, used, released, self.spending(i, fleet)))
     }
 
+    /// Whether the vendor's "nothing left" on the request released at
+    /// `released` is its burst room, not a spent window (see
+    /// [`Gate::burst_room`]).
+    pub(crate) fn burst_room(&self, released: Instant, fleet: Option<&[Option<Booked>]>) -> bool {
+        let Some(vendor) = self.shared.gates.len().checked_sub(1) else {
+            return false;
+        };
+        let room = self.shared.gates[vendor].burst_room(released, self.spending(vendor, fleet));
+        if room == Some(true) {
+            tracing::info!(
+                lane = self.key(),
+                "the vendor said nothing is left after the lane's first request in a window: \
+                 that is its burst room, not a spent window; the meters keep to its quota"
+            );
+        }
+        room.is_some()
+    }
+
     /// When the vendor's quota frees a unit by this lane's own releases
     /// (on a shared store, the `fleet`'s) alone (see [`Gate::frees_at`]).
     pub(crate) fn frees_at(

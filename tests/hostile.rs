@@ -261,9 +261,18 @@ async fn hostile_settings_and_headers_never_panic_or_stall() {
                 })
             })
             .collect();
-        for task in common::join_all(tasks).await {
-            sent += 1;
-            let _one_outcome: Result<reqwest::Response, Error> = task;
+        let outcomes: Vec<Result<reqwest::Response, Error>> = common::join_all(tasks).await;
+        let answered = outcomes.iter().filter(|o| o.is_ok()).count();
+        sent += outcomes.len();
+        // Nothing is lost: every answer the caller got was one the vendor
+        // gave, and no request is left waiting in a lane.
+        let arrived = vendor.received_requests().await.map_or(0, |r| r.len());
+        assert!(
+            answered <= arrived,
+            "seed {seed}: {answered} answers, {arrived} sends"
+        );
+        for lane in shaper.lanes() {
+            assert_eq!(lane.queued, 0, "seed {seed}: {lane:?}");
         }
         // No overflowed or saturated instant leaks into a wait: the
         // longest window here is a day, the largest cost 1,000, so only a
@@ -276,5 +285,4 @@ async fn hostile_settings_and_headers_never_panic_or_stall() {
         shaper.shutdown();
     }
     eprintln!("{CASES} shapers with hostile settings and vendors: {sent} requests, 0 panics");
-    assert_eq!(sent, CASES * 4, "one outcome per request");
 }

@@ -432,6 +432,19 @@ mod tests {
             classify(StatusCode::FORBIDDEN, &spent, &answers),
             Verdict::Throttled
         );
+        for tokens in [
+            Dimension::Tokens,
+            Dimension::InputTokens,
+            Dimension::OutputTokens,
+        ] {
+            let mut spent = Signals::default();
+            spent.limit_mut(tokens.clone()).remaining = Some(0);
+            assert_eq!(
+                classify(StatusCode::FORBIDDEN, &spent, &answers),
+                Verdict::Done,
+                "a 403 beside spent {tokens} is no throttle"
+            );
+        }
         // A vendor's own meanings: 420 throttles, 503 fails one request, a
         // 403 it calls a failure is one even with a Retry-After.
         let own = Answers::default()

@@ -208,11 +208,11 @@ impl Signals {
     }
 
     /// True when a request limit is used up: with a 403, GitHub's way of
-    /// saying "rate limited".
+    /// saying "rate limited". Token limits (Anthropic's input and output
+    /// tokens among them) are not request limits: a 403 beside a spent
+    /// token limit is the vendor's refusal of the request, not a throttle.
     pub fn requests_exhausted(&self) -> bool {
-        self.limits
-            .iter()
-            .any(|l| l.remaining == Some(0) && l.dimension != Dimension::Tokens)
+        self.request_limits().any(|l| l.remaining == Some(0))
     }
 
     /// The smallest request limit the vendor stated, if any (a token

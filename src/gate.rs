@@ -834,7 +834,17 @@ impl Gate {
         let mut learned = lock(&self.spacing);
         let refusal =
             learned.refusal(meters.releases()?, window.since, released, strict, silent)?;
-        let declared = Declared::new(window.declared, self.headroom);
+        // A vendor that states its limit is read against the pace the lane
+        // keeps: a lane that learned that limit (a GCRA's, below the
+        // declared) and sent a gap under its spacing was refused for its
+        // spacing. A silent vendor's refusal is read against the declared
+        // quota: the lane's learned pace is its own guess, probed up.
+        let kept = if limit.is_some() {
+            window.kept
+        } else {
+            window.declared
+        };
+        let declared = Declared::new(kept, self.headroom);
         match learned.refused(refusal, declared, released, Instant::now()) {
             Reading::Count => None,
             Reading::Spacing(gap) => {

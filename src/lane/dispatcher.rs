@@ -9,31 +9,12 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
-use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, sleep, sleep_until};
 
-use super::queue::{Costed, Head, Queue};
-use super::release::{Blocked, Release, Step};
-use super::{Answer, Fleet, OnIdle, Shared, Ticket, Transit, Turn};
-use crate::error::Error;
-
-/// A waiting ticket, as the dispatcher holds it.
-pub(super) struct Waiting {
-    cost: u64,
-    pub(super) turn: tokio::sync::oneshot::Sender<Answer>,
-}
-
-impl Costed for Waiting {
-    fn cost(&self) -> u64 {
-        self.cost
-    }
-
-    fn is_live(&self) -> bool {
-        !self.turn.is_closed()
-    }
-}
+use super::queue::{Costed, Queue};
+use super::release::{Blocked, Ready, Release, Step, Waiting};
+use super::{OnIdle, Shared, Ticket};
 
 pub(super) struct Dispatcher<R> {
     shared: Arc<Shared>,
@@ -73,10 +54,7 @@ impl<R: Release> Dispatcher<R> {
     }
 
     fn file(&mut self, ticket: Ticket) {
-        let waiting = Waiting {
-            cost: ticket.cost,
-            turn: ticket.turn,
-        };
+        let waiting = Waiting::new(ticket.cost, ticket.turn);
         match ticket.not_before {
             Some(until) => self
                 .queue
@@ -99,11 +77,7 @@ impl<R: Release> Dispatcher<R> {
             // The vendor said no pause helps: nobody waits for it.
             self.engine.stand_down(&self.shared);
             let shared = &self.shared;
-            let mut ready = Ready {
-                shared,
-                queue: &mut self.queue,
-                permit: None,
-            };
+            let mut ready = Ready::new(shared, &mut self.queue, None);
             ready.refuse_all(|| shared.out_of_credit(&stop));
             return true;
         }
@@ -118,7 +92,7 @@ impl<R: Release> Dispatcher<R> {
                 None => self.wait_for_work().await,
             };
         };
-        if waiting.turn.is_closed() {
+        if !waiting.is_live() {
             // Its caller left, and counted itself out then.
             self.queue.take(head);
             return true;
@@ -147,11 +121,7 @@ impl<R: Release> Dispatcher<R> {
             },
         };
 
-        let mut ready = Ready {
-            shared: &self.shared,
-            queue: &mut self.queue,
-            permit,
-        };
+        let mut ready = Ready::new(&self.shared, &mut self.queue, permit);
         match self.engine.release(&mut ready, head, now).await {
             Step::Done => true,
             Step::Wait(Blocked::Until(at)) => self.or_new_ticket(sleep_until(at)).await,
@@ -190,65 +160,5 @@ impl<R: Release> Dispatcher<R> {
             },
             () = until => true,
         }
-    }
-}
-
-/// A lane whose head may go but for its engine: what the engine needs to
-/// hand the head its turn.
-pub(super) struct Ready<'a> {
-    pub(super) shared: &'a Arc<Shared>,
-    pub(super) queue: &'a mut Queue<Waiting>,
-    permit: Option<OwnedSemaphorePermit>,
-}
-
-impl Ready<'_> {
-    /// End everyone waiting with `error`, at once.
-    pub(super) fn refuse_all(&mut self, error: impl Fn() -> Error) {
-        let shared = self.shared;
-        for waiting in self.queue.drain() {
-            // Counted out by whoever ended it: here if the refusal reached
-            // its caller, else by the caller as it left.
-            if waiting.turn.send(Err(Box::new(error()))).is_ok() {
-                shared.count_out();
-            }
-        }
-    }
-
-    /// Hand `head` its turn, charged at `now`, and count it; false if its
-    /// caller left (its ticket is gone either way). `strict`: the lane
-    /// keeps strict spacing, and its next release waits for this turn's
-    /// word of when it went; `door`: not on the wire before then.
-    pub(super) fn hand(
-        &mut self,
-        head: Head,
-        now: Instant,
-        fleet: Option<Fleet>,
-        strict: bool,
-        door: Option<Instant>,
-    ) -> bool {
-        let Some(taken) = self.queue.take(head) else {
-            return false;
-        };
-        if let Some(fleet) = &fleet {
-            self.shared.handed_fleet(fleet);
-        }
-        let turn = Turn {
-            _in_flight: self.permit.take(),
-            at: now,
-            fleet,
-            transit: strict.then(|| Transit::leave(self.shared)),
-            door,
-        };
-        // Sent, the turn is counted out here; unsent, its caller counted
-        // itself out as it left.
-        let handed = taken.waiting.turn.send(Ok(turn)).is_ok();
-        let shared = self.shared;
-        if handed {
-            shared.count_out();
-            shared.released.fetch_add(1, Ordering::Relaxed);
-            shared.metrics.released();
-            self.queue.handed(taken.class, taken.batch_waited);
-        }
-        handed
     }
 }

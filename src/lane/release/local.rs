@@ -15,8 +15,7 @@ use std::sync::MutexGuard;
 
 use tokio::time::Instant;
 
-use super::{Blocked, Release, Step};
-use crate::lane::dispatcher::Ready;
+use super::{Blocked, Ready, Release, Step};
 use crate::lane::queue::Head;
 use crate::lane::{Door, Shared, departure, earliest, is_shared};
 use crate::meters::Meters;

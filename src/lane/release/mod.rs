@@ -16,6 +16,7 @@
 //! where [`Lane::spawn`](super::Lane) picks it.
 
 mod local;
+mod ready;
 mod reserved;
 
 use std::future::Future;
@@ -24,9 +25,9 @@ use std::pin::Pin;
 use tokio::time::Instant;
 
 pub(super) use self::local::Local;
+pub(super) use self::ready::{Ready, Waiting};
 pub(super) use self::reserved::Reserved;
 use super::Shared;
-use super::dispatcher::Ready;
 use super::queue::Head;
 
 /// How a lane's head gets released.

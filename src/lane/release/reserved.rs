@@ -18,10 +18,9 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::{Blocked, Local, Release, Step};
+use super::{Blocked, Local, Ready, Release, Step};
 use crate::error::{Error, StoreError};
 use crate::gate::{Gate, PauseCause};
-use crate::lane::dispatcher::Ready;
 use crate::lane::queue::Head;
 use crate::lane::{Fleet, Shared};
 use crate::meters::FIRST_WORD;

@@ -89,7 +89,7 @@ pub(crate) struct Pause {
 /// shared store, the `fleet`'s, as its store counted them for the slot).
 /// Where one unit is left and another consumer spends the rest, the lane
 /// leaves that unit to it (see [`contested`]).
-pub(crate) fn spent(
+fn spent(
     lane: &Lane,
     signals: &Signals,
     released: Instant,
@@ -141,6 +141,45 @@ pub(crate) fn spent(
         padded,
         cause: PauseCause::Spent,
     })
+}
+
+/// A final answer (`answer`: its status and headers, if the vendor
+/// answered) to a request `lane` released at `released`: pause the lane
+/// when its headers say the quota is spent or contested (see [`spent`]),
+/// citing what they said, and learn from a spent quota as from a refusal.
+pub(crate) fn final_answer(
+    lane: &Lane,
+    signals: &Signals,
+    released: Instant,
+    fleet: Option<&[Option<Booked>]>,
+    answer: Option<(StatusCode, &reqwest::header::HeaderMap)>,
+) {
+    let headroom = lane.policy().headroom;
+    let Some(pause) = spent(lane, signals, released, fleet, headroom) else {
+        return;
+    };
+    let said = answer.and_then(|(_, headers)| crate::signals::cite(headers, signals));
+    lane.pause_because(pause.padded, pause.cause, said.as_ref());
+    if let (Some((status, _)), PauseCause::Spent) = (answer, pause.cause) {
+        refused(lane, status, signals, released);
+    }
+    if pause.cause == PauseCause::Contested {
+        // Every window while another consumer is busy.
+        tracing::debug!(
+            lane = lane.key(),
+            pause = ?pause.asked,
+            said = said.as_deref(),
+            "another consumer spends the quota; leaving it the last unit"
+        );
+    } else {
+        tracing::info!(
+            lane = lane.key(),
+            reset = ?pause.asked,
+            cause = pause.cause.label(),
+            said = said.as_deref(),
+            "quota used up; pausing until it resets"
+        );
+    }
 }
 
 /// One unit of a request limit is left, and the lane's own releases (the

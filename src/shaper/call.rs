@@ -13,10 +13,9 @@ use tracing::Instrument;
 
 use super::{Settle, Shaper};
 use crate::error::{Answer, Error};
-use crate::gate::PauseCause;
 use crate::lane::{Lane, Priority};
 use crate::observability::RequestSpan;
-use crate::retry;
+use crate::retry::{self, RetryPolicy};
 use crate::route::Tag;
 use crate::signals::Signals;
 use crate::throttle::{self, Verdict};
@@ -166,17 +165,7 @@ impl Shaper {
         // A try of a layer above: every send so far counts as a failure.
         let mut failures = logical.map_or(0, Logical::sends);
         if failures >= policy.max_attempts {
-            tracing::warn!(
-                lane = lane.key(),
-                attempts = failures,
-                "a layer above sent again a request the shaper gave up on; \
-                 put retry layers above the shaper and let it own the retries"
-            );
-            return Err(Error::AttemptsSpent {
-                lane: lane.key().to_owned(),
-                attempts: failures,
-            }
-            .into());
+            return Err(attempts_spent(&lane, failures).into());
         }
         let cost = options
             .cost
@@ -223,163 +212,63 @@ impl Shaper {
             let fleet = turn.fleet();
             drop(turn);
 
-            let signals = match &mut outcome {
-                Ok(response) => {
-                    let signals = self.read_signals(response.headers());
-                    self.learn(&lane, &signals);
-                    let extensions = response.extensions_mut();
-                    extensions.insert(signals.clone());
-                    extensions.insert(Settle::new(lane.clone(), cost, charged_at));
-                    signals
-                }
-                Err(_) => Signals::default(),
-            };
-            let verdict = match &outcome {
-                Ok(response) => {
-                    let answers = &lane.policy().answers;
-                    let verdict = throttle::classify(response.status(), &signals, answers);
-                    throttle::answered(&lane, verdict, &signals, charged_at);
-                    verdict
-                }
-                Err(_) => Verdict::Failed,
-            };
-            let headroom = lane.policy().headroom;
-            // How long the request waits, in its lane, before it goes again.
-            let backoff = match (verdict, outcome) {
+            let (signals, verdict) = self.heard(&lane, &mut outcome, cost, charged_at);
+            let next = match (verdict, outcome) {
                 (Verdict::Done, outcome) => {
                     lane.succeeded();
-                    if let Some(pause) = throttle::spent(
-                        &lane,
-                        &signals,
-                        charged_at,
-                        fleet.as_deref().map(Vec::as_slice),
-                        headroom,
-                    ) {
-                        let said = outcome.as_ref().ok().and_then(|response| {
-                            crate::signals::cite(response.headers(), &signals)
-                        });
-                        lane.pause_because(pause.padded, pause.cause, said.as_ref());
-                        if let (Ok(response), PauseCause::Spent) = (&outcome, pause.cause) {
-                            throttle::refused(&lane, response.status(), &signals, charged_at);
-                        }
-                        if pause.cause == PauseCause::Contested {
-                            // Every window while another consumer is busy.
-                            tracing::debug!(
-                                lane = lane.key(),
-                                pause = ?pause.asked,
-                                said = said.as_deref(),
-                                "another consumer spends the quota; leaving it the last unit"
-                            );
-                        } else {
-                            tracing::info!(
-                                lane = lane.key(),
-                                reset = ?pause.asked,
-                                cause = pause.cause.label(),
-                                said = said.as_deref(),
-                                "quota used up; pausing until it resets"
-                            );
-                        }
-                    }
+                    let fleet = fleet.as_deref().map(Vec::as_slice);
+                    let headers = outcome.as_ref().ok().map(|r| (r.status(), r.headers()));
+                    throttle::final_answer(&lane, &signals, charged_at, fleet, headers);
                     return outcome.map_err(|source| Failure::Send { attempts, source });
                 }
                 (Verdict::Throttled, Ok(response)) => {
                     tally.throttles = tally.throttles.saturating_add(1);
-                    let pause = throttle::refusal(
-                        &lane,
-                        response.status(),
-                        response.headers(),
-                        &signals,
-                        charged_at,
-                    );
-                    let max_pause = lane.policy().max_pause;
-                    if pause.asked > max_pause {
-                        return Err(Error::PauseTooLong {
-                            lane: lane.key().to_owned(),
-                            requested: pause.asked,
-                            max_pause,
-                            answer: Box::new(Answer::read(response).await),
-                        }
-                        .into());
-                    }
-                    let Some(next) = spare else {
-                        return Ok(response);
-                    };
-                    let status = response.status();
-                    let give_up = tally.throttles >= policy.max_throttles;
-                    // Going again: the answer's body is ours to read.
-                    if give_up || lane.policy().answers.may_be_out_of_credit(status) {
-                        let answer = Answer::read(response).await;
-                        if let Some(error) = throttle::out_of_credit(&lane, &answer) {
-                            return Err(error.into());
-                        }
-                        if give_up {
-                            return Err(Error::RetriesExhausted {
-                                attempts,
-                                last_status: status,
-                                last_answer: Box::new(answer),
-                            }
-                            .into());
-                        }
-                    }
-                    request = next;
-                    // The lane's pause is the wait.
-                    Duration::ZERO
+                    throttled(&lane, policy, response, &signals, charged_at, spare, tally).await
                 }
                 (_, outcome) => {
                     failures += 1;
-                    let retryable = match &outcome {
-                        Ok(_) => may_retry_failure,
-                        Err(error) => {
-                            error.is_connect() || (may_retry_failure && error.is_transient())
-                        }
-                    };
-                    let next = match spare {
-                        Some(next) if retryable => next,
-                        _ => return outcome.map_err(|source| Failure::Send { attempts, source }),
-                    };
-                    if failures >= policy.max_attempts {
-                        return match outcome {
-                            Ok(response) => Err(Error::RetriesExhausted {
-                                attempts,
-                                last_status: response.status(),
-                                last_answer: Box::new(Answer::read(response).await),
-                            }
-                            .into()),
-                            Err(source) => Err(Failure::Send { attempts, source }),
-                        };
-                    }
-                    if !lane.withdraw_retry() {
-                        let last_answer = match outcome {
-                            Ok(response) => Some(Box::new(Answer::read(response).await)),
-                            Err(_) => None,
-                        };
-                        return Err(Error::RetryBudgetExhausted {
-                            lane: lane.key().to_owned(),
-                            attempts,
-                            last_status: last_answer.as_ref().map(|answer| answer.status),
-                            last_answer,
-                        }
-                        .into());
-                    }
-                    lane.retried();
-                    // No wait of the shaper's is longer than `max_pause`.
-                    let backoff = policy
-                        .backoff
-                        .full_jitter(failures - 1)
-                        .min(lane.policy().max_pause);
-                    tracing::debug!(
-                        lane = lane.key(),
+                    let retry = Retry {
+                        failures,
                         attempts,
-                        ?backoff,
-                        "retrying a failed request"
-                    );
+                        may_retry_failure,
+                    };
+                    failed(&lane, policy, outcome, spare, retry).await
+                }
+            };
+            let backoff = match next {
+                Next::Again(next, backoff) => {
                     request = next;
                     backoff
                 }
+                Next::End(outcome) => return outcome,
             };
             lane.reenter(&mut place, backoff)?;
             waiting_since = Instant::now();
         }
+    }
+
+    /// What the vendor said to a send of `cost` the lane charged at
+    /// `charged_at`, and what it means (see [`throttle::classify`]). An
+    /// answer carries what its headers said and how to settle its cost.
+    fn heard<E>(
+        &self,
+        lane: &Arc<Lane>,
+        outcome: &mut Result<Response, E>,
+        cost: u64,
+        charged_at: Instant,
+    ) -> (Signals, Verdict) {
+        let Ok(response) = outcome else {
+            return (Signals::default(), Verdict::Failed);
+        };
+        let signals = self.read_signals(response.headers());
+        self.learn(lane, &signals);
+        let extensions = response.extensions_mut();
+        extensions.insert(signals.clone());
+        extensions.insert(Settle::new(lane.clone(), cost, charged_at));
+        let answers = &lane.policy().answers;
+        let verdict = throttle::classify(response.status(), &signals, answers);
+        throttle::answered(lane, verdict, &signals, charged_at);
+        (signals, verdict)
     }
 
     /// Every dialect this shaper reads: the built-in ones, then the user's.
@@ -446,5 +335,156 @@ impl SendFailure for reqwest::Error {
 
     fn is_transient(&self) -> bool {
         self.is_timeout() || self.is_request()
+    }
+}
+
+/// Where a request stands after a failed send, for its retry.
+#[derive(Debug, Clone, Copy)]
+struct Retry {
+    /// Failed sends so far, this one included.
+    failures: u32,
+    /// Sends so far.
+    attempts: u32,
+    /// The request may be sent again after an answer that failed it.
+    may_retry_failure: bool,
+}
+
+/// What a request does after a send that did not end it.
+enum Next<E> {
+    /// Go again as this request, after this wait in its lane.
+    Again(Request, Duration),
+    /// End with this outcome.
+    End(Result<Response, Failure<E>>),
+}
+
+/// The vendor throttled the request: the lane pauses (see
+/// [`throttle::refusal`]), and the request goes again after the pause as
+/// `spare`, unless the pause is longer than `max_pause`, the account is
+/// out of credit, the throttles are spent, or its body could not be kept.
+async fn throttled<E>(
+    lane: &Lane,
+    policy: &RetryPolicy,
+    response: Response,
+    signals: &Signals,
+    charged_at: Instant,
+    spare: Option<Request>,
+    tally: &Tally,
+) -> Next<E> {
+    let pause = throttle::refusal(
+        lane,
+        response.status(),
+        response.headers(),
+        signals,
+        charged_at,
+    );
+    let max_pause = lane.policy().max_pause;
+    if pause.asked > max_pause {
+        return Next::End(Err(Error::PauseTooLong {
+            lane: lane.key().to_owned(),
+            requested: pause.asked,
+            max_pause,
+            answer: Box::new(Answer::read(response).await),
+        }
+        .into()));
+    }
+    let Some(next) = spare else {
+        return Next::End(Ok(response));
+    };
+    let status = response.status();
+    let give_up = tally.throttles >= policy.max_throttles;
+    // Going again: the answer's body is ours to read.
+    if give_up || lane.policy().answers.may_be_out_of_credit(status) {
+        let answer = Answer::read(response).await;
+        if let Some(error) = throttle::out_of_credit(lane, &answer) {
+            return Next::End(Err(error.into()));
+        }
+        if give_up {
+            return Next::End(Err(Error::RetriesExhausted {
+                attempts: tally.attempts,
+                last_status: status,
+                last_answer: Box::new(answer),
+            }
+            .into()));
+        }
+    }
+    // The lane's pause is the wait.
+    Next::Again(next, Duration::ZERO)
+}
+
+/// The send failed (a failing status, a transport error): the request goes
+/// again after a backoff while it may be retried (see [`retry`]), its
+/// attempts and the lane's retry budget last, and its body could be kept;
+/// else it ends with the failure.
+async fn failed<E: SendFailure>(
+    lane: &Lane,
+    policy: &RetryPolicy,
+    outcome: Result<Response, E>,
+    spare: Option<Request>,
+    retry: Retry,
+) -> Next<E> {
+    let Retry {
+        failures,
+        attempts,
+        may_retry_failure,
+    } = retry;
+    let retryable = match &outcome {
+        Ok(_) => may_retry_failure,
+        Err(error) => error.is_connect() || (may_retry_failure && error.is_transient()),
+    };
+    let next = match spare {
+        Some(next) if retryable => next,
+        _ => return Next::End(outcome.map_err(|source| Failure::Send { attempts, source })),
+    };
+    if failures >= policy.max_attempts {
+        return Next::End(match outcome {
+            Ok(response) => Err(Error::RetriesExhausted {
+                attempts,
+                last_status: response.status(),
+                last_answer: Box::new(Answer::read(response).await),
+            }
+            .into()),
+            Err(source) => Err(Failure::Send { attempts, source }),
+        });
+    }
+    if !lane.withdraw_retry() {
+        let last_answer = match outcome {
+            Ok(response) => Some(Box::new(Answer::read(response).await)),
+            Err(_) => None,
+        };
+        return Next::End(Err(Error::RetryBudgetExhausted {
+            lane: lane.key().to_owned(),
+            attempts,
+            last_status: last_answer.as_ref().map(|answer| answer.status),
+            last_answer,
+        }
+        .into()));
+    }
+    lane.retried();
+    // No wait of the shaper's is longer than `max_pause`.
+    let backoff = policy
+        .backoff
+        .full_jitter(failures - 1)
+        .min(lane.policy().max_pause);
+    tracing::debug!(
+        lane = lane.key(),
+        attempts,
+        ?backoff,
+        "retrying a failed request"
+    );
+    Next::Again(next, backoff)
+}
+
+/// A layer above sent again a request the shaper already gave up on,
+/// after `attempts` sends.
+fn attempts_spent(lane: &Lane, attempts: u32) -> Error {
+    tracing::warn!(
+        lane = lane.key(),
+        attempts,
+        "a layer above sent again a request the shaper gave up on; \
+         put retry layers above the shaper and let it own the retries"
+    );
+    Error::AttemptsSpent {
+        lane: lane.key().to_owned(),
+        attempts,
     }
 }

@@ -28,6 +28,7 @@ use crate::time::later;
 /// Permission to send one request now. Dropping it frees the lane's
 /// in-flight slot, if the lane has a cap.
 #[derive(Debug)]
+#[must_use = "the turn is the permission to send: send while holding it"]
 pub struct Turn {
     pub(super) _in_flight: Option<OwnedSemaphorePermit>,
     /// When the meters were charged, to settle the charge later.

@@ -1269,6 +1269,38 @@ mod tests {
         }
     }
 
+    /// "0 left" on the first release after a quiet window is burst room,
+    /// learned once; on a release with another in its window it is not
+    /// shown; a refusal unlearns it; a fleet shows it by booking one slot.
+    #[tokio::test(start_paused = true)]
+    async fn nothing_left_after_a_quiet_window_is_burst_room() {
+        let second = Duration::from_secs(1);
+        let quotas = [Quota::leaky_bucket(10, second)];
+        let gate = Gate::new("", &quotas, settings(Duration::ZERO), None, 1);
+        let t0 = Instant::now();
+        gate.meters().commit(1, t0);
+        let t1 = t0 + Duration::from_millis(100);
+        gate.meters().commit(1, t1);
+        assert_eq!(
+            gate.burst_room(t1, Spending::Own),
+            None,
+            "one in its window"
+        );
+        assert_eq!(gate.burst_room(t0, Spending::Own), Some(true), "shown");
+        assert_eq!(gate.burst_room(t1, Spending::Own), Some(false), "known");
+        gate.refused(Some(10), None, t1, None);
+        assert_eq!(gate.burst_room(t1, Spending::Own), None, "unlearned");
+        let fleet = |count| {
+            Spending::Fleet(Booked {
+                count,
+                leaves: None,
+            })
+        };
+        assert_eq!(gate.burst_room(t1, fleet(2)), None);
+        assert_eq!(gate.burst_room(t1, Spending::Unknown), None);
+        assert_eq!(gate.burst_room(t1, fleet(1)), Some(true));
+    }
+
     /// On a shared store the fleet's count, as the store booked the slot,
     /// stands for the lane's own releases; where the store did not say, a
     /// limit the gate keeps within is the fleet's own spending.

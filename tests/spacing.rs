@@ -7,7 +7,8 @@ mod common;
 
 use std::time::Duration;
 
-use callshaper::testing::{HoldClock, TokioWall, Vendor};
+use callshaper::store::RedisStore;
+use callshaper::testing::{HoldClock, RedisServer, TokioWall, Vendor};
 use callshaper::{Answers, Lane, LanePolicy, LaneSnapshot, Quota, Shaper};
 use common::nginx::Nginx;
 use common::{Busy, SECOND, Wire, burst, join_all, shaper};
@@ -353,4 +354,87 @@ async fn a_lane_declared_too_fast_learns_nginxs_spacing_on_the_real_clock() {
     );
     assert!(vendor.throttled() <= 8, "{} refusals", vendor.throttled());
     assert!(used >= 0.75, "{:.1} %", used * 100.0);
+}
+
+/// The headroom a fleet against a spacing limiter declares: each gap
+/// between two instances' sends carries both instances' error in mapping
+/// the store's clock to their own (the fastest recent reply's way back,
+/// `store/clock.rs`), up to a millisecond or two on a busy machine, and
+/// the gap has `headroom / N` to spare. At 10/s, 20 ms leaves 2 ms a gap
+/// (2 % of the quota); the default 5 ms leaves 0.5 ms, and a fleet of
+/// three met 7-10 refusals in 90 (55-62 %), strict or not.
+const FLEET_HEADROOM: Duration = Duration::from_millis(20);
+
+/// A fleet of `instances` on one Redis, each declared at nginx's true
+/// rate of `rate` r/s (strict when `strict`), `n` requests each, against
+/// a real nginx without burst, as one wire saw every instance's sends.
+async fn fleet_against_nginx(rate: u32, instances: u32, strict: bool, n: usize) -> Run {
+    let _alone = REAL_CLOCK.lock().await;
+    let redis = RedisServer::start();
+    let nginx = Nginx::start(rate, 0);
+    let wire = Wire::default();
+    let mut fleet = Vec::new();
+    for _ in 0..instances {
+        let store = RedisStore::options()
+            .fleet_size(instances)
+            .connect(&redis.url())
+            .await
+            .unwrap();
+        let mut quota = Quota::leaky_bucket(rate, SECOND);
+        if strict {
+            quota = quota.strict();
+        }
+        let shaper = Shaper::builder()
+            .quota(quota)
+            .headroom(FLEET_HEADROOM)
+            .store(store)
+            .transport(wire.clone())
+            .build()
+            .unwrap();
+        fleet.push(shaper);
+    }
+    let url = nginx.url();
+    let runs = fleet
+        .iter()
+        .map(|shaper| {
+            let (shaper, url) = (shaper.clone(), url.clone());
+            tokio::spawn(async move { send_all(&shaper, &url, n).await })
+        })
+        .collect();
+    let failed = join_all(runs).await.into_iter().sum();
+    let run = Run {
+        refused: wire.refused(429),
+        failed,
+        used: wire.used(f64::from(rate), Duration::ZERO),
+        lane: fleet[0].lanes().remove(0),
+    };
+    eprintln!(
+        "a fleet of {instances} at nginx's {rate}r/s (strict: {strict}): {} refused, {} failed, {:.1} %, smallest gap {:?}",
+        run.refused,
+        run.failed,
+        run.used * 100.0,
+        wire.smallest_gap()
+    );
+    run
+}
+
+/// A fleet of three on Redis, each declared strict at nginx's true
+/// `10r/s`: the store spaces the fleet's slots, and each slot's turn goes
+/// at its instant, never early and not a timer tick late (it waits at the
+/// door, `lane/turn.rs`), so the fleet's sends keep nginx's spacing
+/// within the headroom. Measured here: 0 refusals, 98.0-98.1 % in every
+/// run. In the default mode the same fleet uses its slots up to a
+/// millisecond early and a tick late: 0-1 refusals, 91.2-98.0 %. A
+/// fleet cannot read a bare refusal as spacing (it keeps no ledger of
+/// its own), so one costs the fleet the fallback backoff, about 7 % of
+/// this run: the bound on the share holds through one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strict_fleet_keeps_real_nginxs_spacing() {
+    let run = fleet_against_nginx(10, 3, true, 30).await;
+    assert_eq!(run.failed, 0);
+    assert!(run.refused <= 2, "{} refusals", run.refused);
+    assert!(run.used >= 0.90, "{:.1} % of the quota", run.used * 100.0);
+    let run = fleet_against_nginx(10, 3, false, 30).await;
+    assert_eq!(run.failed, 0);
+    assert!(run.refused <= 3, "{} refusals", run.refused);
 }

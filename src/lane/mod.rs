@@ -51,7 +51,7 @@ pub use self::policy::{LanePolicy, Priority};
 use self::release::{Local, Reserved};
 pub(crate) use self::turn::Fleet;
 pub use self::turn::Turn;
-use self::turn::{Door, Transit, departure};
+use self::turn::{Door, LEAD, Transit, departure};
 use self::waiter::Waiter;
 use crate::error::{ConfigError, Error};
 pub use crate::gate::PauseCause;

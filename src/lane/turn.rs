@@ -117,7 +117,7 @@ impl Turn {
 /// docs): tokio's timers tick in milliseconds and round a deadline up to
 /// the next tick, and the hand-over takes a few hundred microseconds more
 /// on a busy machine.
-const LEAD: Duration = Duration::from_millis(3);
+pub(super) const LEAD: Duration = Duration::from_millis(3);
 
 /// How far ahead of the door the caller's timer wakes; the last of it is
 /// yielded through on the real clock (see [`on_time`]).

@@ -22,7 +22,7 @@ use super::{Blocked, Local, Ready, Release, Step};
 use crate::error::{Error, StoreError};
 use crate::gate::{Gate, PauseCause};
 use crate::lane::queue::Head;
-use crate::lane::{Fleet, Shared};
+use crate::lane::{Fleet, LEAD, Shared};
 use crate::meters::FIRST_WORD;
 use crate::store::{Remote, Schedule, Source, StoreMode};
 use crate::time::later;
@@ -167,10 +167,25 @@ impl Reserved {
     /// goes now: a shorter sleep costs a whole timer tick, and the slot's
     /// time is already late by its reply's round trip (see
     /// `store/clock.rs`).
+    ///
+    /// A strict lane's slot never goes early, nor a tick late: its turn is
+    /// released [`LEAD`] ahead and waits at the door for the slot's
+    /// instant (`lane/turn.rs`), so the fleet's sends keep the store's
+    /// spacing on the wire, within the mapping of each instance's clock to
+    /// the store's, which the headroom absorbs.
     fn use_slot(&mut self, ready: &mut Ready<'_>, head: Head, now: Instant) -> Option<Step> {
         let headroom = ready.shared.policy.headroom;
         let late = late(headroom);
-        let early = (headroom / 4).min(EARLY_MAX);
+        let strict = ready
+            .shared
+            .gates
+            .iter()
+            .any(|gate| gate.spacing().is_some());
+        let early = if strict {
+            Duration::ZERO
+        } else {
+            (headroom / 4).min(EARLY_MAX)
+        };
         let vendor = ready.shared.vendor();
         let reach = vendor.request_interval().unwrap_or_default() / 2;
         if let Some(wait) = self.first_word(vendor, now, reach, late) {
@@ -194,8 +209,13 @@ impl Reserved {
             }
         }
         let at = self.slots.front()?.at;
-        if at.saturating_duration_since(now) > early {
-            return Some(Step::Wait(Blocked::Until(at)));
+        let release = if strict {
+            at.checked_sub(LEAD).unwrap_or(at)
+        } else {
+            at
+        };
+        if release > now && at.saturating_duration_since(now) > early {
+            return Some(Step::Wait(Blocked::Until(release)));
         }
         if self.remote.on_probation(now) {
             // Back from an outage: other instances may still serve from
@@ -212,7 +232,12 @@ impl Reserved {
             });
         }
         let slot = self.slots.pop_front()?;
-        if !ready.hand(head, now, Some(slot.fleet.clone()), false, None) {
+        let (charged, door) = if strict {
+            (slot.at.max(now), (slot.at > now).then_some(slot.at))
+        } else {
+            (now, None)
+        };
+        if !ready.hand(head, charged, Some(slot.fleet.clone()), strict, door) {
             // Its caller left just now: the slot serves the next.
             self.slots.push_front(slot);
             return Some(Step::Done);

@@ -36,11 +36,12 @@ mod dispatcher;
 mod policy;
 mod queue;
 mod release;
+mod shared;
 mod turn;
 mod waiter;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::{Semaphore, oneshot};
@@ -49,6 +50,7 @@ use tokio::time::{Instant, sleep_until};
 use self::dispatcher::Dispatcher;
 pub use self::policy::{LanePolicy, Priority};
 use self::release::{Local, Reserved};
+use self::shared::{Answer, Shared, Ticket, earliest, is_shared};
 pub(crate) use self::turn::Fleet;
 pub use self::turn::Turn;
 use self::turn::{Door, LEAD, Transit, departure};
@@ -56,7 +58,7 @@ use self::waiter::Waiter;
 use crate::error::{ConfigError, Error};
 pub use crate::gate::PauseCause;
 use crate::gate::{Booked, Gate, Spending, Stop};
-use crate::meters::{Meters, Rate};
+use crate::meters::Rate;
 use crate::observability::{InFlight, Labels, LaneMetrics};
 use crate::retry::RetryBudget;
 use crate::store::{Remote, StoreMode};
@@ -105,24 +107,6 @@ pub struct LaneSnapshot {
     pub store: Option<crate::store::StoreMode>,
 }
 
-struct Ticket {
-    seq: u64,
-    cost: u64,
-    priority: Priority,
-    /// A retry backing off: filed by its number only then.
-    not_before: Option<Instant>,
-    turn: oneshot::Sender<Answer>,
-}
-
-/// What the dispatcher hands a waiting request: its turn, or (a
-/// fail-closed lane whose store is down) a refusal.
-type Answer = Result<Turn, Refusal>;
-
-/// The store is down and the lane fails closed: the error, boxed, so an
-/// answer is no larger than a turn (and a waiting caller need not keep its
-/// lane at hand to build it).
-type Refusal = Box<Error>;
-
 /// Called by the dispatcher when its lane has been idle for the policy's
 /// `idle_timeout`; the owner may then drop the lane.
 pub(crate) type OnIdle = Box<dyn Fn() + Send + Sync>;
@@ -153,125 +137,6 @@ pub(crate) type OnIdle = Box<dyn Fn() + Send + Sync>;
 pub struct Lane {
     tickets: async_channel::Sender<Ticket>,
     shared: Arc<Shared>,
-}
-
-struct Shared {
-    /// Tells lanes apart in a gate's queue.
-    id: u64,
-    key: String,
-    /// Its vendor, level and route, for spans and series.
-    labels: Labels,
-    policy: LanePolicy,
-    /// The gates a release must pass, narrowest level first; the last one
-    /// is the vendor's. A standalone [`Lane`] has one of its own; a
-    /// shaper's lane holds the shared gate of each of its levels.
-    gates: Vec<Arc<Gate>>,
-    in_flight: Option<Arc<Semaphore>>,
-    next_seq: AtomicU64,
-    released: AtomicU64,
-    /// What the store counted for the latest turn handed out on a shared
-    /// store (see [`Lane::spending`]).
-    latest_fleet: Mutex<Option<Fleet>>,
-    throttles: AtomicU64,
-    /// Requests waiting for a turn, in the channel or held by the
-    /// dispatcher. Raised before a ticket is sent, lowered when the
-    /// dispatcher lets it go, so "zero" really means nobody is ahead; also
-    /// what the queue bound counts.
-    waiting: AtomicUsize,
-    metrics: LaneMetrics,
-    /// The link to a shared store: the gates' quotas live there.
-    remote: Option<Arc<Remote>>,
-}
-
-impl Shared {
-    /// Report the tightest request quota declared by the lane's gates.
-    fn report_quota(&self) {
-        let declared = self
-            .gates
-            .iter()
-            .filter_map(|gate| gate.declared())
-            .min_by(|a, b| a.per_second().total_cmp(&b.per_second()));
-        if let Some(rate) = declared {
-            self.metrics.declared(rate);
-        }
-    }
-
-    /// A request joins the waiting; returns how many waited before it.
-    fn count_in(&self) -> usize {
-        self.metrics.queued();
-        self.waiting.fetch_add(1, Ordering::SeqCst)
-    }
-
-    /// A turn the store counted `fleet` for is being handed out. Recorded
-    /// whether or not its caller is still there: a slot whose caller left
-    /// serves the next, with the same count.
-    fn handed_fleet(&self, fleet: &Fleet) {
-        *lock(&self.latest_fleet) = Some(fleet.clone());
-    }
-
-    /// A request stops waiting: released, refused or gone.
-    fn count_out(&self) {
-        self.metrics.dequeued();
-        self.waiting.fetch_sub(1, Ordering::SeqCst);
-    }
-
-    /// The vendor's gate: the broadest level's.
-    fn vendor(&self) -> &Gate {
-        self.gates.last().map_or(&self.gates[0], |gate| gate)
-    }
-
-    /// Why the lane's gates refuse everything now, if one does.
-    fn stopped(&self) -> Option<Arc<Stop>> {
-        self.gates.iter().find_map(|gate| gate.stopped())
-    }
-
-    /// The error a stopped gate ends requests with.
-    fn out_of_credit(&self, stop: &Stop) -> Error {
-        Error::OutOfCredit {
-            lane: self.key.clone(),
-            status: reqwest::StatusCode::from_u16(stop.status)
-                .unwrap_or(reqwest::StatusCode::TOO_MANY_REQUESTS),
-            body: stop.body.clone(),
-        }
-    }
-
-    /// The latest pause in force at `now` among the lane's gates.
-    fn paused_until(&self, now: Instant) -> Option<Instant> {
-        self.gates
-            .iter()
-            .filter_map(|gate| gate.paused_until(now))
-            .max()
-    }
-
-    /// Every gate's meters, locked in level order (the same order in every
-    /// lane, so lanes sharing gates cannot deadlock).
-    fn meters(&self) -> Vec<MutexGuard<'_, Meters>> {
-        self.gates.iter().map(|gate| gate.meters()).collect()
-    }
-
-    /// Run `f` with every gate's meters locked; a lane with one gate (the
-    /// common case) allocates nothing for it, which shows on the hot path.
-    fn with_meters<R>(&self, f: impl FnOnce(&mut [MutexGuard<'_, Meters>]) -> R) -> R {
-        match &self.gates[..] {
-            [gate] => f(std::slice::from_mut(&mut gate.meters())),
-            _ => f(&mut self.meters()),
-        }
-    }
-}
-
-/// True when more than one lane holds `gate`: only then do lanes queue
-/// for it.
-fn is_shared(gate: &Arc<Gate>) -> bool {
-    Arc::strong_count(gate) > 1
-}
-
-/// When every meter of `meters` allows a request of `cost`.
-fn earliest(meters: &[MutexGuard<'_, Meters>], cost: u64, now: Instant) -> Instant {
-    meters
-        .iter()
-        .map(|m| m.earliest(cost, now))
-        .max()
-        .unwrap_or(now)
 }
 
 impl Lane {

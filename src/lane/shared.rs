@@ -1,0 +1,154 @@
+//! A lane's state, shared by its handle, its dispatcher and its engines:
+//! the gates a release passes, the count of who waits, the in-flight cap,
+//! the store link; and the ticket a request waits with.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::{Semaphore, oneshot};
+use tokio::time::Instant;
+
+use super::{Fleet, LanePolicy, Priority, Turn};
+use crate::error::Error;
+use crate::gate::{Gate, Stop};
+use crate::meters::Meters;
+use crate::observability::{Labels, LaneMetrics};
+use crate::store::Remote;
+use crate::sync::lock;
+
+pub(super) struct Ticket {
+    pub(super) seq: u64,
+    pub(super) cost: u64,
+    pub(super) priority: Priority,
+    /// A retry backing off: filed by its number only then.
+    pub(super) not_before: Option<Instant>,
+    pub(super) turn: oneshot::Sender<Answer>,
+}
+
+/// What the dispatcher hands a waiting request: its turn, or (a
+/// fail-closed lane whose store is down) a refusal.
+pub(super) type Answer = Result<Turn, Refusal>;
+
+/// The store is down and the lane fails closed: the error, boxed, so an
+/// answer is no larger than a turn (and a waiting caller need not keep its
+/// lane at hand to build it).
+pub(super) type Refusal = Box<Error>;
+
+pub(super) struct Shared {
+    /// Tells lanes apart in a gate's queue.
+    pub(super) id: u64,
+    pub(super) key: String,
+    /// Its vendor, level and route, for spans and series.
+    pub(super) labels: Labels,
+    pub(super) policy: LanePolicy,
+    /// The gates a release must pass, narrowest level first; the last one
+    /// is the vendor's. A standalone [`Lane`] has one of its own; a
+    /// shaper's lane holds the shared gate of each of its levels.
+    pub(super) gates: Vec<Arc<Gate>>,
+    pub(super) in_flight: Option<Arc<Semaphore>>,
+    pub(super) next_seq: AtomicU64,
+    pub(super) released: AtomicU64,
+    /// What the store counted for the latest turn handed out on a shared
+    /// store (see [`Lane::spending`]).
+    pub(super) latest_fleet: Mutex<Option<Fleet>>,
+    pub(super) throttles: AtomicU64,
+    /// Requests waiting for a turn, in the channel or held by the
+    /// dispatcher. Raised before a ticket is sent, lowered when the
+    /// dispatcher lets it go, so "zero" really means nobody is ahead; also
+    /// what the queue bound counts.
+    pub(super) waiting: AtomicUsize,
+    pub(super) metrics: LaneMetrics,
+    /// The link to a shared store: the gates' quotas live there.
+    pub(super) remote: Option<Arc<Remote>>,
+}
+
+impl Shared {
+    /// Report the tightest request quota declared by the lane's gates.
+    pub(super) fn report_quota(&self) {
+        let declared = self
+            .gates
+            .iter()
+            .filter_map(|gate| gate.declared())
+            .min_by(|a, b| a.per_second().total_cmp(&b.per_second()));
+        if let Some(rate) = declared {
+            self.metrics.declared(rate);
+        }
+    }
+
+    /// A request joins the waiting; returns how many waited before it.
+    pub(super) fn count_in(&self) -> usize {
+        self.metrics.queued();
+        self.waiting.fetch_add(1, Ordering::SeqCst)
+    }
+
+    /// A turn the store counted `fleet` for is being handed out. Recorded
+    /// whether or not its caller is still there: a slot whose caller left
+    /// serves the next, with the same count.
+    pub(super) fn handed_fleet(&self, fleet: &Fleet) {
+        *lock(&self.latest_fleet) = Some(fleet.clone());
+    }
+
+    /// A request stops waiting: released, refused or gone.
+    pub(super) fn count_out(&self) {
+        self.metrics.dequeued();
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// The vendor's gate: the broadest level's.
+    pub(super) fn vendor(&self) -> &Gate {
+        self.gates.last().map_or(&self.gates[0], |gate| gate)
+    }
+
+    /// Why the lane's gates refuse everything now, if one does.
+    pub(super) fn stopped(&self) -> Option<Arc<Stop>> {
+        self.gates.iter().find_map(|gate| gate.stopped())
+    }
+
+    /// The error a stopped gate ends requests with.
+    pub(super) fn out_of_credit(&self, stop: &Stop) -> Error {
+        Error::OutOfCredit {
+            lane: self.key.clone(),
+            status: reqwest::StatusCode::from_u16(stop.status)
+                .unwrap_or(reqwest::StatusCode::TOO_MANY_REQUESTS),
+            body: stop.body.clone(),
+        }
+    }
+
+    /// The latest pause in force at `now` among the lane's gates.
+    pub(super) fn paused_until(&self, now: Instant) -> Option<Instant> {
+        self.gates
+            .iter()
+            .filter_map(|gate| gate.paused_until(now))
+            .max()
+    }
+
+    /// Every gate's meters, locked in level order (the same order in every
+    /// lane, so lanes sharing gates cannot deadlock).
+    pub(super) fn meters(&self) -> Vec<MutexGuard<'_, Meters>> {
+        self.gates.iter().map(|gate| gate.meters()).collect()
+    }
+
+    /// Run `f` with every gate's meters locked; a lane with one gate (the
+    /// common case) allocates nothing for it, which shows on the hot path.
+    pub(super) fn with_meters<R>(&self, f: impl FnOnce(&mut [MutexGuard<'_, Meters>]) -> R) -> R {
+        match &self.gates[..] {
+            [gate] => f(std::slice::from_mut(&mut gate.meters())),
+            _ => f(&mut self.meters()),
+        }
+    }
+}
+
+/// True when more than one lane holds `gate`: only then do lanes queue
+/// for it.
+pub(super) fn is_shared(gate: &Arc<Gate>) -> bool {
+    Arc::strong_count(gate) > 1
+}
+
+/// When every meter of `meters` allows a request of `cost`.
+pub(super) fn earliest(meters: &[MutexGuard<'_, Meters>], cost: u64, now: Instant) -> Instant {
+    meters
+        .iter()
+        .map(|m| m.earliest(cost, now))
+        .max()
+        .unwrap_or(now)
+}

@@ -14,7 +14,8 @@ use tokio::time::{Instant, sleep, sleep_until};
 
 use super::queue::{Costed, Queue};
 use super::release::{Blocked, Ready, Release, Step, Waiting};
-use super::{OnIdle, Shared, Ticket};
+use super::shared::{OnIdle, Shared};
+use super::turn::Ticket;
 
 pub(super) struct Dispatcher<R> {
     shared: Arc<Shared>,

@@ -50,10 +50,10 @@ use tokio::time::{Instant, sleep_until};
 use self::dispatcher::Dispatcher;
 pub use self::policy::{LanePolicy, Priority};
 use self::release::{Local, Reserved};
-use self::shared::{Answer, Shared, Ticket, earliest, is_shared};
-pub(crate) use self::turn::Fleet;
+pub(crate) use self::shared::OnIdle;
+use self::shared::{Shared, earliest, is_shared};
 pub use self::turn::Turn;
-use self::turn::{Door, LEAD, Transit, departure};
+use self::turn::{Door, Ticket, Transit, departure};
 use self::waiter::Waiter;
 use crate::error::{ConfigError, Error};
 pub use crate::gate::PauseCause;
@@ -106,10 +106,6 @@ pub struct LaneSnapshot {
     /// fallback, or refusing. `None` in memory.
     pub store: Option<crate::store::StoreMode>,
 }
-
-/// Called by the dispatcher when its lane has been idle for the policy's
-/// `idle_timeout`; the owner may then drop the lane.
-pub(crate) type OnIdle = Box<dyn Fn() + Send + Sync>;
 
 /// One upstream quota: a FIFO queue, meters and a pause, drained by one
 /// dispatcher task.

@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use tokio::time::Instant;
 
-use super::Priority;
+use super::policy::Priority;
 
 /// The waiting requests of one lane, by class and sequence number. `T` is
 /// what a waiting request holds (the dispatcher's answer channel); the

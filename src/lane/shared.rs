@@ -1,38 +1,29 @@
 //! A lane's state, shared by its handle, its dispatcher and its engines:
 //! the gates a release passes, the count of who waits, the in-flight cap,
-//! the store link; and the ticket a request waits with.
+//! the store link; what a fleet booked for a turn; the idle callback.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use tokio::sync::{Semaphore, oneshot};
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use super::{Fleet, LanePolicy, Priority, Turn};
+use super::policy::LanePolicy;
 use crate::error::Error;
-use crate::gate::{Gate, Stop};
+use crate::gate::{Booked, Gate, Stop};
 use crate::meters::Meters;
 use crate::observability::{Labels, LaneMetrics};
 use crate::store::Remote;
 use crate::sync::lock;
 
-pub(super) struct Ticket {
-    pub(super) seq: u64,
-    pub(super) cost: u64,
-    pub(super) priority: Priority,
-    /// A retry backing off: filed by its number only then.
-    pub(super) not_before: Option<Instant>,
-    pub(super) turn: oneshot::Sender<Answer>,
-}
+/// What a fleet booked in each of a lane's gates' windows ending at one
+/// slot (see `Reserved`), shared by the slot and its turn. Behind one thin
+/// pointer: every waiting request's answer has room for a turn.
+pub(crate) type Fleet = Arc<Vec<Option<Booked>>>;
 
-/// What the dispatcher hands a waiting request: its turn, or (a
-/// fail-closed lane whose store is down) a refusal.
-pub(super) type Answer = Result<Turn, Refusal>;
-
-/// The store is down and the lane fails closed: the error, boxed, so an
-/// answer is no larger than a turn (and a waiting caller need not keep its
-/// lane at hand to build it).
-pub(super) type Refusal = Box<Error>;
+/// Called by the dispatcher when its lane has been idle for the policy's
+/// `idle_timeout`; the owner may then drop the lane.
+pub(crate) type OnIdle = Box<dyn Fn() + Send + Sync>;
 
 pub(super) struct Shared {
     /// Tells lanes apart in a gate's queue.

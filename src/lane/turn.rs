@@ -1,5 +1,5 @@
-//! A turn: permission to send one request now, and, on a strict lane, the
-//! word of when it really went, which the lane's next release is measured
+//! A turn: permission to send one request now (and the ticket a request
+//! waits for it with), and, on a strict lane, the word of when it really went, which the lane's next release is measured
 //! from (see `spacing.rs`).
 //!
 //! # The door
@@ -16,12 +16,13 @@ use std::pin::Pin;
 use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
-use tokio::sync::OwnedSemaphorePermit;
 use tokio::sync::futures::OwnedNotified;
+use tokio::sync::{OwnedSemaphorePermit, oneshot};
 use tokio::time::{Instant, sleep_until};
 
-use super::{Shared, earliest};
-use crate::gate::Booked;
+use super::policy::Priority;
+use super::shared::{Fleet, Shared, earliest};
+use crate::error::Error;
 use crate::meters::Meters;
 use crate::time::later;
 
@@ -77,10 +78,23 @@ impl Drop for Turn {
     }
 }
 
-/// What a fleet booked in each of a lane's gates' windows ending at one
-/// slot (see `Reserved`), shared by the slot and its turn. Behind one thin
-/// pointer: every waiting request's answer has room for a turn.
-pub(crate) type Fleet = Arc<Vec<Option<Booked>>>;
+pub(super) struct Ticket {
+    pub(super) seq: u64,
+    pub(super) cost: u64,
+    pub(super) priority: Priority,
+    /// A retry backing off: filed by its number only then.
+    pub(super) not_before: Option<Instant>,
+    pub(super) turn: oneshot::Sender<Answer>,
+}
+
+/// What the dispatcher hands a waiting request: its turn, or (a
+/// fail-closed lane whose store is down) a refusal.
+pub(super) type Answer = Result<Turn, Refusal>;
+
+/// The store is down and the lane fails closed: the error, boxed, so an
+/// answer is no larger than a turn (and a waiting caller need not keep its
+/// lane at hand to build it).
+pub(super) type Refusal = Box<Error>;
 
 impl Turn {
     /// Wait until this turn's request may go on the wire: on a strict

@@ -22,7 +22,9 @@ use std::task::{Context, Poll, ready};
 use tokio::sync::oneshot;
 use tokio::sync::oneshot::error::TryRecvError;
 
-use super::{Answer, Priority, Shared, Ticket, Turn};
+use super::policy::Priority;
+use super::shared::Shared;
+use super::turn::{Answer, Ticket, Turn};
 use crate::error::Error;
 
 /// The caller's end of a ticket the dispatcher holds.

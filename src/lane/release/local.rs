@@ -15,9 +15,11 @@ use std::sync::MutexGuard;
 
 use tokio::time::Instant;
 
-use super::{Blocked, Ready, Release, Step};
+use super::engine::{Blocked, Release, Step};
+use super::ready::Ready;
 use crate::lane::queue::Head;
-use crate::lane::{Door, Shared, departure, earliest, is_shared};
+use crate::lane::shared::{Shared, earliest, is_shared};
+use crate::lane::turn::{Door, departure};
 use crate::meters::Meters;
 
 /// Releases by the gates' meters in this process.

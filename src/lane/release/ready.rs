@@ -10,7 +10,8 @@ use tokio::time::Instant;
 
 use crate::error::Error;
 use crate::lane::queue::{Costed, Head, Queue};
-use crate::lane::{Answer, Fleet, Shared, Transit, Turn};
+use crate::lane::shared::{Fleet, Shared};
+use crate::lane::turn::{Answer, Transit, Turn};
 
 /// A waiting ticket, as the dispatcher's queue holds it.
 pub(in crate::lane) struct Waiting {

@@ -18,11 +18,14 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::{Blocked, Local, Ready, Release, Step};
+use super::engine::{Blocked, Release, Step};
+use super::local::Local;
+use super::ready::Ready;
 use crate::error::{Error, StoreError};
 use crate::gate::{Gate, PauseCause};
 use crate::lane::queue::Head;
-use crate::lane::{Fleet, LEAD, Shared};
+use crate::lane::shared::{Fleet, Shared};
+use crate::lane::turn::LEAD;
 use crate::meters::FIRST_WORD;
 use crate::store::{Remote, Schedule, Source, StoreMode};
 use crate::time::later;

@@ -1,7 +1,7 @@
 //! The series of the crate's table (see the module above), through the
 //! `metrics` facade; without the feature, the same calls do nothing.
 
-use super::Labels;
+use super::labels::Labels;
 use crate::meters::Rate;
 
 #[cfg(feature = "metrics")]

@@ -7,7 +7,7 @@ use reqwest::Request;
 use tracing::Span;
 use tracing::field::Empty;
 
-use super::Labels;
+use super::labels::Labels;
 
 /// A request's span, from submission to its one outcome.
 pub(crate) struct RequestSpan(Span);

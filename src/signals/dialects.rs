@@ -8,7 +8,8 @@ use reqwest::header::{HeaderMap, HeaderName};
 use super::formats::{
     epoch, epoch_or_delta, go_duration, integer, number, rfc3339, seconds, sf_list, step, until,
 };
-use super::{Dimension, Limit, Signals, retry_after};
+use super::retry_after::retry_after;
+use super::said::{Dimension, Limit, Signals};
 
 pub(super) type Reader = fn(&HeaderMap, SystemTime, &mut Signals);
 
@@ -259,4 +260,49 @@ fn fill(
         entry.precision = precision;
     }
     Some(entry)
+}
+
+/// A header dialect: reads what it understands into `signals`.
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use callshaper::signals::{Dimension, Signals};
+/// use reqwest::header::HeaderMap;
+///
+/// // A vendor that sends `x-quota-left: 12`.
+/// let dialect = |headers: &HeaderMap, _now: SystemTime, signals: &mut Signals| {
+///     if let Some(left) = headers.get("x-quota-left").and_then(|v| v.to_str().ok()?.parse().ok()) {
+///         signals.limit_mut(Dimension::Requests).remaining = Some(left);
+///     }
+/// };
+/// let shaper = callshaper::Shaper::builder()
+///     .rate(10, Duration::from_secs(1))
+///     .dialect(dialect)
+///     .build()?;
+/// # Ok::<(), callshaper::ConfigError>(())
+/// ```
+pub trait Dialect: Send + Sync + 'static {
+    /// Read `headers` into `signals`.
+    fn read(&self, headers: &HeaderMap, now: SystemTime, signals: &mut Signals);
+}
+
+impl<F> Dialect for F
+where
+    F: Fn(&HeaderMap, SystemTime, &mut Signals) + Send + Sync + 'static,
+{
+    fn read(&self, headers: &HeaderMap, now: SystemTime, signals: &mut Signals) {
+        self(headers, now, signals);
+    }
+}
+
+impl Signals {
+    /// Read every dialect this module knows from `headers`; `now` is the
+    /// wall clock, for the dialects that send dates.
+    pub fn parse(headers: &HeaderMap, now: SystemTime) -> Self {
+        let mut signals = Self::default();
+        for dialect in BUILT_IN {
+            dialect(headers, now, &mut signals);
+        }
+        signals
+    }
 }

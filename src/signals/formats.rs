@@ -2,17 +2,20 @@
 //! dates, epoch seconds, Go durations, RFC 3339 timestamps and structured
 //! field lists. Every parser takes any bytes and never panics; what it
 //! cannot read is `None`, and a value too large saturates at
-//! [`LONGEST`](super::LONGEST).
+//! [`LONGEST`].
 
 use std::time::{Duration, SystemTime};
 
 use reqwest::header::HeaderValue;
 
-use super::LONGEST;
-
 /// Epoch seconds below this are read as "seconds from now": some vendors
 /// send a delta in `x-ratelimit-reset`, and no epoch second this small is a
 /// real reset time (it is in 1973).
+/// The largest pause a header can express here; anything larger saturates
+/// to it. A hundred years is far past any sensible `max_pause`, and adding
+/// it to an `Instant` cannot overflow.
+pub const LONGEST: Duration = crate::time::FAR;
+
 const EPOCH_FLOOR: u64 = 100_000_000;
 
 /// An RFC 8941 list, simplified to what rate-limit headers use: comma

@@ -2,7 +2,11 @@
 //! `Retry-After` form), what a pause cites, the hints it derives, and
 //! that no bytes in any header panic.
 
-use reqwest::header::HeaderValue;
+use std::time::{Duration, SystemTime};
+
+use reqwest::header::{HeaderMap, HeaderValue};
+
+use crate::meters::Rate;
 
 use super::*;
 

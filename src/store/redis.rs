@@ -15,9 +15,9 @@ use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr
 use redis::{ErrorKind, FromRedisValue, Script, ServerErrorKind};
 use tokio::sync::oneshot;
 
-use super::{
-    FleetBooked, Pending, Reservation, SharedStore, Store, StoreError, StoreLane, StoreSettings,
-};
+use super::contract::{FleetBooked, Pending, Reservation, SharedStore, StoreLane, StoreSettings};
+use super::handle::Store;
+use crate::error::StoreError;
 use crate::gate::{Gate, PauseCause};
 use crate::meters::{Algorithm, Quota, Unit};
 use crate::sync::{lock, shrink};

@@ -9,7 +9,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::clock::StoreClock;
-use super::{StoreError, StoreFailure, StoreLane, StoreMode, StoreSettings};
+use super::contract::{StoreLane, StoreSettings};
+use super::policy::{StoreFailure, StoreMode};
+use crate::error::StoreError;
 use crate::gate::{Booked, Gate};
 use crate::observability::StoreMetrics;
 use crate::sync::lock;

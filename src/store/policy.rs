@@ -22,6 +22,10 @@ pub enum StoreFailure {
         not(feature = "redis"),
         doc = "[`RedisOptions::fleet_size`]: crate#features\n[`RedisOptions::horizon`]: crate#features"
     )]
+    #[cfg_attr(
+        feature = "redis",
+        doc = "[`RedisOptions::fleet_size`]: crate::store::RedisOptions::fleet_size\n[`RedisOptions::horizon`]: crate::store::RedisOptions::horizon"
+    )]
     Open,
     /// End waiting and new requests at once with
     /// [`Error::StoreUnavailable`](crate::Error::StoreUnavailable): the

@@ -1,0 +1,28 @@
+//! A gate: quotas and a pause that a release must pass.
+//!
+//! A lane holds a gate of its own (the quotas of a standalone `Lane`,
+//! its own pause) and, in a shaper, one shared gate per level: the route's
+//! or tenant's quotas for its key, and the vendor's, which every lane under
+//! that vendor holds at once. A lane releases its head only when every gate
+//! it holds allows it, at the same instant, and charges them all together.
+//! That is what keeps every level's quota exact
+//! at the moment a request leaves, whatever the queueing: a request never
+//! waits in one level after another (which would bunch up the pace the
+//! first level set), it waits once, in its own lane, for all of them.
+//!
+//! A pause, the learned quota and adaptive pacing belong to a gate too: a
+//! 429 seen by one tenant's request pauses the vendor's gate, and so every
+//! lane that shares it.
+
+mod cause;
+mod level;
+mod pace;
+mod vendor;
+mod window;
+
+pub use self::cause::PauseCause;
+pub(crate) use self::cause::{Booked, Spending, Stop};
+pub(crate) use self::level::{Gate, GateMap, GateSettings, request_rate};
+
+#[cfg(test)]
+mod tests;

@@ -62,7 +62,7 @@
 //!
 //! # Adding a store
 //!
-//! A store is one file beside `redis.rs` (plus its scripts): implement
+//! A store is a module beside `redis/` (plus its scripts): implement
 //! `SharedStore` (settings, and a link per lane) and `StoreLane`
 //! (reserve, give back, settle, pause), and `impl From<YourStore> for
 //! Store`. Everything a store does *not* decide, failure policy, probing,

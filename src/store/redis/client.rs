@@ -1,0 +1,362 @@
+//! The Redis store itself: its connections (standalone or Cluster), the
+//! scripts' calls, and the pause channel that reaches every instance's
+//! gates.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures_util::StreamExt;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{ErrorKind, FromRedisValue, Script, ServerErrorKind};
+use tokio::sync::oneshot;
+
+use super::options::{Clock, RedisOptions};
+use crate::error::StoreError;
+use crate::gate::{Gate, PauseCause};
+use crate::sync::lock;
+use crate::time::micros;
+
+/// Lane state in Redis or Redis Cluster, shared by every instance that
+/// connects to it. Cheap to clone; give it to
+/// [`ShaperBuilder::store`](crate::ShaperBuilder::store).
+///
+/// ```
+/// use std::time::Duration;
+/// use callshaper::{Shaper, StoreFailure, store::RedisStore};
+/// # use callshaper::testing::{RedisServer, Vendor};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = RedisServer::start();
+/// # let url = server.url();
+/// # let vendor = Vendor::strict(10, Duration::from_secs(1)).start().await;
+/// // `url`: "redis://127.0.0.1:6379", say.
+/// let redis = RedisStore::options().fleet_size(3).connect(&url).await?;
+/// let shaper = Shaper::builder()
+///     .rate(10, Duration::from_secs(1))
+///     .store(redis)
+///     .on_store_failure(StoreFailure::Open)
+///     .build()?;
+/// let response = shaper.get(vendor.uri()).send().await?;
+/// assert_eq!(response.status(), 200);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    pub(super) inner: Arc<Inner>,
+}
+
+pub(super) struct Inner {
+    pub(super) conn: Conn,
+    pub(super) options: RedisOptions,
+    pub(super) channel: String,
+    /// Local gates by key, for pauses published by other instances.
+    pub(super) gates: Arc<Registry>,
+    pub(super) round_trips: AtomicU64,
+    /// Dropped with the store: stops the pause listener.
+    pub(super) _listening: oneshot::Sender<()>,
+}
+
+#[derive(Clone)]
+pub(super) enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("options", &self.inner.options)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(super) fn failed(error: redis::RedisError) -> StoreError {
+    StoreError::Failed(error.to_string())
+}
+
+pub(super) async fn within<T>(
+    timeout: Duration,
+    call: impl Future<Output = redis::RedisResult<T>>,
+) -> Result<T, StoreError> {
+    answered(timeout, tokio::time::timeout(timeout, call).await)
+}
+
+pub(super) fn answered<T>(
+    timeout: Duration,
+    answer: Result<redis::RedisResult<T>, tokio::time::error::Elapsed>,
+) -> Result<T, StoreError> {
+    // The connection's own response timeout (the same length) often fires
+    // first: a timeout either way.
+    match answer {
+        Ok(Err(error)) if error.is_timeout() => Err(StoreError::Timeout(timeout)),
+        Ok(answer) => answer.map_err(failed),
+        Err(_) => Err(StoreError::Timeout(timeout)),
+    }
+}
+
+impl RedisStore {
+    /// Options with their defaults.
+    pub fn options() -> RedisOptions {
+        RedisOptions::default()
+    }
+
+    /// Connect to one node with the default options.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::options().connect(url).await
+    }
+
+    /// Connect to a cluster with the default options.
+    pub async fn cluster<S: AsRef<str>>(
+        urls: impl IntoIterator<Item = S>,
+    ) -> Result<Self, StoreError> {
+        Self::options().cluster(urls).await
+    }
+
+    pub(super) async fn start(
+        options: RedisOptions,
+        conn: Conn,
+        pubsub: Vec<redis::Client>,
+    ) -> Result<Self, StoreError> {
+        let channel = format!("{}pauses", options.prefix);
+        let gates = Arc::default();
+        let (stop, stopped) = oneshot::channel();
+        let (ready, subscribed) = oneshot::channel();
+        tokio::spawn(listen(
+            pubsub,
+            channel.clone(),
+            Arc::clone(&gates),
+            stopped,
+            ready,
+        ));
+        let timeout = options.timeout;
+        match tokio::time::timeout(timeout, subscribed).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(error))) => return Err(error),
+            Ok(Err(_)) => return Err(StoreError::Failed("pause listener ended".to_owned())),
+            Err(_) => return Err(StoreError::Timeout(timeout)),
+        }
+        Ok(Self {
+            inner: Arc::new(Inner {
+                conn,
+                options,
+                channel,
+                gates,
+                round_trips: AtomicU64::new(0),
+                _listening: stop,
+            }),
+        })
+    }
+
+    /// Round trips to Redis so far (every script call, from every lane).
+    pub fn round_trips(&self) -> u64 {
+        self.inner.round_trips.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn key(&self, vendor: &str, gate: &str) -> String {
+        // The vendor's name is the hash tag: `{` and `}` inside it would end
+        // or open another one.
+        let tag: String = vendor
+            .chars()
+            .map(|c| match c {
+                '{' => '(',
+                '}' => ')',
+                c => c,
+            })
+            .collect();
+        let tag = if tag.is_empty() { "_".to_owned() } else { tag };
+        format!("{}{{{tag}}}:{gate}", self.inner.options.prefix)
+    }
+
+    pub(super) fn now_arg(&self) -> i64 {
+        match self.inner.options.clock {
+            Clock::Redis => 0,
+            Clock::Instances => SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(1, |d| micros(d).max(1)),
+        }
+    }
+
+    pub(super) async fn invoke<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[String],
+        args: &[i64],
+        channel: Option<&str>,
+    ) -> Result<T, StoreError> {
+        let mut invocation = script.prepare_invoke();
+        for key in keys {
+            invocation.key(key);
+        }
+        for arg in args {
+            invocation.arg(arg);
+        }
+        if let Some(channel) = channel {
+            invocation.arg(channel);
+        }
+        self.inner.round_trips.fetch_add(1, Ordering::Relaxed);
+        let timeout = self.inner.options.timeout;
+        match self.inner.conn.clone() {
+            Conn::Single(mut conn) => within(timeout, invocation.invoke_async(&mut conn)).await,
+            Conn::Cluster(mut conn) => {
+                let answer =
+                    tokio::time::timeout(timeout, invocation.invoke_async(&mut conn)).await;
+                let demoted = matches!(&answer, Ok(Err(error))
+                    if error.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly));
+                if let (true, Some(key)) = (demoted, keys.first()) {
+                    // redis-rs sends READONLY on every cluster connection,
+                    // so a master demoted to a replica (a failover, the old
+                    // master back) runs a script as a read and refuses its
+                    // first write, where it would redirect a write to the
+                    // new master, and the client never learns the new map.
+                    // The script wrote nothing: clear the flag on that
+                    // node's connection and run it again, which the
+                    // replica now redirects.
+                    let route = Route::with_key(key, SlotAddr::Master);
+                    let node = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                    within(timeout, conn.route_command(redis::cmd("READWRITE"), node)).await?;
+                    return within(timeout, invocation.invoke_async(&mut conn)).await;
+                }
+                answered(timeout, answer)
+            }
+        }
+    }
+}
+
+/// Subscribe to the pause channel on one of `nodes` and apply every pause
+/// to the local gates of its key; when the connection drops, subscribe again
+/// on the next node, until the store goes.
+pub(super) async fn listen(
+    nodes: Vec<redis::Client>,
+    channel: String,
+    gates: Arc<Registry>,
+    mut stop: oneshot::Receiver<()>,
+    ready: oneshot::Sender<Result<(), StoreError>>,
+) {
+    let mut ready = Some(ready);
+    let mut failed_in_a_row = 0;
+    for client in nodes.iter().cycle() {
+        // A host that does not answer must not hold the listener forever.
+        let subscribed = within(Duration::from_secs(5), async {
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(&channel).await?;
+            redis::RedisResult::Ok(pubsub)
+        });
+        let pubsub = tokio::select! {
+            _ = &mut stop => return,
+            subscribed = subscribed => subscribed,
+        };
+        match pubsub {
+            Ok(mut pubsub) => {
+                failed_in_a_row = 0;
+                if let Some(ready) = ready.take() {
+                    let _ = ready.send(Ok(()));
+                }
+                let mut messages = pubsub.on_message();
+                loop {
+                    tokio::select! {
+                        _ = &mut stop => return,
+                        message = messages.next() => match message {
+                            Some(message) => apply_pause(&gates, message.get_payload_bytes()),
+                            None => break,
+                        },
+                    }
+                }
+            }
+            Err(error) => {
+                failed_in_a_row += 1;
+                // At startup, every node gets one try before the store
+                // reports the failure.
+                if failed_in_a_row >= nodes.len()
+                    && let Some(ready) = ready.take()
+                {
+                    let _ = ready.send(Err(error));
+                    return;
+                }
+            }
+        }
+        if ready.is_some() {
+            continue;
+        }
+        // Lost: pauses published meanwhile still reach this instance with
+        // its next reservation, which starts after them.
+        tokio::select! {
+            _ = &mut stop => return,
+            () = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+    }
+}
+
+/// A pause message: `key\nmicroseconds left`.
+pub(super) fn apply_pause(gates: &Registry, payload: &[u8]) {
+    let Ok(text) = std::str::from_utf8(payload) else {
+        return;
+    };
+    let Some((key, left)) = text.rsplit_once('\n') else {
+        return;
+    };
+    let Ok(left) = left.parse::<u64>() else {
+        return;
+    };
+    let local: Vec<Arc<Gate>> = lock(gates)
+        .get(key)
+        .map(|gates| gates.iter().filter_map(Weak::upgrade).collect())
+        .unwrap_or_default();
+    for gate in local {
+        gate.pause_for(Duration::from_micros(left), PauseCause::Fleet, None);
+    }
+}
+
+pub(super) fn duration(us: i64) -> Duration {
+    Duration::from_micros(u64::try_from(us).unwrap_or(0))
+}
+
+/// Local gates by key: several shapers of one process may share a store,
+/// each with its own gate for a key.
+pub(super) type Registry = Mutex<HashMap<String, Vec<Weak<Gate>>>>;
+
+impl RedisOptions {
+    /// Connect to one Redis (or Valkey) node, e.g. `redis://127.0.0.1:6379`.
+    /// Fails when it cannot be reached now: a wrong URL shows at startup.
+    pub async fn connect(self, url: &str) -> Result<RedisStore, StoreError> {
+        let client = redis::Client::open(url).map_err(failed)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout))
+            .set_number_of_retries(1);
+        let connecting = ConnectionManager::new_with_config(client.clone(), config);
+        let conn = within(self.timeout, connecting).await?;
+        RedisStore::start(self, Conn::Single(conn), vec![client]).await
+    }
+
+    /// Connect to a Redis Cluster through any of its nodes.
+    pub async fn cluster<S: AsRef<str>>(
+        self,
+        urls: impl IntoIterator<Item = S>,
+    ) -> Result<RedisStore, StoreError> {
+        let urls: Vec<String> = urls.into_iter().map(|u| u.as_ref().to_owned()).collect();
+        if urls.is_empty() {
+            return Err(StoreError::Failed("no cluster node given".to_owned()));
+        }
+        // Pause messages: in a cluster, PUBLISH reaches subscribers on every
+        // node, so any one node's channel is enough; the listener moves to
+        // the next node when its node fails.
+        let nodes = urls
+            .iter()
+            .map(|url| redis::Client::open(url.as_str()).map_err(failed))
+            .collect::<Result<Vec<_>, _>>()?;
+        let cluster = ClusterClient::builder(urls)
+            .connection_timeout(self.timeout)
+            .response_timeout(self.timeout)
+            .retries(1)
+            .build()
+            .map_err(failed)?;
+        let conn = within(self.timeout, cluster.get_async_connection()).await?;
+        RedisStore::start(self, Conn::Cluster(conn), nodes).await
+    }
+}

@@ -1,0 +1,96 @@
+//! How a Redis store is set up: [`RedisOptions`], and whose clock its
+//! scripts read ([`Clock`]).
+
+use std::time::Duration;
+
+/// Whose clock the scripts read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Clock {
+    /// Redis's `TIME`, read inside each script: one clock for the fleet.
+    /// Needs Redis 5 or later (scripts replicated by effects), as every
+    /// supported Redis and Valkey is.
+    #[default]
+    Redis,
+    /// Each instance sends its own wall clock with every call, for
+    /// deployments that refuse `TIME` in scripts. What it costs: clock skew
+    /// between instances becomes quota error. Two instances 5 ms apart can
+    /// place two requests 5 ms closer than the quota allows, which the
+    /// lane's headroom (5 ms by default) absorbs; keep instances on NTP and
+    /// raise the headroom above their worst skew.
+    Instances,
+}
+
+/// How to reach Redis and how to use it; [`connect`](Self::connect) or
+/// [`cluster`](Self::cluster) finishes.
+#[derive(Debug, Clone)]
+pub struct RedisOptions {
+    pub(super) prefix: String,
+    pub(super) timeout: Duration,
+    pub(super) batch: usize,
+    pub(super) horizon: Duration,
+    pub(super) probe_every: Duration,
+    pub(super) fleet_size: u32,
+    pub(super) clock: Clock,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        Self {
+            prefix: "callshaper:".to_owned(),
+            timeout: Duration::from_millis(250),
+            batch: 16,
+            horizon: Duration::from_secs(1),
+            probe_every: Duration::from_secs(1),
+            fleet_size: 1,
+            clock: Clock::Redis,
+        }
+    }
+}
+
+impl RedisOptions {
+    /// Prefix of every key and of the pause channel (`callshaper:`).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The longest any Redis call may take before the lane treats Redis as
+    /// down (250 ms).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Most slots one round trip reserves for a lane's waiting requests
+    /// (16); 1 turns batching off.
+    pub fn batch(mut self, slots: usize) -> Self {
+        self.batch = slots.max(1);
+        self
+    }
+
+    /// No slot is reserved further ahead than this (1 s).
+    pub fn horizon(mut self, horizon: Duration) -> Self {
+        self.horizon = horizon;
+        self
+    }
+
+    /// While Redis is down, how often a lane tries it again (1 s).
+    pub fn probe_every(mut self, every: Duration) -> Self {
+        self.probe_every = every.max(Duration::from_millis(1));
+        self
+    }
+
+    /// How many instances share the quotas: a fail-open lane falls back to
+    /// its quotas divided by this (1).
+    pub fn fleet_size(mut self, instances: u32) -> Self {
+        self.fleet_size = instances.max(1);
+        self
+    }
+
+    /// Whose clock the scripts read ([`Clock::Redis`]).
+    pub fn clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+}

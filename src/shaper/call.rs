@@ -167,10 +167,7 @@ impl Shaper {
         if failures >= policy.max_attempts {
             return Err(attempts_spent(&lane, failures).into());
         }
-        let cost = options
-            .cost
-            .or_else(|| self.inner.cost.as_ref().map(|estimate| estimate(&request)))
-            .unwrap_or(1);
+        let cost = self.cost_of(&request, options.cost);
         span.entered(lane.key(), lane.labels(), cost, options.priority.label());
         let max_wait = options.max_wait.or(lane.policy().max_wait);
         let submitted = Instant::now();
@@ -245,6 +242,13 @@ impl Shaper {
             lane.reenter(&mut place, backoff)?;
             waiting_since = Instant::now();
         }
+    }
+
+    /// What a request costs: what its caller said, else the shaper's
+    /// estimate, else one unit.
+    fn cost_of(&self, request: &Request, said: Option<u64>) -> u64 {
+        said.or_else(|| self.inner.cost.as_ref().map(|estimate| estimate(request)))
+            .unwrap_or(1)
     }
 
     /// What the vendor said to a send of `cost` the lane charged at

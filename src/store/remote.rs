@@ -294,3 +294,98 @@ impl Remote {
         state.last_error = None;
     }
 }
+
+#[cfg(all(test, feature = "testing"))]
+mod tests {
+    use super::*;
+    use crate::gate::GateSettings;
+    use crate::meters::Quota;
+    use crate::observability::Labels;
+    use crate::retry::{Backoff, RetryBudget};
+    use crate::store::{RedisStore, Store};
+    use crate::testing::RedisServer;
+
+    const PROBE: Duration = Duration::from_millis(200);
+    const HORIZON: Duration = Duration::from_millis(500);
+
+    /// A lane's link on a real Redis, one gate of 10/s, with `failure`.
+    async fn remote(redis: &RedisServer, failure: StoreFailure) -> (Remote, Arc<Gate>) {
+        let store: Store = RedisStore::options()
+            .fleet_size(2)
+            .probe_every(PROBE)
+            .horizon(HORIZON)
+            .connect(&redis.url())
+            .await
+            .unwrap()
+            .into();
+        let quotas = vec![Quota::leaky_bucket(10, Duration::from_secs(1))];
+        let settings = GateSettings {
+            headroom: Duration::ZERO,
+            max_pause: Duration::from_secs(60),
+            fallback: Backoff::new(Duration::from_secs(1), Duration::from_secs(60)),
+            adaptive: None,
+            budget: RetryBudget::default(),
+        };
+        let gate = Arc::new(Gate::new("vendor", &quotas, settings, None, 2));
+        let metrics = StoreMetrics::new(&Labels::standalone("vendor"), None, &[]);
+        let remote = store.link(
+            vec![gate.clone()],
+            &["vendor".to_owned()],
+            &[quotas],
+            Duration::ZERO,
+            failure,
+            metrics,
+        );
+        (remote, gate)
+    }
+
+    fn down() -> StoreError {
+        StoreError::Failed("down".to_owned())
+    }
+
+    /// Fail-open: the lane serves from its local share, no sooner than a
+    /// horizon after the failure (every slot booked before it has gone),
+    /// tries the store again each probe interval, and once back keeps to
+    /// its share too until every other instance found the store again.
+    #[tokio::test]
+    async fn fail_open_falls_back_after_a_horizon_probes_and_serves_probation() {
+        let redis = RedisServer::start();
+        let (remote, gate) = remote(&redis, StoreFailure::Open).await;
+        let failed_at = Instant::now();
+        assert!(matches!(remote.source(failed_at), Source::Store));
+        assert_eq!(remote.failed(down(), "vendor"), StoreMode::Fallback);
+        assert_eq!(remote.mode(), StoreMode::Fallback);
+        assert!(matches!(remote.source(Instant::now()), Source::Fallback));
+        let first = gate.meters().earliest(1, Instant::now());
+        assert!(
+            first >= failed_at + HORIZON,
+            "the fallback's first request {:?} after the failure",
+            first - failed_at
+        );
+        assert!(matches!(remote.source(remote.probe_at()), Source::Store));
+        assert!(remote.probe_at() >= failed_at + PROBE);
+        assert_eq!(remote.last_error(), down());
+        let back = Instant::now();
+        remote.recovered("vendor");
+        assert_eq!(remote.mode(), StoreMode::Shared);
+        let until = back + PROBE + remote.keep;
+        assert!(remote.on_probation(until - Duration::from_millis(1)));
+        assert!(!remote.on_probation(until + Duration::from_millis(50)));
+    }
+
+    /// Fail-closed: nothing is released while the store is down, and the
+    /// lane's local meters are left as they were.
+    #[tokio::test]
+    async fn fail_closed_refuses_until_the_store_is_back() {
+        let redis = RedisServer::start();
+        let (remote, gate) = remote(&redis, StoreFailure::Closed).await;
+        let now = Instant::now();
+        assert_eq!(remote.failed(down(), "vendor"), StoreMode::Unavailable);
+        assert!(matches!(remote.source(Instant::now()), Source::Refuse));
+        assert!(gate.meters().earliest(1, now) <= now + Duration::from_millis(1));
+        assert!(matches!(remote.source(remote.probe_at()), Source::Store));
+        remote.recovered("vendor");
+        assert_eq!(remote.mode(), StoreMode::Shared);
+        assert!(matches!(remote.source(Instant::now()), Source::Store));
+    }
+}

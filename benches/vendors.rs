@@ -174,14 +174,16 @@ fn main() {
         }
     }
     if picked.is_empty() || picked.iter().any(|p| p == "shared") {
-        rt.block_on(shared_quota());
+        rt.block_on(shared_quota(100));
+        rt.block_on(shared_quota(150));
     }
 }
 
 /// A gateway of 100/s shared with a consumer we don't control, sending
-/// 30/s on its own: the lane, declared at the whole quota, should use what
-/// the other leaves (70/s) and meet few 429s.
-async fn shared_quota() {
+/// 30/s on its own: the lane, declared at the whole quota (`declared`
+/// 100) or half again above it (150), should use what the other leaves
+/// (70/s) and meet few 429s.
+async fn shared_quota(declared: u32) {
     const OURS: usize = 350;
     let vendor = Vendor::gateway(100, SECOND).start().await;
     let other = {
@@ -197,7 +199,7 @@ async fn shared_quota() {
     };
     tokio::time::sleep(SECOND).await;
     let shaper = Shaper::builder()
-        .rate(100, SECOND)
+        .rate(declared, SECOND)
         .build()
         .expect("a valid shaper");
     let started = Instant::now();
@@ -223,7 +225,7 @@ async fn shared_quota() {
         .count();
     let left = (OURS - 1) as f64 / 70.0;
     println!(
-        "\n  shared quota (a gateway of 100/s, another consumer at 30/s): callshaper declared 100/s sent {OURS} in {:.2} s, {:.1} % of the 70/s left; 429s: ours {our_429} ({:.1} % of our requests), the other's {their_429}",
+        "\n  shared quota (a gateway of 100/s, another consumer at 30/s): callshaper declared {declared}/s sent {OURS} in {:.2} s, {:.1} % of the 70/s left; 429s: ours {our_429} ({:.1} % of our requests), the other's {their_429}",
         took.as_secs_f64(),
         left / took.as_secs_f64() * 100.0,
         our_429 as f64 * 100.0 / OURS as f64,

@@ -163,3 +163,66 @@ impl<R: Release> Dispatcher<R> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use crate::lane::{Lane, LanePolicy, Priority};
+    use crate::meters::Rate;
+
+    /// A request back from its backoff is filed by its old number: it goes
+    /// before the requests that arrived while it was away, not after them
+    /// (a retry keeps its place, and a burst's retries never jump FIFO).
+    #[tokio::test(start_paused = true)]
+    async fn a_request_back_from_its_backoff_goes_by_its_old_number() {
+        let rate = Rate::new(10, Duration::from_secs(1));
+        let lane = Lane::new("dispatcher", LanePolicy::new(rate)).unwrap();
+        let mut first = lane.enter(1, Priority::Interactive, None).unwrap();
+        drop(lane.wait(&mut first).await.unwrap());
+        let order = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let later: Vec<_> = ["second", "third"]
+            .into_iter()
+            .map(|name| {
+                let (lane, order) = (lane.clone(), order.clone());
+                let mut place = lane.enter(1, Priority::Interactive, None).unwrap();
+                tokio::spawn(async move {
+                    drop(lane.wait(&mut place).await.unwrap());
+                    order.lock().unwrap().push(name);
+                })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        lane.reenter(&mut first, Duration::from_millis(50)).unwrap();
+        drop(lane.wait(&mut first).await.unwrap());
+        order.lock().unwrap().push("first");
+        for task in later {
+            task.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), ["first", "second", "third"]);
+    }
+
+    /// A caller who left is skipped, and the queue counts only those still
+    /// waiting: the next in line goes at the next release, not a release
+    /// later.
+    #[tokio::test(start_paused = true)]
+    async fn a_caller_who_left_is_skipped_at_once() {
+        let rate = Rate::new(10, Duration::from_secs(1));
+        let lane = Lane::new("dispatcher", LanePolicy::new(rate)).unwrap();
+        drop(lane.acquire().await.unwrap());
+        let start = tokio::time::Instant::now();
+        let gone = lane.enter(1, Priority::Interactive, None).unwrap();
+        let mut next = lane.enter(1, Priority::Interactive, None).unwrap();
+        assert_eq!(lane.snapshot().queued, 2);
+        drop(gone);
+        assert_eq!(lane.snapshot().queued, 1);
+        drop(lane.wait(&mut next).await.unwrap());
+        assert!(
+            start.elapsed() <= Duration::from_millis(101),
+            "{:?}",
+            start.elapsed()
+        );
+        assert_eq!(lane.snapshot().queued, 0);
+    }
+}

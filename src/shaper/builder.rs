@@ -18,12 +18,18 @@ use crate::route::{LaneKey, Level, Route};
 use crate::signals::{Dialect, SystemClock, WallClock};
 use crate::store::{Store, StoreFailure};
 
+/// A change a builder setter made to the lane policy.
+type Edit = Box<dyn Fn(&mut LanePolicy) + Send + Sync>;
+
 /// Configures a [`Shaper`].
 #[must_use]
 pub struct ShaperBuilder {
     /// The vendor level's quotas; its other settings live in `policy`.
     quotas: Vec<Quota>,
     policy: LanePolicy,
+    /// What the builder's own setters changed in `policy`, applied again
+    /// over a whole policy given later, so they win whatever their order.
+    edits: Vec<Edit>,
     vendor_key: LaneKey,
     levels: Vec<Level>,
     routes: Vec<Route>,
@@ -43,6 +49,7 @@ impl Default for ShaperBuilder {
         Self {
             quotas: Vec::new(),
             policy: LanePolicy::with_quotas([]),
+            edits: Vec::new(),
             vendor_key: LaneKey::Origin,
             levels: Vec::new(),
             routes: Vec::new(),
@@ -90,15 +97,22 @@ impl ShaperBuilder {
         self
     }
 
-    /// A whole vendor lane policy at once (its quotas included).
+    /// A whole vendor lane policy at once (its quotas included). The
+    /// builder's own settings ([`headroom`](Self::headroom),
+    /// [`max_wait`](Self::max_wait) and the rest) win over it, whether
+    /// they come before or after it.
     pub fn policy(mut self, policy: LanePolicy) -> Self {
         self.quotas = policy.quotas.clone();
         self.policy = policy;
+        for edit in &self.edits {
+            edit(&mut self.policy);
+        }
         self
     }
 
-    fn edit(mut self, edit: impl FnOnce(&mut LanePolicy)) -> Self {
+    fn edit(mut self, edit: impl Fn(&mut LanePolicy) + Send + Sync + 'static) -> Self {
         edit(&mut self.policy);
+        self.edits.push(Box::new(edit));
         self
     }
 
@@ -155,7 +169,7 @@ impl ShaperBuilder {
     /// one request, which bodies say out of credit); a route can say its
     /// own ([`Route::answers`]).
     pub fn answers(self, answers: Answers) -> Self {
-        self.edit(move |p| p.answers = answers)
+        self.edit(move |p| p.answers = answers.clone())
     }
 
     /// Label every metric series with its lane as well (`lane`), besides
@@ -404,5 +418,30 @@ impl fmt::Debug for ShaperBuilder {
             .field("policy", &self.policy)
             .field("retry", &self.retry)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// The builder's own settings win over a whole policy, before it or
+    /// after it; the policy's own settings stay where no setter spoke.
+    #[test]
+    fn setters_win_over_a_whole_policy_in_any_order() {
+        let policy = LanePolicy {
+            max_pause: Duration::from_secs(7),
+            ..LanePolicy::with_quotas([Quota::leaky_bucket(10, Duration::from_secs(1))])
+        };
+        let headroom = Duration::from_millis(40);
+        let before = Shaper::builder().headroom(headroom).policy(policy.clone());
+        let after = Shaper::builder().policy(policy).headroom(headroom);
+        for builder in [before, after] {
+            assert_eq!(builder.policy.headroom, headroom);
+            assert_eq!(builder.policy.max_pause, Duration::from_secs(7));
+            assert_eq!(builder.quotas.len(), 1);
+        }
     }
 }

@@ -516,3 +516,70 @@ impl Release for Reserved {
         self.remote.forget(slots);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::{Booking, Burst, HANDED_MAX, LATE_MIN, late};
+
+    fn slot(at: Instant) -> Booking {
+        Booking {
+            at,
+            cost: 1,
+            t: 0,
+            fleet: Arc::new(Vec::new()),
+        }
+    }
+
+    /// A slot is in a burst when it is booked within the reach (half the
+    /// vendor's interval) of the last one handed; the first handed before
+    /// the vendor answered starts the wait for its word.
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_is_the_slots_within_reach_of_the_last_handed() {
+        let reach = Duration::from_millis(50);
+        let t0 = Instant::now();
+        let mut burst = Burst::default();
+        assert!(!burst.holds(&slot(t0), reach), "nothing handed yet");
+        burst.handed(&slot(t0), t0, false);
+        assert_eq!(burst.unheard, Some(t0));
+        assert!(burst.holds(&slot(t0 + reach), reach));
+        assert!(!burst.holds(&slot(t0 + reach + Duration::from_micros(1)), reach));
+        burst.handed(&slot(t0 + reach), t0 + reach, true);
+        assert_eq!(burst.unheard, Some(t0), "the first unheard hand-out stays");
+    }
+
+    /// What the lane sent since the request a vendor's word counted: those
+    /// handed before it are forgotten, and the memory is bounded.
+    #[tokio::test(start_paused = true)]
+    async fn what_was_sent_since_the_vendors_word_is_counted() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut burst = Burst::default();
+        for i in 0..5 {
+            burst.handed(&slot(t0), t0 + ms(i), true);
+        }
+        assert_eq!(burst.sent_since(t0 + ms(1)), 3);
+        assert_eq!(burst.sent_since(t0 + ms(4)), 0);
+        for i in 0..HANDED_MAX + 10 {
+            burst.handed(
+                &slot(t0),
+                t0 + ms(10) + Duration::from_micros(i as u64),
+                true,
+            );
+        }
+        assert_eq!(burst.handed.len(), HANDED_MAX);
+    }
+
+    /// A slot may be used up to half the headroom late, never less than
+    /// the timers' own lateness.
+    #[test]
+    fn a_slot_is_late_past_half_the_headroom() {
+        assert_eq!(late(Duration::from_millis(30)), Duration::from_millis(15));
+        assert_eq!(late(Duration::ZERO), LATE_MIN);
+        assert_eq!(late(Duration::MAX), Duration::MAX / 2);
+    }
+}

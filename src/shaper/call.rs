@@ -492,3 +492,155 @@ fn attempts_spent(lane: &Lane, attempts: u32) -> Error {
         attempts,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use reqwest::StatusCode;
+
+    use super::*;
+    use crate::lane::LanePolicy;
+    use crate::meters::Rate;
+
+    fn lane(max_pause: Duration) -> Lane {
+        let policy = LanePolicy {
+            max_pause,
+            ..LanePolicy::new(Rate::new(10, Duration::from_secs(1)))
+        };
+        Lane::new("call", policy).unwrap()
+    }
+
+    fn answer(status: u16, headers: &[(&str, &str)]) -> Response {
+        let mut builder = http::Response::builder().status(status);
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        Response::from(builder.body("body").unwrap())
+    }
+
+    fn request() -> Request {
+        Request::new(reqwest::Method::GET, "http://vendor.test/".parse().unwrap())
+    }
+
+    fn retry(failures: u32, may_retry_failure: bool) -> Retry {
+        Retry {
+            failures,
+            attempts: failures,
+            may_retry_failure,
+        }
+    }
+
+    /// A failing answer goes again after a backoff while attempts last;
+    /// then it ends with the last answer; a request that may not be sent
+    /// again (not idempotent) gets the failing answer itself.
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_send_goes_again_until_its_attempts_are_spent() {
+        let lane = lane(Duration::from_secs(60));
+        let policy = RetryPolicy::default();
+        let failed = |failures, may| {
+            failed::<reqwest::Error>(
+                &lane,
+                &policy,
+                Ok(answer(500, &[])),
+                Some(request()),
+                retry(failures, may),
+            )
+        };
+        match failed(1, true).await {
+            Next::Again(_, backoff) => assert!(backoff <= Duration::from_secs(10)),
+            Next::End(_) => panic!("a first failure goes again"),
+        }
+        match failed(policy.max_attempts, true).await {
+            Next::End(Err(Failure::Shaper(Error::RetriesExhausted {
+                attempts,
+                last_status,
+                ..
+            }))) => {
+                assert_eq!(
+                    (attempts, last_status),
+                    (3, StatusCode::INTERNAL_SERVER_ERROR)
+                );
+            }
+            _ => panic!("the last attempt ends with the last answer"),
+        }
+        match failed(1, false).await {
+            Next::End(Ok(response)) => assert_eq!(response.status(), 500),
+            _ => panic!("a request that may not go again gets its answer"),
+        }
+    }
+
+    /// A throttle pauses the lane and goes again after the pause; a hint
+    /// past `max_pause` ends the request with the vendor's answer, and so
+    /// does a body that could not be kept for another send.
+    #[tokio::test(start_paused = true)]
+    async fn a_throttle_goes_again_after_the_pause_it_asks() {
+        let lane = lane(Duration::from_secs(60));
+        let policy = RetryPolicy::default();
+        let tally = Tally {
+            lane: None,
+            queued: Duration::ZERO,
+            attempts: 1,
+            throttles: 1,
+        };
+        let signals = Signals::default();
+        let now = Instant::now();
+        let hinted = answer(429, &[("retry-after", "2")]);
+        let hinted_signals =
+            crate::signals::Signals::parse(hinted.headers(), std::time::SystemTime::now());
+        match throttled::<reqwest::Error>(
+            &lane,
+            &policy,
+            hinted,
+            &hinted_signals,
+            now,
+            Some(request()),
+            &tally,
+        )
+        .await
+        {
+            Next::Again(_, wait) => {
+                assert_eq!(wait, Duration::ZERO, "the lane's pause is the wait")
+            }
+            Next::End(_) => panic!("a throttle goes again"),
+        }
+        assert!(
+            lane.snapshot()
+                .paused_for
+                .is_some_and(|p| p >= Duration::from_secs(2))
+        );
+        let far = answer(429, &[("retry-after", "3600")]);
+        let far_signals =
+            crate::signals::Signals::parse(far.headers(), std::time::SystemTime::now());
+        match throttled::<reqwest::Error>(
+            &lane,
+            &policy,
+            far,
+            &far_signals,
+            now,
+            Some(request()),
+            &tally,
+        )
+        .await
+        {
+            Next::End(Err(Failure::Shaper(Error::PauseTooLong { requested, .. }))) => {
+                assert_eq!(requested, Duration::from_secs(3600));
+            }
+            _ => panic!("a pause past max_pause ends the request"),
+        }
+        match throttled::<reqwest::Error>(
+            &lane,
+            &policy,
+            answer(429, &[]),
+            &signals,
+            now,
+            None,
+            &tally,
+        )
+        .await
+        {
+            Next::End(Ok(response)) => assert_eq!(response.status(), 429),
+            _ => panic!("a body that cannot be sent again ends with the answer"),
+        }
+    }
+}

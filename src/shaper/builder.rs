@@ -235,7 +235,8 @@ impl ShaperBuilder {
         self
     }
 
-    /// Pick each request's vendor lane (default: [`origin_key`](crate::shaper::origin_key)). Requests
+    /// Pick each request's vendor lane (default: [`LaneKey::Origin`], the
+    /// request's `scheme://host:port`). Requests
     /// with the same key share one queue and one quota.
     ///
     /// ```

@@ -34,7 +34,7 @@ use crate::error::{ConfigError, Error};
 use crate::lane::{LanePolicy, LaneSnapshot};
 use crate::meters::Quota;
 use crate::retry::RetryPolicy;
-use crate::route::{LaneKey, Level, Route};
+use crate::route::{Level, Route};
 use crate::signals::{Dialect, WallClock};
 use crate::store::{Store, StoreFailure};
 use crate::sync::lock;
@@ -123,12 +123,6 @@ struct Inner {
     store_failure: StoreFailure,
     /// Series labelled by lane too (`ShaperBuilder::metrics_per_lane`).
     metrics_per_lane: bool,
-}
-
-/// The lane key of a request when none is chosen: its origin
-/// (`scheme://host:port`).
-pub fn origin_key(request: &Request) -> String {
-    LaneKey::Origin.of(request, None)
 }
 
 impl Shaper {

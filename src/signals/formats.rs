@@ -14,7 +14,7 @@ use reqwest::header::HeaderValue;
 /// The largest pause a header can express here; anything larger saturates
 /// to it. A hundred years is far past any sensible `max_pause`, and adding
 /// it to an `Instant` cannot overflow.
-pub const LONGEST: Duration = crate::time::FAR;
+pub(crate) const LONGEST: Duration = crate::time::FAR;
 
 const EPOCH_FLOOR: u64 = 100_000_000;
 

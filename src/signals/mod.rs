@@ -28,7 +28,7 @@
 //! |---|---|
 //! | `said.rs` | [`Signals`], [`Limit`], [`Dimension`]: what a response said, and what the lane asks of it |
 //! | `dialects.rs` | the [`Dialect`] trait and the built-in readers, one per vendor family ([`Signals::parse`]) |
-//! | `formats.rs` | the value formats: numbers, dates, Go durations, RFC 3339, structured fields; [`LONGEST`] |
+//! | `formats.rs` | the value formats: numbers, dates, Go durations, RFC 3339, structured fields; `LONGEST`, the longest wait a header can ask for |
 //! | `retry_after.rs` | [`retry_after`]: `Retry-After` and the millisecond headers ahead of it |
 //! | `clock.rs` | the [`WallClock`] trait, [`SystemClock`], [`vendor_clock`] |
 //! | `cite.rs` | what a pause cites of the vendor's words |
@@ -43,7 +43,6 @@ mod said;
 pub(crate) use self::cite::cite;
 pub use self::clock::{SystemClock, WallClock, vendor_clock};
 pub use self::dialects::Dialect;
-pub use self::formats::LONGEST;
 pub use self::retry_after::retry_after;
 pub use self::said::{Dimension, Limit, Signals};
 

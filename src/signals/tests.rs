@@ -8,6 +8,7 @@ use reqwest::header::{HeaderMap, HeaderValue};
 
 use crate::meters::Rate;
 
+use super::formats::LONGEST;
 use super::*;
 
 type Pairs<'a> = &'a [(&'static str, &'a [u8])];

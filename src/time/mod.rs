@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 /// Far enough to mean "never" for a wait, near enough that every platform's
 /// clock can hold it past now: 100 years. Also the longest pause a vendor's
-/// header can ask for ([`signals::LONGEST`](crate::signals::LONGEST)).
+/// header can ask for (`signals::LONGEST`).
 pub(crate) const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// `at + by`, saturating at `FAR` from `at` instead of panicking. (Only a

@@ -395,8 +395,8 @@ fn explained(signals: &Signals, explains: impl Fn(u64, u64) -> bool) -> bool {
 /// no reading as burst room.
 fn refills(signals: &Signals) -> bool {
     signals
-        .request_limits()
-        .any(|l| l.refills && l.remaining.is_some_and(|r| r <= 1))
+        .bucket()
+        .is_some_and(|l| l.remaining.is_some_and(|r| r <= 1))
 }
 
 /// A throttle answered `status`: the vendor's hint, else the vendor

@@ -511,11 +511,9 @@ impl Gate {
         }
         let window = self.window(released)?;
         let quiet = match spending {
-            Spending::Own => lock(&self.meters).releases().is_some_and(|releases| {
-                releases
-                    .before(released)
-                    .is_none_or(|before| later(before, window.length) <= released)
-            }),
+            Spending::Own => lock(&self.meters)
+                .releases()
+                .is_some_and(|releases| opened(releases, Some(released), window.length).is_some()),
             Spending::Fleet(booked) => booked.count <= 1,
             Spending::Unknown => false,
         };

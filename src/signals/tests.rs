@@ -186,10 +186,17 @@ fn to_the_ms(limit: Limit) -> Limit {
     }
 }
 
-/// Header values as each vendor's documentation shows them.
+/// The instant the dialect cases are read at (their epoch resets and
+/// dates are written against it).
+fn dialect_now() -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(1_372_700_000)
+}
+
+/// The `x-ratelimit-*` family (GitHub, X, a delta reset, Discord), as each
+/// vendor's documentation shows it.
 #[test]
-fn reads_each_vendor_dialect() {
-    let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_372_700_000);
+fn reads_the_x_ratelimit_dialects() {
+    let now = dialect_now();
     let secs = Duration::from_secs;
     let cases: Vec<(&str, Pairs<'_>, Signals)> = vec![
         (
@@ -271,6 +278,16 @@ fn reads_each_vendor_dialect() {
                 )],
             },
         ),
+    ];
+    assert_reads(&cases, now);
+}
+
+/// OpenAI's headers, as its documentation shows them.
+#[test]
+fn reads_the_openai_dialect() {
+    let now = dialect_now();
+    let secs = Duration::from_secs;
+    let cases: Vec<(&str, Pairs<'_>, Signals)> = vec![
         (
             "OpenAI",
             &[
@@ -325,53 +342,72 @@ fn reads_each_vendor_dialect() {
                 ],
             },
         ),
-        (
-            "Anthropic",
-            &[
-                ("retry-after", b"20"),
-                ("anthropic-ratelimit-requests-limit", b"50"),
-                ("anthropic-ratelimit-requests-remaining", b"0"),
-                (
-                    "anthropic-ratelimit-requests-reset",
-                    b"2013-07-01T17:47:00Z",
+    ];
+    assert_reads(&cases, now);
+}
+
+/// Anthropic's headers, as its documentation shows them.
+#[test]
+fn reads_the_anthropic_dialect() {
+    let now = dialect_now();
+    let secs = Duration::from_secs;
+    let cases: Vec<(&str, Pairs<'_>, Signals)> = vec![(
+        "Anthropic",
+        &[
+            ("retry-after", b"20"),
+            ("anthropic-ratelimit-requests-limit", b"50"),
+            ("anthropic-ratelimit-requests-remaining", b"0"),
+            (
+                "anthropic-ratelimit-requests-reset",
+                b"2013-07-01T17:47:00Z",
+            ),
+            ("anthropic-ratelimit-input-tokens-limit", b"40000"),
+            ("anthropic-ratelimit-input-tokens-remaining", b"39000"),
+            (
+                "anthropic-ratelimit-input-tokens-reset",
+                b"2013-07-01T19:33:20.5+02:00",
+            ),
+            (
+                "anthropic-ratelimit-output-tokens-reset",
+                b"2013-07-01T00:00:00Z",
+            ),
+        ],
+        Signals {
+            retry_after: Some(secs(20)),
+            limits: vec![
+                ending(
+                    1_372_700_820.0,
+                    refilling(Dimension::Requests, Some(50), Some(0), Some(secs(820))),
                 ),
-                ("anthropic-ratelimit-input-tokens-limit", b"40000"),
-                ("anthropic-ratelimit-input-tokens-remaining", b"39000"),
-                (
-                    "anthropic-ratelimit-input-tokens-reset",
-                    b"2013-07-01T19:33:20.5+02:00",
+                ending(
+                    1_372_700_000.5,
+                    Limit {
+                        precision: Duration::from_millis(100),
+                        ..refilling(
+                            Dimension::InputTokens,
+                            Some(40_000),
+                            Some(39_000),
+                            Some(Duration::from_millis(500)),
+                        )
+                    },
                 ),
-                (
-                    "anthropic-ratelimit-output-tokens-reset",
-                    b"2013-07-01T00:00:00Z",
+                ending(
+                    1_372_636_800.0,
+                    refilling(Dimension::OutputTokens, None, None, Some(Duration::ZERO)),
                 ),
             ],
-            Signals {
-                retry_after: Some(secs(20)),
-                limits: vec![
-                    ending(
-                        1_372_700_820.0,
-                        refilling(Dimension::Requests, Some(50), Some(0), Some(secs(820))),
-                    ),
-                    ending(
-                        1_372_700_000.5,
-                        Limit {
-                            precision: Duration::from_millis(100),
-                            ..refilling(
-                                Dimension::InputTokens,
-                                Some(40_000),
-                                Some(39_000),
-                                Some(Duration::from_millis(500)),
-                            )
-                        },
-                    ),
-                    ending(
-                        1_372_636_800.0,
-                        refilling(Dimension::OutputTokens, None, None, Some(Duration::ZERO)),
-                    ),
-                ],
-            },
-        ),
+        },
+    )];
+    assert_reads(&cases, now);
+}
+
+/// The IETF draft's fields and Shopify's call limit, as documented, and
+/// garbage in every dialect's headers.
+#[test]
+fn reads_the_ietf_and_shopify_dialects_and_survives_garbage() {
+    let now = dialect_now();
+    let secs = Duration::from_secs;
+    let cases: Vec<(&str, Pairs<'_>, Signals)> = vec![
         (
             "IETF, several policies",
             &[
@@ -441,8 +477,13 @@ fn reads_each_vendor_dialect() {
             Signals::default(),
         ),
     ];
+    assert_reads(&cases, now);
+}
+
+/// Each case's headers read at `now` as its expected signals.
+fn assert_reads(cases: &[(&str, Pairs<'_>, Signals)], now: SystemTime) {
     for (name, pairs, expected) in cases {
-        assert_eq!(Signals::parse(&headers(pairs), now), expected, "{name}");
+        assert_eq!(Signals::parse(&headers(pairs), now), *expected, "{name}");
     }
 }
 

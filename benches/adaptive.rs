@@ -11,8 +11,9 @@
 
 use std::time::Duration;
 
+use callshaper::Shaper;
+use callshaper::lane::Adaptive;
 use callshaper::testing::{HoldClock, Vendor};
-use callshaper::{Adaptive, Shaper};
 
 const TOLD: u32 = 15;
 const REAL: usize = 10;

@@ -16,8 +16,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::{Duration, Instant};
 
+use callshaper::lane::{Lane, LanePolicy};
 use callshaper::testing::Vendor;
-use callshaper::{Lane, LanePolicy, Rate, Shaper};
+use callshaper::{Quota, Shaper};
 use tower::{Service, ServiceExt};
 
 /// Counts live heap bytes, to weigh a queued request.
@@ -63,12 +64,11 @@ fn contenders() -> Vec<Contender> {
         Contender {
             name: "callshaper Lane",
             make: |count| {
-                let policy = LanePolicy {
-                    headroom: Duration::ZERO,
-                    queue_capacity: 1_000_000,
-                    ..LanePolicy::new(Rate::new(count, Duration::from_secs(1)))
-                };
-                let lane = Arc::new(Lane::new("bench", policy).expect("a valid policy"));
+                let mut policy = LanePolicy::default();
+                policy.headroom = Duration::ZERO;
+                policy.queue_capacity = 1_000_000;
+                let quota = Quota::leaky_bucket(count, Duration::from_secs(1));
+                let lane = Arc::new(Lane::new("bench", [quota], policy).expect("a valid policy"));
                 Arc::new(move || {
                     let lane = lane.clone();
                     Box::pin(async move {

@@ -16,10 +16,11 @@
 
 use std::time::{Duration, Instant};
 
+use callshaper::Shaper;
 use callshaper::shaper::BoxFuture;
+use callshaper::shaper::Transport;
 use callshaper::store::RedisStore;
 use callshaper::testing::RedisServer;
-use callshaper::{Shaper, Transport};
 
 /// Answers 200 at once.
 struct Instant200;

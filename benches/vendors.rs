@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use callshaper::testing::Vendor;
-use callshaper::{LanePolicy, Quota, Shaper};
+use callshaper::{Quota, Shaper};
 use tokio::time::Instant;
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -114,7 +114,7 @@ fn zoo() -> Vec<Case> {
 fn overstated(quota: &Quota) -> Quota {
     let rate = quota.rate();
     match quota.algorithm {
-        callshaper::Algorithm::TokenBucket { capacity, .. } => {
+        callshaper::meters::Algorithm::TokenBucket { capacity, .. } => {
             Quota::token_bucket(capacity * 3 / 2, rate.count * 3 / 2, rate.per)
         }
         _ => Quota::leaky_bucket(rate.count * 3 / 2, rate.per),
@@ -304,7 +304,7 @@ fn bucket_level(case: &Case, accepted: &[Duration], at: Duration) -> f64 {
 async fn with_callshaper(case: &Case, quota: Quota) -> Run {
     let vendor = (case.vendor)().start().await;
     let shaper = Shaper::builder()
-        .policy(LanePolicy::with_quotas([quota]))
+        .quota(quota)
         .build()
         .expect("a valid shaper");
     let started = Instant::now();
@@ -329,7 +329,7 @@ type Pacer = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + S
 fn burst_and_period(quota: &Quota) -> (u32, Duration) {
     let rate = quota.rate();
     let burst = match quota.algorithm {
-        callshaper::Algorithm::TokenBucket { capacity, .. } => {
+        callshaper::meters::Algorithm::TokenBucket { capacity, .. } => {
             u32::try_from(capacity).unwrap_or(u32::MAX)
         }
         _ => 1,

@@ -7,8 +7,9 @@
 
 use std::time::{Duration, Instant};
 
+use callshaper::Error;
+use callshaper::config::ShaperConfig;
 use callshaper::testing::Vendor;
-use callshaper::{Error, ShaperConfig};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -1,26 +1,28 @@
-//! Adaptive pacing for vendors that announce nothing: find the real quota
-//! from throttles alone, in the spirit of the AWS SDKs' adaptive retry mode.
-//!
-//! # AIMD, and why
-//!
-//! The controller keeps a rate `r` between a floor and the configured
-//! ceiling `C` (it never goes above what the user declared):
-//!
-//! - a throttle without a usable header cuts it: `r = max(floor, β · r)`
-//!   with `β = 0.7` (multiplicative decrease, as TCP and the AWS SDKs do);
-//! - each success adds `α · C / r` to the rate (in requests per second):
-//!   successes arrive `r` times a second, so the rate grows by `α · C` per
-//!   second whatever it is (additive increase in time, not per request; per
-//!   request it would grow exponentially).
-//!
-//! With `α = 0.05` the lane climbs back from a cut in a few seconds and
-//! probes the real quota about once per cycle, so it spends a throttle every
-//! few seconds instead of a stream of them. CUBIC would climb faster near a
-//! known ceiling; AIMD is simpler to reason about and its cost (one 429 per
-//! cycle) is already small next to a fixed-rate lane that keeps probing at
-//! the declared rate.
+//! [`Adaptive`]: pacing for vendors that announce nothing (AIMD).
 
-/// The knobs of adaptive pacing.
+/// Adaptive pacing for vendors that announce nothing: find the real quota
+/// from throttles alone, in the spirit of the AWS SDKs' adaptive retry mode.
+///
+/// # AIMD, and why
+///
+/// The controller keeps a rate `r` between a floor and the configured
+/// ceiling `C` (it never goes above what the user declared):
+///
+/// - a throttle without a usable header cuts it: `r = max(floor, β · r)`
+///   with `β = 0.7` (multiplicative decrease, as TCP and the AWS SDKs do);
+/// - each success adds `α · C / r` to the rate (in requests per second):
+///   successes arrive `r` times a second, so the rate grows by `α · C` per
+///   second whatever it is (additive increase in time, not per request; per
+///   request it would grow exponentially).
+///
+/// With `α = 0.05` the lane climbs back from a cut in a few seconds and
+/// probes the real quota about once per cycle, so it spends a throttle every
+/// few seconds instead of a stream of them. CUBIC would climb faster near a
+/// known ceiling; AIMD is simpler to reason about and its cost (one 429 per
+/// cycle) is already small next to a fixed-rate lane that keeps probing at
+/// the declared rate.
+///
+/// These are its knobs.
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(default, deny_unknown_fields))]

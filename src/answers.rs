@@ -1,34 +1,34 @@
-//! What a vendor's answers mean, per vendor: which statuses throttle the
-//! lane, which say the vendor is overloaded, which fail one request, and
-//! which bodies say no pause helps. Everything else is final.
-//!
-//! The defaults fit the vendors callshaper knows (see `throttle.rs`, which
-//! applies them): 429 throttles; 503 and 529 (Anthropic's "overloaded")
-//! pause the lane without teaching it a quota; 500, 502, 504 and 408 fail
-//! one request, which may go again; a 429 or 402 whose body carries
-//! OpenAI's `insufficient_quota` or `billing_hard_limit_reached` ends the
-//! vendor's requests at once. A vendor that answers differently (Twitter's
-//! old 420, a 503 that only means "try elsewhere") gets its own.
-//!
-//! nginx's `limit_req` refuses with a headerless **503** unless
-//! `limit_req_status` says otherwise: by its bytes alone that is an
-//! overload, so the lane would pause and learn nothing. Behind nginx, mark
-//! it a throttle, and the lane learns nginx's spacing from it:
-//!
-//! ```
-//! use callshaper::Answers;
-//! use reqwest::StatusCode;
-//! let behind_nginx = Answers::default().throttle(StatusCode::SERVICE_UNAVAILABLE);
-//! assert!(!behind_nginx.is_overload(StatusCode::SERVICE_UNAVAILABLE));
-//! ```
-//!
-//! In a file: `answers = { throttles = [429, 503], overloads = [529] }`.
+//! [`Answers`]: what a vendor's statuses and bodies mean, per vendor.
 
 use reqwest::StatusCode;
 
 use crate::error::ConfigError;
 
-/// How to read a vendor's answers; see the [module](self).
+/// What a vendor's answers mean, per vendor: which statuses throttle the
+/// lane, which say the vendor is overloaded, which fail one request, and
+/// which bodies say no pause helps. Everything else is final.
+///
+/// The defaults fit the vendors callshaper knows (see `throttle.rs`, which
+/// applies them): 429 throttles; 503 and 529 (Anthropic's "overloaded")
+/// pause the lane without teaching it a quota; 500, 502, 504 and 408 fail
+/// one request, which may go again; a 429 or 402 whose body carries
+/// OpenAI's `insufficient_quota` or `billing_hard_limit_reached` ends the
+/// vendor's requests at once. A vendor that answers differently (Twitter's
+/// old 420, a 503 that only means "try elsewhere") gets its own.
+///
+/// nginx's `limit_req` refuses with a headerless **503** unless
+/// `limit_req_status` says otherwise: by its bytes alone that is an
+/// overload, so the lane would pause and learn nothing. Behind nginx, mark
+/// it a throttle, and the lane learns nginx's spacing from it:
+///
+/// ```
+/// use callshaper::Answers;
+/// use reqwest::StatusCode;
+/// let behind_nginx = Answers::default().throttle(StatusCode::SERVICE_UNAVAILABLE);
+/// assert!(!behind_nginx.is_overload(StatusCode::SERVICE_UNAVAILABLE));
+/// ```
+///
+/// In a file: `answers = { throttles = [429, 503], overloads = [529] }`.
 ///
 /// ```
 /// use callshaper::Answers;

@@ -74,30 +74,30 @@ pub struct Defaults {
     /// Quotas for hosts no vendor names (none: such requests are refused).
     #[serde(default)]
     pub quotas: Vec<Quota>,
-    /// See [`LanePolicy::headroom`](crate::LanePolicy::headroom).
+    /// See [`LanePolicy::headroom`](crate::lane::LanePolicy::headroom).
     #[serde(default, with = "human::option")]
     pub headroom: Option<Duration>,
-    /// See [`LanePolicy::max_wait`](crate::LanePolicy::max_wait).
+    /// See [`LanePolicy::max_wait`](crate::lane::LanePolicy::max_wait).
     #[serde(default, with = "human::option")]
     pub max_wait: Option<Duration>,
-    /// See [`LanePolicy::max_pause`](crate::LanePolicy::max_pause).
+    /// See [`LanePolicy::max_pause`](crate::lane::LanePolicy::max_pause).
     #[serde(default, with = "human::option")]
     pub max_pause: Option<Duration>,
-    /// See [`LanePolicy::queue_capacity`](crate::LanePolicy::queue_capacity).
+    /// See [`LanePolicy::queue_capacity`](crate::lane::LanePolicy::queue_capacity).
     pub queue_capacity: Option<usize>,
-    /// See [`LanePolicy::max_in_flight`](crate::LanePolicy::max_in_flight).
+    /// See [`LanePolicy::max_in_flight`](crate::lane::LanePolicy::max_in_flight).
     pub max_in_flight: Option<usize>,
-    /// See [`LanePolicy::idle_timeout`](crate::LanePolicy::idle_timeout).
+    /// See [`LanePolicy::idle_timeout`](crate::lane::LanePolicy::idle_timeout).
     #[serde(default, with = "human::option")]
     pub idle_timeout: Option<Duration>,
     /// The pause after a throttle that says nothing usable, e.g.
     /// `{ base = "1s", cap = "1m" }`; see
-    /// [`LanePolicy::fallback`](crate::LanePolicy::fallback).
+    /// [`LanePolicy::fallback`](crate::lane::LanePolicy::fallback).
     pub fallback_pause: Option<Backoff>,
     /// Adaptive pacing: `{}` for the defaults, or e.g. `{ decrease = 0.5 }`;
-    /// see [`LanePolicy::adaptive`](crate::LanePolicy::adaptive).
+    /// see [`LanePolicy::adaptive`](crate::lane::LanePolicy::adaptive).
     pub adaptive: Option<Adaptive>,
-    /// See [`LanePolicy::batch_share`](crate::LanePolicy::batch_share).
+    /// See [`LanePolicy::batch_share`](crate::lane::LanePolicy::batch_share).
     pub batch_share: Option<u32>,
     /// What answers mean, e.g. `{ throttles = [429, 420] }`; see
     /// [`Answers`].
@@ -192,6 +192,9 @@ impl ShaperConfig {
         let mut builder = Shaper::builder()
             .policy(d.policy())
             .metrics_per_lane(d.metrics_per_lane);
+        for quota in &d.quotas {
+            builder = builder.quota(quota.clone());
+        }
         if let Some(failure) = d.on_store_failure {
             builder = builder.on_store_failure(failure);
         }
@@ -250,11 +253,10 @@ impl ShaperConfig {
 impl Defaults {
     /// The lane policy: the defaults, with what the file says over them.
     fn policy(&self) -> LanePolicy {
-        let mut policy = LanePolicy::with_quotas(self.quotas.iter().cloned());
+        let mut policy = LanePolicy::default();
         // Exhaustive on purpose: a new `LanePolicy` field does not compile
         // here until the file format has it too.
         let LanePolicy {
-            quotas: _,
             headroom,
             queue_capacity,
             max_wait,

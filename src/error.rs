@@ -155,7 +155,7 @@ pub enum Error {
     InvalidRequest(#[source] reqwest::Error),
 
     /// The lane's shared store (Redis) did not answer and the lane fails
-    /// closed ([`StoreFailure::Closed`](crate::StoreFailure)): the request
+    /// closed ([`StoreFailure::Closed`](crate::store::StoreFailure)): the request
     /// was not sent. Answered within the store's timeout, never a hang.
     #[error("lane `{lane}`: the shared store is unavailable")]
     StoreUnavailable {

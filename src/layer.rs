@@ -18,14 +18,15 @@
 //! `BoxError`: a [`crate::Error`] when the shaper ended the request (it
 //! downcasts), else the inner service's error after the shaper's last
 //! attempt. On an `http::Request`, per-request settings travel as its
-//! extensions, as with the middleware: [`MaxWait`], [`Cost`](crate::Cost),
-//! [`Priority`](crate::Priority) and [`Tag`](crate::Tag) (reqwest keeps a
+//! extensions, as with the middleware: [`MaxWait`], [`Cost`](crate::route::Cost),
+//! [`Priority`](crate::lane::Priority) and [`Tag`](crate::route::Tag) (reqwest keeps a
 //! `reqwest::Request`'s extensions to itself, so those get the lane's
-//! defaults, or a cost from [`ShaperBuilder::cost`](crate::ShaperBuilder::cost)).
+//! defaults, or a cost from [`ShaperBuilder::cost`](crate::shaper::ShaperBuilder::cost)).
 //!
 //! ```
 //! use std::time::Duration;
-//! use callshaper::{Shaper, ShaperLayer};
+//! use callshaper::Shaper;
+//! use callshaper::layer::ShaperLayer;
 //! use callshaper::testing::Vendor;
 //! use tower_layer::Layer;
 //! use tower_service::Service;
@@ -43,7 +44,7 @@
 //! # }
 //! ```
 //!
-//! [`MaxWait`]: crate::MaxWait
+//! [`MaxWait`]: crate::shaper::MaxWait
 
 use std::error::Error as StdError;
 use std::fmt;

@@ -7,7 +7,7 @@
 //!
 //! # The one idea
 //!
-//! Every upstream quota waits in a **lane** ([`Lane`]): a bounded **FIFO
+//! Every upstream quota waits in a **lane** ([`lane::Lane`]): a bounded **FIFO
 //! queue** drained by one dispatcher, which releases the head when the
 //! quota's **meters** allow it (a leaky bucket by default,
 //! [`meters::LeakyBucket`]: one release every `(period + headroom) / N`, no
@@ -50,17 +50,17 @@
 //!
 //! | module | part of the design |
 //! |---|---|
-//! | [`shaper`] | [`Shaper`], the front door: builder, lane registry, one request's life |
+//! | [`shaper`] | [`Shaper`], the front door: its builder, one request's options, the transport |
 //! | [`lane`] | the FIFO queue, its dispatcher, priorities and concurrency cap |
 //! | `gate` | quotas and a pause a release must pass, shared between lanes |
 //! | [`meters`] | when the head may go: the five algorithms |
 //! | [`route`] | which lane a request waits in: keys, levels, routes |
 //! | [`signals`] | what a response says about its limits, in every common dialect |
-//! | [`adaptive`] | pacing for vendors that announce nothing (AIMD) |
-//! | [`answers`] | what a vendor's statuses and bodies mean, per vendor |
+//! | `adaptive` | pacing for vendors that announce nothing (AIMD, [`lane::Adaptive`]) |
+//! | `answers` | what a vendor's statuses and bodies mean, per vendor ([`Answers`]) |
 //! | `throttle` | what a response means: final, throttle or failure; which pause, and why |
 //! | [`retry`] | which failures are tried again, the backoff, the retry budget |
-//! | [`observability`] | a `tracing` span per request and attempt; `metrics` series (feature `metrics`) |
+//! | `observability` | a `tracing` span per request and attempt; `metrics` series (feature `metrics`); see [below](#observability) |
 //! | `config` | a shaper declared in TOML or JSON (feature `config`) |
 //! | `middleware` | `reqwest_middleware::Middleware` (feature `middleware`) |
 //! | `layer` | `ShaperLayer`, a tower `Layer` (feature `tower`) |
@@ -70,13 +70,64 @@
 //! # A fleet
 //!
 //! Lanes keep their quotas in memory by default: per process. With
-//! [`ShaperBuilder::store`] and a [`store::RedisStore`] (feature `redis`), a
+//! [`ShaperBuilder::store`](shaper::ShaperBuilder::store) and a [`store::RedisStore`] (feature `redis`), a
 //! fleet shares them: a lane *reserves* slots from one Redis state (Lua,
 //! Redis's clock) and sleeps until each locally, a throttle pauses every
-//! instance, and a [`StoreFailure`] policy says what a lane does when Redis
+//! instance, and a [`StoreFailure`](store::StoreFailure) policy says what a lane does when Redis
 //! is down. The queue, FIFO order, retries and signals stay local; the
 //! guarantees above then hold for the fleet, up to the jitter between the
 //! instances and the vendor, which the headroom absorbs.
+//!
+//! # Observability
+//!
+//! What a lane tells the outside: a `tracing` span per request and per
+//! attempt, `metrics` series (feature `metrics`), next to the `tracing`
+//! events and [`LaneSnapshot`](crate::lane::LaneSnapshot). Nothing here is
+//! called by hand: the shaper reports as it works, to whatever `tracing`
+//! subscriber and `metrics` recorder the application installed.
+//!
+//! ## Spans
+//!
+//! Every request runs in a `callshaper.request` span (`lane`, `vendor`,
+//! `level`, `route`, `method`, `url` without its query, `cost`,
+//! `priority`), on which its end records `queued_ms` (the time it waited
+//! in its lane, over all its attempts), `attempts`, `throttles` and
+//! `outcome` (`response`, or the error's [`reason`](crate::Error::reason)).
+//! Each send is a child `callshaper.attempt` span (`attempt`, then
+//! `status` or `error`), so a trace shows the wait in the lane as the gap
+//! between the request span's start and its first attempt, and a
+//! transport's own spans (reqwest-tracing) nest under the attempt.
+//!
+//! ## Metrics
+//!
+//! Every series carries `vendor` (the vendor level's key: the origin, or
+//! the shared level's name), `level` (the lane's narrowest level: `vendor`,
+//! or a level's name such as `tenant`) and `route` (the route's name, or
+//! empty). One lane per tenant or API key would make a series per key, so
+//! that is opt-in ([`ShaperBuilder::metrics_per_lane`]), which adds a `lane`
+//! label; without it, lanes of the same vendor, level and route add up in
+//! one series, whose count the shaper's configuration bounds.
+//!
+//! | name | kind | labels | meaning |
+//! |---|---|---|---|
+//! | `callshaper_released_total` | counter | | attempts released to the wire |
+//! | `callshaper_throttles_total` | counter | `status`, `cause` | throttling answers (429, 503, 529, a throttling 403) |
+//! | `callshaper_pauses_total` | counter | `cause` | pauses taken (a throttle, a spent quota, the fleet, the application) |
+//! | `callshaper_retries_total` | counter | | failure retries (5xx, transport) |
+//! | `callshaper_refused_total` | counter | `reason` | requests ended with an error, not the vendor's response, by [`Error::reason`](crate::Error::reason) |
+//! | `callshaper_queue_depth` | gauge | | requests waiting in the lanes |
+//! | `callshaper_in_flight` | gauge | | requests released and not yet answered |
+//! | `callshaper_pause_end_timestamp_seconds` | gauge | | when the latest pause ends, in Unix seconds: `callshaper_pause_end_timestamp_seconds - time()` is the pause left |
+//! | `callshaper_quota_rate` | gauge | | requests per second the lane's tightest declared request quota allows |
+//! | `callshaper_learned_rate` | gauge | | requests per second the vendor's answers taught the lane (absent until it learned one) |
+//! | `callshaper_wait_seconds` | histogram | | time from submission to first release |
+//! | `callshaper_store_mode` | gauge, state set | `mode` | with a shared store: 1 for the mode in force (`shared`, `fallback`, `unavailable`), 0 for the others |
+//!
+//! Handles of the hot path are registered once, when the lane is created,
+//! so a release pays an atomic add, not a lookup; without the feature, or
+//! without a recorder installed, all of it costs nothing.
+//!
+//! [`ShaperBuilder::metrics_per_lane`]: crate::shaper::ShaperBuilder::metrics_per_lane
 //!
 //! # Features
 //!
@@ -87,10 +138,10 @@
 //! | `system-proxy` | yes | proxies from the environment and the system settings |
 //! | `charset` | yes | `Response::text` decodes the declared charset |
 //! | `native-tls` | | https through the platform's TLS instead of rustls |
-//! | `json`, `query`, `form`, `multipart` | | reqwest's request helpers of the same names on [`RequestBuilder`] |
-//! | `serde` | | serde for the settings types and [`LaneSnapshot`] |
+//! | `json`, `query`, `form`, `multipart` | | reqwest's request helpers of the same names on [`RequestBuilder`](shaper::RequestBuilder) |
+//! | `serde` | | serde for the settings types and [`LaneSnapshot`](lane::LaneSnapshot) |
 //! | `config` | | `ShaperConfig`: a shaper declared in TOML or JSON (implies `serde`) |
-//! | `metrics` | | the series of [`observability`] through the `metrics` facade |
+//! | `metrics` | | the series of [observability](#observability) through the `metrics` facade |
 //! | `middleware` | | `reqwest_middleware::Middleware` for [`Shaper`] |
 //! | `tower` | | `ShaperLayer`: the shaper as a tower `Layer` over hyper's client, reqwest's `Service` or any `http` service |
 //! | `redis` | | `store::RedisStore`: a fleet shares its quotas through Redis or Redis Cluster |
@@ -101,12 +152,12 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
-pub mod adaptive;
-pub mod answers;
+mod adaptive;
+mod answers;
 #[cfg(feature = "config")]
 pub mod config;
 mod drain;
-pub mod error;
+mod error;
 mod gate;
 pub mod lane;
 #[cfg(feature = "tower")]
@@ -114,7 +165,7 @@ pub mod layer;
 pub mod meters;
 #[cfg(feature = "middleware")]
 pub mod middleware;
-pub mod observability;
+mod observability;
 pub mod retry;
 pub mod route;
 pub mod shaper;
@@ -127,17 +178,8 @@ pub mod testing;
 mod throttle;
 mod time;
 
-pub use adaptive::Adaptive;
-pub use answers::Answers;
-#[cfg(feature = "config")]
-pub use config::ShaperConfig;
-pub use error::{Answer, ConfigError, Error};
-pub use lane::{Lane, LanePolicy, LaneSnapshot, PauseCause, Priority, Turn};
-#[cfg(feature = "tower")]
-pub use layer::{Shaped, ShaperLayer};
-pub use meters::{Algorithm, CustomMeter, Meter, Quota, Rate, Unit};
-pub use retry::{Backoff, RetryBudget, RetryPolicy};
-pub use route::{Cost, LaneKey, Level, Route, Tag};
-pub use shaper::{BoxFuture, MaxWait, RequestBuilder, Settle, Shaper, ShaperBuilder, Transport};
-pub use signals::{Dialect, Signals, SystemClock, WallClock};
-pub use store::{Store, StoreError, StoreFailure, StoreMode};
+pub use self::answers::Answers;
+pub use self::error::{Answer, ConfigError, Error};
+pub use self::meters::quota::Quota;
+pub use self::meters::rate::Rate;
+pub use self::shaper::handle::Shaper;

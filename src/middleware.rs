@@ -4,8 +4,8 @@
 //! Place it so that whatever must run once per attempt (auth signing,
 //! tracing) comes after it: the shaper calls the rest of the chain once for
 //! every attempt it makes. Per-request settings travel as extensions:
-//! [`MaxWait`](crate::MaxWait), [`Cost`](crate::Cost),
-//! [`Priority`](crate::Priority) and [`Tag`](crate::Tag).
+//! [`MaxWait`](crate::shaper::MaxWait), [`Cost`](crate::route::Cost),
+//! [`Priority`](crate::lane::Priority) and [`Tag`](crate::route::Tag).
 //!
 //! Layers that retry go *above* the shaper (`.with(retry).with(shaper)`):
 //! each of their tries then passes the lane as the same request, keeps its

@@ -35,8 +35,23 @@ use tokio::time::Instant;
 use crate::time::later;
 
 /// Retry limits and per-request backoff. In a file, every field is
-/// optional and defaults as below.
+/// optional and defaults as below. In code, start from the defaults and
+/// change what differs (new settings may come in a minor release, each
+/// with a default):
+///
+/// ```
+/// use callshaper::retry::RetryPolicy;
+///
+/// let mut retry = RetryPolicy::default();
+/// retry.max_attempts = 5;
+/// let shaper = callshaper::Shaper::builder()
+///     .rate(10, std::time::Duration::from_secs(1))
+///     .retry(retry)
+///     .build()?;
+/// # Ok::<(), callshaper::ConfigError>(())
+/// ```
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(default, deny_unknown_fields))]
 pub struct RetryPolicy {
@@ -97,16 +112,16 @@ impl Default for RetryBudget {
 
 const SLOTS: u32 = 10;
 
-/// The budget's books: requests and retries in ten slots covering `ttl`.
+/// The budget's allowance, as it stands: requests and retries in ten slots covering `ttl`.
 #[derive(Debug)]
-pub(crate) struct Ledger {
+pub(crate) struct Allowance {
     budget: RetryBudget,
     slot: Duration,
     /// `(slot start, requests, retries)`, oldest first.
     slots: VecDeque<(Instant, u32, u32)>,
 }
 
-impl Ledger {
+impl Allowance {
     pub(crate) fn new(budget: RetryBudget) -> Self {
         Self {
             budget,
@@ -252,17 +267,17 @@ mod tests {
             min_per_sec: 1,
             ttl: Duration::from_secs(10),
         };
-        let mut ledger = Ledger::new(budget);
+        let mut allowance = Allowance::new(budget);
         let now = Instant::now();
         for _ in 0..100 {
-            ledger.deposit(now);
+            allowance.deposit(now);
         }
         // 1/s × 10 s + 20% of 100 = 30 retries.
-        let granted = (0..100).filter(|_| ledger.withdraw(now)).count();
+        let granted = (0..100).filter(|_| allowance.withdraw(now)).count();
         assert_eq!(granted, 30);
         // Ten seconds on, the books are empty: the floor again.
         let later = now + Duration::from_secs(11);
-        let granted = (0..100).filter(|_| ledger.withdraw(later)).count();
+        let granted = (0..100).filter(|_| allowance.withdraw(later)).count();
         assert_eq!(granted, 10);
     }
 }

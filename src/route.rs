@@ -32,14 +32,14 @@ use crate::store::StoreFailure;
 
 /// A label a request carries for [`LaneKey::Tag`] levels: a tenant, a user.
 ///
-/// Set it with [`RequestBuilder::tag`](crate::RequestBuilder::tag), or as a
+/// Set it with [`RequestBuilder::tag`](crate::shaper::RequestBuilder::tag), or as a
 /// `reqwest_middleware` extension.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Tag(pub String);
 
 /// A request's cost for quotas that count cost (tokens), as a
 /// `reqwest_middleware` extension; see
-/// [`RequestBuilder::cost`](crate::RequestBuilder::cost).
+/// [`RequestBuilder::cost`](crate::shaper::RequestBuilder::cost).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cost(pub u64);
 
@@ -154,7 +154,7 @@ impl Level {
 ///
 /// ```
 /// use std::time::Duration;
-/// use callshaper::Route;
+/// use callshaper::route::Route;
 /// // 10 payments a minute; everything else only under the shaper's rate.
 /// let payments = Route::new("payments")
 ///     .method(reqwest::Method::POST)

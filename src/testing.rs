@@ -25,7 +25,7 @@
 //! on the wire, so the vendor and the shaper agree on when things happened.
 //! The vendor writes its wall-clock times (epoch resets, RFC 3339 instants,
 //! HTTP-dates, `Date`) off [`TokioWall`], which moves with tokio's clock;
-//! give the shaper the same ([`ShaperBuilder::wall_clock`](crate::ShaperBuilder::wall_clock))
+//! give the shaper the same ([`ShaperBuilder::wall_clock`](crate::shaper::ShaperBuilder::wall_clock))
 //! so that it reads them as a real vendor's would be read.
 
 mod counting;
@@ -33,7 +33,7 @@ mod counting;
 mod redis;
 mod style;
 
-use self::counting::{Counting, Nginx, Quota};
+use self::counting::{Counting, Limiter, Nginx};
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisCluster, RedisServer};
 pub use self::style::Style;
@@ -114,7 +114,7 @@ struct Inner {
 }
 
 struct State {
-    quotas: Vec<Quota>,
+    quotas: Vec<Limiter>,
     log: Vec<Arrival>,
     forced: Option<(Instant, RetryAfter)>,
     announce_policy: bool,
@@ -123,7 +123,7 @@ struct State {
     clock_offset: i64,
     /// A limit past the quotas (GitHub's secondary limits): refused with
     /// `Retry-After` while the quotas still have room.
-    secondary: Option<Quota>,
+    secondary: Option<Limiter>,
 }
 
 impl Drop for Vendor {
@@ -255,7 +255,7 @@ impl Vendor {
     /// An nginx vendor's `limit_req ... nodelay`: requests within the
     /// burst pass at once.
     pub fn nodelay(self) -> Self {
-        if let Some(Quota {
+        if let Some(Limiter {
             counting: Counting::Nginx(nginx),
             ..
         }) = self.state().quotas.first_mut()
@@ -286,7 +286,7 @@ impl Vendor {
         let clock = Handle::try_current().ok();
         let start = now(clock.as_ref());
         let counting = counting(start);
-        let quota = Quota {
+        let quota = Limiter {
             limit: limit as u64,
             window: window.max(Duration::from_nanos(1)),
             counting,
@@ -314,7 +314,7 @@ impl Vendor {
     /// sliding window of `window`, each request counting the number in its
     /// `header` (1 without it). A request goes only if both quotas allow it.
     pub fn also_cost(self, limit: u64, window: Duration, header: &str) -> Self {
-        self.state().quotas.push(Quota {
+        self.state().quotas.push(Limiter {
             limit,
             window: window.max(Duration::from_nanos(1)),
             counting: Counting::Sliding(VecDeque::new()),
@@ -330,7 +330,7 @@ impl Vendor {
     /// seconds and a message saying so; a GitHub vendor refuses with 403,
     /// any other with 429.
     pub fn secondary(self, limit: usize, window: Duration) -> Self {
-        self.state().secondary = Some(Quota {
+        self.state().secondary = Some(Limiter {
             limit: limit as u64,
             window: window.max(Duration::from_nanos(1)),
             counting: Counting::Sliding(VecDeque::new()),
@@ -473,7 +473,7 @@ pub fn max_in_any_window(sorted: impl IntoIterator<Item = Duration>, window: Dur
 /// test skipped, and an end that stays put through a real window would move
 /// within a paused one. The zoo's vendors write their times (epoch resets,
 /// RFC 3339 instants, HTTP-dates, `Date`) off this clock; give it to the
-/// shaper too ([`ShaperBuilder::wall_clock`](crate::ShaperBuilder::wall_clock)).
+/// shaper too ([`ShaperBuilder::wall_clock`](crate::shaper::ShaperBuilder::wall_clock)).
 /// Outside a paused clock it is the system's clock, give or take the
 /// adjustments made to that since.
 ///

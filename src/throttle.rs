@@ -506,8 +506,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_spent_quota_pauses_until_its_reset_plus_the_headroom() {
-        let policy = crate::LanePolicy::new(crate::Rate::new(10, Duration::from_secs(1)));
-        let lane = Lane::new("t", policy).unwrap();
+        let ten = crate::Quota::leaky_bucket(10, Duration::from_secs(1));
+        let lane = Lane::new("t", [ten], crate::lane::LanePolicy::default()).unwrap();
         let headroom = Duration::from_millis(5);
         let now = Instant::now();
         assert_eq!(spent(&lane, &Signals::default(), now, None, headroom), None);
@@ -590,8 +590,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_hinted_throttle_is_padded_and_an_unhinted_one_falls_back() {
-        let policy = crate::LanePolicy::new(crate::Rate::new(10, Duration::from_secs(1)));
-        let lane = Lane::new("t", policy).unwrap();
+        let ten = crate::Quota::leaky_bucket(10, Duration::from_secs(1));
+        let lane = Lane::new("t", [ten], crate::lane::LanePolicy::default()).unwrap();
         let headroom = Duration::from_millis(5);
         let hinted = Signals {
             retry_after: Some(Duration::from_secs(3)),

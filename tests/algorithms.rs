@@ -6,15 +6,12 @@ mod common;
 use std::time::Duration;
 
 use callshaper::testing::Vendor;
-use callshaper::{Error, LanePolicy, Quota};
-use common::{SECOND, assert_fifo, burst, join_all, order, shaper};
+use callshaper::{Error, Quota};
+use common::{SECOND, assert_fifo, burst, join_all, order, shaper, shaper_with};
 
 async fn run(quota: Quota, vendor: Vendor, n: usize) -> Vendor {
     let vendor = vendor.start().await;
-    let shaper = shaper(1)
-        .policy(LanePolicy::with_quotas([quota]))
-        .build()
-        .unwrap();
+    let shaper = shaper_with(quota).build().unwrap();
     for outcome in burst(&shaper, &vendor.uri(), n).await {
         outcome.unwrap();
     }
@@ -105,8 +102,7 @@ async fn sliding_window_counter_holds_a_strict_window_under_a_backlog() {
 #[tokio::test(start_paused = true)]
 async fn fixed_window_can_double_its_quota_across_a_boundary() {
     let vendor = Vendor::strict(10, SECOND).start().await;
-    let shaper = shaper(1)
-        .policy(LanePolicy::with_quotas([Quota::fixed_window(10, SECOND)]))
+    let shaper = shaper_with(Quota::fixed_window(10, SECOND))
         .headroom(Duration::ZERO)
         .build()
         .unwrap();
@@ -202,7 +198,7 @@ struct Spaced {
     last: Option<tokio::time::Instant>,
 }
 
-impl callshaper::Meter for Spaced {
+impl callshaper::meters::Meter for Spaced {
     fn capacity(&self) -> u64 {
         1
     }
@@ -256,11 +252,8 @@ async fn a_users_own_meter_paces_the_lane() {
         .also_cost(100, SECOND, "x-tokens")
         .start()
         .await;
-    let shaper = shaper(1)
-        .policy(LanePolicy::with_quotas([
-            spaced(Duration::from_millis(100)),
-            Quota::sliding_log(100, SECOND).per_cost(),
-        ]))
+    let shaper = shaper_with(spaced(Duration::from_millis(100)))
+        .quota(Quota::sliding_log(100, SECOND).per_cost())
         .build()
         .unwrap();
     let tasks: Vec<_> = (0..4)

@@ -5,8 +5,11 @@ mod common;
 
 use std::time::Duration;
 
+use callshaper::config::ShaperConfig;
+use callshaper::lane::Adaptive;
+use callshaper::retry::{Backoff, RetryPolicy};
 use callshaper::testing::{HoldClock, Vendor};
-use callshaper::{Adaptive, Backoff, Error, Quota, RetryPolicy, ShaperConfig};
+use callshaper::{Error, Quota};
 use common::{SECOND, join_all};
 
 const VENDORS: &str = include_str!("../examples/vendors.toml");

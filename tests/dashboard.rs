@@ -8,8 +8,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use callshaper::store::RedisStore;
+use callshaper::store::StoreFailure;
 use callshaper::testing::{RedisServer, RetryAfter, Vendor};
-use callshaper::{Error, Quota, Shaper, StoreFailure};
+use callshaper::{Error, Quota, Shaper};
 use common::{SECOND, burst};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 

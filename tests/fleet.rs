@@ -11,8 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use callshaper::store::{RedisOptions, RedisStore, StoreError};
+use callshaper::store::{StoreFailure, StoreMode};
 use callshaper::testing::{RedisCluster, RedisServer, RetryAfter, Vendor};
-use callshaper::{Error, LanePolicy, Quota, Shaper, StoreFailure, StoreMode};
+use callshaper::{Error, Quota, Shaper};
 use common::SECOND;
 use tokio::task::JoinHandle;
 
@@ -358,7 +359,7 @@ async fn every_meter_behaves_the_same_in_memory_and_on_redis() {
                 // after it is on time: a bit more headroom than the fleet
                 // tests for this jitter, on both stores alike.
                 let mut builder = Shaper::builder()
-                    .policy(LanePolicy::with_quotas([quota]))
+                    .quota(quota)
                     .headroom(Duration::from_millis(50));
                 if on_redis {
                     // wiremock reuses its servers' ports: a lane of the
@@ -412,7 +413,7 @@ async fn a_quota_changed_by_a_deploy_starts_its_meter_afresh() {
         let url = redis.url();
         async move {
             Shaper::builder()
-                .policy(LanePolicy::with_quotas([quota]))
+                .quota(quota)
                 .store(RedisStore::connect(&url).await.unwrap())
                 .build()
                 .unwrap()
@@ -640,9 +641,9 @@ async fn instance_clocks_work_where_scripts_may_not_read_time() {
 async fn a_capped_tenant_does_not_book_the_vendors_quota_away() {
     let redis = RedisServer::start();
     let vendor = Vendor::strict(10, SECOND).start().await;
-    let tenant = callshaper::Level::new(
+    let tenant = callshaper::route::Level::new(
         "tenant",
-        callshaper::LaneKey::Tag,
+        callshaper::route::LaneKey::Tag,
         [Quota::leaky_bucket(2, SECOND)],
     );
     let mut shapers = Vec::new();
@@ -760,11 +761,11 @@ async fn a_custom_meter_is_refused_with_a_store() {
 /// outruns any HTTP server on two cores, and what is tested is its store.
 struct Sends(Arc<Mutex<Vec<Instant>>>);
 
-impl callshaper::Transport for Sends {
+impl callshaper::shaper::Transport for Sends {
     fn send(
         &self,
         _request: reqwest::Request,
-    ) -> callshaper::BoxFuture<reqwest::Result<reqwest::Response>> {
+    ) -> callshaper::shaper::BoxFuture<reqwest::Result<reqwest::Response>> {
         self.0.lock().unwrap().push(Instant::now());
         Box::pin(async {
             Ok(reqwest::Response::from(http::Response::new(
@@ -838,11 +839,7 @@ async fn anthropic_bucket() -> Vendor {
 /// A shaper on `store` declared with a token bucket of `count` a second.
 fn bucket_on(store: RedisStore, count: u32) -> Shaper {
     Shaper::builder()
-        .policy(LanePolicy::with_quotas([Quota::token_bucket(
-            count.into(),
-            count,
-            SECOND,
-        )]))
+        .quota(Quota::token_bucket(count.into(), count, SECOND))
         .headroom(HEADROOM)
         .store(store)
         .build()

@@ -7,9 +7,10 @@ mod common;
 
 use std::time::Duration;
 
+use callshaper::Shaper;
 use callshaper::store::RedisStore;
+use callshaper::store::{StoreFailure, StoreMode};
 use callshaper::testing::{RedisCluster, RedisServer, Vendor};
-use callshaper::{Shaper, StoreFailure, StoreMode};
 use common::SECOND;
 use tokio::task::JoinHandle;
 

@@ -9,8 +9,11 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use callshaper::lane::Priority;
+use callshaper::retry::{Backoff, RetryBudget, RetryPolicy};
+use callshaper::shaper::Settle;
 use callshaper::testing::HoldClock;
-use callshaper::{Backoff, Error, Priority, Quota, RetryBudget, RetryPolicy, Settle, Shaper};
+use callshaper::{Error, Quota, Shaper};
 use wiremock::matchers::any;
 use wiremock::{Mock, MockServer, Request, ResponseTemplate};
 
@@ -103,22 +106,22 @@ fn random_shaper(
     }
     if rng.bool() {
         let ratios = [0.2, 0.2, 0.2, 0.0, -1.0, f64::NAN, f64::INFINITY, f64::MAX];
-        builder = builder.retry(RetryPolicy {
-            max_attempts: count(rng),
-            max_throttles: count(rng),
-            backoff: Backoff::new(duration(rng), duration(rng)),
-            retry_non_idempotent: rng.bool(),
-            budget: RetryBudget {
-                ratio: ratios[rng.usize(..ratios.len())],
-                min_per_sec: count(rng),
-                ttl: duration(rng),
-            },
-        });
+        let mut retry = RetryPolicy::default();
+        retry.max_attempts = count(rng);
+        retry.max_throttles = count(rng);
+        retry.backoff = Backoff::new(duration(rng), duration(rng));
+        retry.retry_non_idempotent = rng.bool();
+        retry.budget = RetryBudget {
+            ratio: ratios[rng.usize(..ratios.len())],
+            min_per_sec: count(rng),
+            ttl: duration(rng),
+        };
+        builder = builder.retry(retry);
     }
     if rng.bool() {
         let decrease = [0.5, 0.5, 0.5, 0.0, 1.0, -1.0, f64::NAN][rng.usize(..7)];
         let floor = [0.05, 0.05, 0.05, 0.0, 1e-300, 1.0, 2.0][rng.usize(..7)];
-        builder = builder.adaptive(callshaper::Adaptive {
+        builder = builder.adaptive(callshaper::lane::Adaptive {
             decrease,
             increase: [0.05, 0.05, 0.05, 0.0, 1.0, f64::INFINITY][rng.usize(..6)],
             floor,

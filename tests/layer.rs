@@ -9,8 +9,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use callshaper::layer::{Shaped, ShaperLayer};
 use callshaper::testing::{RetryAfter, Vendor, hold_clock};
-use callshaper::{Error, Shaped, Shaper, ShaperLayer};
+use callshaper::{Error, Shaper};
 use common::{SECOND, join_all, order};
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::rt::TokioExecutor;
@@ -124,7 +125,7 @@ async fn a_throttle_pauses_the_lane_and_settings_travel_as_extensions() {
     let mut impatient = get(&vendor.uri());
     impatient
         .extensions_mut()
-        .insert(callshaper::MaxWait(Duration::from_millis(10)));
+        .insert(callshaper::shaper::MaxWait(Duration::from_millis(10)));
     let error = client.clone().oneshot(impatient).await.unwrap_err();
     let ours = error.downcast_ref::<Error>();
     assert!(
@@ -161,7 +162,7 @@ async fn a_refused_connection_is_retried_then_handed_up() {
         error.downcast_ref::<Error>().is_none(),
         "the transport's: {error}"
     );
-    let max_attempts = callshaper::RetryPolicy::default().max_attempts as usize;
+    let max_attempts = callshaper::retry::RetryPolicy::default().max_attempts as usize;
     assert_eq!(
         calls.load(std::sync::atomic::Ordering::Relaxed),
         max_attempts

@@ -17,7 +17,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::Duration;
 
-use callshaper::{LaneKey, Shaper};
+use callshaper::Shaper;
+use callshaper::route::LaneKey;
 use wiremock::matchers::any;
 use wiremock::{Mock, MockServer, ResponseTemplate};
 

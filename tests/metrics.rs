@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use callshaper::route::{LaneKey, Level};
 use callshaper::testing::{RetryAfter, Vendor};
-use callshaper::{Error, LaneKey, Level, Quota, Shaper};
+use callshaper::{Error, Quota, Shaper};
 use common::{SECOND, burst, join_all, shaper};
 use metrics::{
     Counter, Gauge, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder, SharedString, Unit,
@@ -211,11 +212,11 @@ struct Peek {
     in_flight: Arc<Mutex<Vec<f64>>>,
 }
 
-impl callshaper::Transport for Peek {
+impl callshaper::shaper::Transport for Peek {
     fn send(
         &self,
         request: reqwest::Request,
-    ) -> callshaper::BoxFuture<reqwest::Result<reqwest::Response>> {
+    ) -> callshaper::shaper::BoxFuture<reqwest::Result<reqwest::Response>> {
         let now = self.seen.gauge("callshaper_in_flight", &[]).unwrap_or(-1.0);
         self.in_flight.lock().unwrap().push(now);
         callshaper::testing::HoldClock(reqwest::Client::new()).send(request)
@@ -370,7 +371,7 @@ async fn a_lane_on_a_shared_store_reports_its_mode() {
     let shaper = callshaper::Shaper::builder()
         .rate(10, SECOND)
         .store(store)
-        .on_store_failure(callshaper::StoreFailure::Open)
+        .on_store_failure(callshaper::store::StoreFailure::Open)
         .build()
         .unwrap();
     let mode = |mode| seen.gauge("callshaper_store_mode", &[("mode", mode)]);

@@ -4,8 +4,9 @@ mod common;
 
 use std::time::Duration;
 
+use callshaper::Shaper;
+use callshaper::shaper::MaxWait;
 use callshaper::testing::{RetryAfter, Vendor, hold_clock};
-use callshaper::{MaxWait, Shaper};
 use common::SECOND;
 use reqwest_middleware::{Middleware, Next};
 
@@ -78,9 +79,9 @@ async fn a_middleware_stack_is_paced_and_paused_by_the_shaper() {
 #[tokio::test(start_paused = true)]
 async fn cost_and_tag_travel_as_extensions() {
     let vendor = Vendor::strict(10, SECOND).start().await;
-    let per_tenant = callshaper::Level::new(
+    let per_tenant = callshaper::route::Level::new(
         "tenant",
-        callshaper::LaneKey::Tag,
+        callshaper::route::LaneKey::Tag,
         [callshaper::Quota::leaky_bucket(5, SECOND)],
     );
     let shaper = Shaper::builder()
@@ -96,8 +97,8 @@ async fn cost_and_tag_travel_as_extensions() {
 
     let ok = client
         .get(vendor.uri())
-        .with_extension(callshaper::Cost(600))
-        .with_extension(callshaper::Tag("acme".into()))
+        .with_extension(callshaper::route::Cost(600))
+        .with_extension(callshaper::route::Tag("acme".into()))
         .send()
         .await
         .unwrap();
@@ -113,7 +114,7 @@ async fn cost_and_tag_travel_as_extensions() {
 
     let too_costly = client
         .get(vendor.uri())
-        .with_extension(callshaper::Cost(1_001))
+        .with_extension(callshaper::route::Cost(1_001))
         .send()
         .await;
     let error = too_costly.unwrap_err();

@@ -8,10 +8,10 @@ mod common;
 
 use std::time::Duration;
 
-use callshaper::WallClock;
+use callshaper::signals::WallClock;
 use callshaper::testing::{RetryAfter, Style, TokioWall, Vendor};
-use callshaper::{LanePolicy, Quota, Shaper};
-use common::{SECOND, burst, other_consumer, shaper};
+use callshaper::{Quota, Shaper};
+use common::{SECOND, burst, other_consumer, shaper, shaper_with};
 use tokio::time::Instant;
 
 /// A vendor's bucket of `capacity` refilled `rate` a second, speaking
@@ -26,10 +26,7 @@ async fn against_bucket(
         .speaking(style)
         .start()
         .await;
-    let shaper = shaper(declared.rate().count)
-        .policy(LanePolicy::with_quotas([declared]))
-        .build()
-        .unwrap();
+    let shaper = shaper_with(declared).build().unwrap();
     (vendor, shaper)
 }
 
@@ -113,7 +110,7 @@ async fn a_quota_spent_by_someone_else_pauses_the_lane_before_a_429() {
     let lane = &shaper.lanes()[0];
     assert_eq!(
         lane.pause_cause,
-        Some(callshaper::PauseCause::Spent),
+        Some(callshaper::lane::PauseCause::Spent),
         "paused for the quota someone else spent"
     );
     assert_eq!(
@@ -144,7 +141,10 @@ async fn the_last_unit_of_a_quota_someone_else_spends_is_left_to_them() {
     // Our fourth request goes at 302 ms and hears "1 left".
     tokio::time::sleep(Duration::from_millis(350)).await;
     let lane = &shaper.lanes()[0];
-    assert_eq!(lane.pause_cause, Some(callshaper::PauseCause::Contested));
+    assert_eq!(
+        lane.pause_cause,
+        Some(callshaper::lane::PauseCause::Contested)
+    );
     assert_eq!(
         lane.pause_said.as_deref(),
         Some("requests: 1 of 10 left, reset in 1s")
@@ -431,7 +431,7 @@ struct SlowFirst {
     sent: std::sync::Arc<std::sync::Mutex<Vec<Instant>>>,
 }
 
-impl callshaper::Transport for SlowFirst {
+impl callshaper::shaper::Transport for SlowFirst {
     fn send(
         &self,
         request: reqwest::Request,
@@ -465,9 +465,7 @@ async fn a_burst_waits_for_the_vendors_first_word_at_most_a_second() {
         let vendor = Vendor::token_bucket(10, 10, SECOND).start().await;
         let sent = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let shaper = callshaper::Shaper::builder()
-            .policy(callshaper::LanePolicy::with_quotas([
-                callshaper::Quota::token_bucket(10, 10, SECOND),
-            ]))
+            .quota(callshaper::Quota::token_bucket(10, 10, SECOND))
             .transport(SlowFirst {
                 client: callshaper::testing::HoldClock(reqwest::Client::new()),
                 first,

@@ -6,8 +6,9 @@ mod common;
 
 use std::time::Duration;
 
+use callshaper::config::ShaperConfig;
 use callshaper::testing::{RetryAfter, Vendor};
-use callshaper::{Quota, Shaper, ShaperConfig};
+use callshaper::{Quota, Shaper};
 use common::{SECOND, join_all, order, shaper};
 use tokio::time::Instant;
 

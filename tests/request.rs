@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use callshaper::{Error, RetryPolicy, Shaper};
+use callshaper::{Error, Shaper};
 use common::{SECOND, shaper};
 use wiremock::matchers::{body_json, body_string, header, method, path, query_param};
 use wiremock::{Mock, MockServer, ResponseTemplate};
@@ -90,13 +90,7 @@ async fn retries_exhausted_keep_the_vendors_last_answer() {
         )
         .mount(&server)
         .await;
-    let shaper = shaper(10)
-        .retry(RetryPolicy {
-            max_attempts: 2,
-            ..RetryPolicy::default()
-        })
-        .build()
-        .unwrap();
+    let shaper = shaper(10).max_attempts(2).build().unwrap();
     let error = shaper.get(server.uri()).send().await.unwrap_err();
     let Error::RetriesExhausted {
         attempts,
@@ -151,10 +145,7 @@ async fn a_kept_body_stops_at_the_limit() {
     let shaper = Shaper::builder()
         .rate(10, SECOND)
         .transport(callshaper::testing::HoldClock(reqwest::Client::new()))
-        .retry(RetryPolicy {
-            max_attempts: 1,
-            ..RetryPolicy::default()
-        })
+        .max_attempts(1)
         .build()
         .unwrap();
     let error = shaper.get(server.uri()).send().await.unwrap_err();
@@ -170,13 +161,7 @@ async fn an_error_chain_prints_each_cause_once() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.local_addr().unwrap()
     };
-    let shaper = shaper(10)
-        .retry(RetryPolicy {
-            max_attempts: 1,
-            ..RetryPolicy::default()
-        })
-        .build()
-        .unwrap();
+    let shaper = shaper(10).max_attempts(1).build().unwrap();
     let error = shaper
         .get(format!("http://{closed}/"))
         .send()

@@ -227,10 +227,9 @@ async fn a_retried_request_keeps_its_place() {
         .respond_with(ResponseTemplate::new(200))
         .mount(&server)
         .await;
-    let retry = callshaper::RetryPolicy {
-        backoff: callshaper::Backoff::new(Duration::from_millis(5), Duration::from_millis(5)),
-        ..Default::default()
-    };
+    let mut retry = callshaper::retry::RetryPolicy::default();
+    retry.backoff =
+        callshaper::retry::Backoff::new(Duration::from_millis(5), Duration::from_millis(5));
     let shaper = shaper(100).retry(retry).build().unwrap();
 
     for outcome in common::burst(&shaper, &server.uri(), 20).await {
@@ -257,10 +256,9 @@ async fn a_retried_request_keeps_its_place() {
 #[tokio::test(start_paused = true)]
 async fn a_request_backing_off_waits_in_its_lane() {
     let server = vendor_failing_first(502, 1, "GET").await;
-    let retry = callshaper::RetryPolicy {
-        backoff: callshaper::Backoff::new(Duration::from_secs(60), Duration::from_secs(60)),
-        ..Default::default()
-    };
+    let mut retry = callshaper::retry::RetryPolicy::default();
+    retry.backoff =
+        callshaper::retry::Backoff::new(Duration::from_secs(60), Duration::from_secs(60));
     let shaper = shaper(10).retry(retry).build().unwrap();
     let call = tokio::spawn(shaper.get(format!("{}/op", server.uri())).send());
     while sent(&server).await == 0 {

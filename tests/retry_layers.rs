@@ -83,7 +83,7 @@ fn shaper() -> Shaper {
 }
 
 fn max_attempts() -> usize {
-    callshaper::RetryPolicy::default().max_attempts as usize
+    callshaper::retry::RetryPolicy::default().max_attempts as usize
 }
 
 /// A vendor answering 500 to everything: the shaper retries each GET up

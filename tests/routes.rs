@@ -5,8 +5,10 @@ mod common;
 
 use std::time::Duration;
 
+use callshaper::Quota;
+use callshaper::lane::Priority;
+use callshaper::route::{LaneKey, Level, Route};
 use callshaper::testing::Vendor;
-use callshaper::{LaneKey, Level, Priority, Quota, Route};
 use common::{SECOND, join_all, shaper};
 use reqwest::Method;
 use tokio::time::Instant;

@@ -6,8 +6,9 @@ use std::future::Future;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use callshaper::lane::{Lane, LanePolicy};
 use callshaper::testing::Vendor;
-use callshaper::{Error, Lane, LanePolicy, Rate, Shaper};
+use callshaper::{Error, Quota, Shaper};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -65,7 +66,8 @@ fn outside_a_runtime_a_request_ends_with_a_typed_error() {
         Poll::Pending => panic!("expected NoRuntime at once"),
     }
 
-    let lane = Lane::new("sms", LanePolicy::new(Rate::new(1, Duration::from_secs(1))));
+    let one = Quota::leaky_bucket(1, Duration::from_secs(1));
+    let lane = Lane::new("sms", [one], LanePolicy::default());
     let refused = lane.expect_err("no runtime to run its dispatcher on");
     assert_eq!(refused.field, "runtime");
 }

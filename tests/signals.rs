@@ -6,9 +6,10 @@ mod common;
 
 use std::time::{Duration, SystemTime};
 
+use callshaper::retry::RetryBudget;
 use callshaper::signals::{Dimension, Signals};
 use callshaper::testing::Vendor;
-use callshaper::{Error, Rate, RetryBudget};
+use callshaper::{Error, Rate};
 use common::{SECOND, burst, order, shaper};
 use reqwest::header::HeaderMap;
 use wiremock::matchers::any;
@@ -245,7 +246,7 @@ async fn a_silent_vendor_costs_one_refusal_with_or_without_adaptive_pacing() {
         let vendor = Vendor::strict(10, SECOND).silent().start().await;
         let mut builder = shaper(15);
         if adaptive {
-            builder = builder.adaptive(callshaper::Adaptive::default());
+            builder = builder.adaptive(callshaper::lane::Adaptive::default());
         }
         let shaper = builder.build().unwrap();
         for outcome in burst(&shaper, &vendor.uri(), 300).await {

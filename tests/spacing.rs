@@ -7,9 +7,10 @@ mod common;
 
 use std::time::Duration;
 
+use callshaper::lane::{Lane, LanePolicy, LaneSnapshot};
 use callshaper::store::RedisStore;
 use callshaper::testing::{HoldClock, RedisServer, TokioWall, Vendor};
-use callshaper::{Answers, Lane, LanePolicy, LaneSnapshot, Quota, Shaper};
+use callshaper::{Answers, Quota, Shaper};
 use common::nginx::Nginx;
 use common::{Busy, SECOND, Wire, burst, join_all, shaper};
 use reqwest::StatusCode;
@@ -152,7 +153,7 @@ async fn a_late_release_is_not_made_up_on_a_strict_lane() {
         if strict {
             quota = quota.strict();
         }
-        let lane = Lane::new("late", LanePolicy::with_quotas([quota])).unwrap();
+        let lane = Lane::new("late", [quota], LanePolicy::default()).unwrap();
         drop(lane.acquire().await.unwrap());
         let granted = |lane: &Lane| {
             let lane = lane.clone();

@@ -210,15 +210,19 @@ async fn a_lanes_snapshot_says_why_it_is_paused() {
     for (hint, cause, said) in [
         (
             RetryAfter::Seconds(5),
-            callshaper::PauseCause::Hinted,
+            callshaper::lane::PauseCause::Hinted,
             Some("retry-after: 5"),
         ),
         (
             RetryAfter::Millis(1_500),
-            callshaper::PauseCause::Hinted,
+            callshaper::lane::PauseCause::Hinted,
             Some("retry-after-ms: 1500"),
         ),
-        (RetryAfter::Omitted, callshaper::PauseCause::Unhinted, None),
+        (
+            RetryAfter::Omitted,
+            callshaper::lane::PauseCause::Unhinted,
+            None,
+        ),
     ] {
         let vendor = Vendor::strict(10, SECOND).start().await;
         vendor.throttle_for(Duration::from_millis(1), hint);
@@ -332,7 +336,7 @@ async fn a_vendor_says_what_its_statuses_mean() {
     answers_then(&server, std::slice::from_ref(&calm_down), true).await;
     let routed = shaper(10)
         .route(
-            callshaper::Route::new("enhance")
+            callshaper::route::Route::new("enhance")
                 .path("/calm/*")
                 .answers(callshaper::Answers::default().throttle(enhance)),
         )

@@ -6,9 +6,9 @@ mod common;
 
 use std::time::Duration;
 
+use callshaper::Quota;
 use callshaper::testing::Vendor;
-use callshaper::{LanePolicy, Quota};
-use common::{SECOND, burst, shaper};
+use common::{SECOND, burst, shaper_with};
 
 /// How a vendor makes its quota available: a steady rate, or a burst of
 /// `capacity` then a refill of one every `interval`.
@@ -113,10 +113,7 @@ fn zoo() -> Vec<Case> {
 async fn every_zoo_vendor_at_its_true_quota() {
     for case in zoo() {
         let vendor = case.vendor.start().await;
-        let shaper = shaper(1)
-            .policy(LanePolicy::with_quotas([case.quota.clone()]))
-            .build()
-            .unwrap();
+        let shaper = shaper_with(case.quota.clone()).build().unwrap();
         let started = tokio::time::Instant::now();
         for outcome in burst(&shaper, &vendor.uri(), case.n).await {
             assert!(outcome.unwrap().status().is_success(), "{}", case.name);
@@ -160,10 +157,7 @@ async fn every_zoo_vendor_with_the_lane_declared_too_fast() {
     for case in zoo() {
         let faster = overstated(&case.quota);
         let vendor = case.vendor.start().await;
-        let shaper = shaper(1)
-            .policy(LanePolicy::with_quotas([faster.clone()]))
-            .build()
-            .unwrap();
+        let shaper = shaper_with(faster.clone()).build().unwrap();
         for outcome in burst(&shaper, &vendor.uri(), case.n).await {
             assert!(outcome.unwrap().status().is_success(), "{}", case.name);
         }
@@ -207,7 +201,7 @@ async fn every_zoo_vendor_with_the_lane_declared_too_fast() {
 /// count, or a bucket's capacity.
 fn first_window(quota: &Quota) -> usize {
     match quota.algorithm {
-        callshaper::Algorithm::TokenBucket { capacity, .. } => capacity as usize,
+        callshaper::meters::Algorithm::TokenBucket { capacity, .. } => capacity as usize,
         _ => quota.rate().count as usize,
     }
 }
@@ -217,7 +211,7 @@ fn overstated(quota: &Quota) -> Quota {
     let rate = quota.rate();
     let count = rate.count * 3 / 2;
     match quota.algorithm {
-        callshaper::Algorithm::TokenBucket { capacity, .. } => {
+        callshaper::meters::Algorithm::TokenBucket { capacity, .. } => {
             Quota::token_bucket(capacity * 3 / 2, count, rate.per)
         }
         _ => Quota::leaky_bucket(count, rate.per),

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-/// Why a lane is paused, as [`LaneSnapshot`](crate::LaneSnapshot), the
+/// Why a lane is paused, as [`LaneSnapshot`](crate::lane::LaneSnapshot), the
 /// `tracing` events and the logs say it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(
@@ -28,7 +28,7 @@ pub enum PauseCause {
     /// A vendor that measures the spacing of requests (nginx's
     /// `limit_req`) refused one for coming too soon after the last: the
     /// lane keeps its sends further apart, strictly, from then on (see
-    /// [`LaneSnapshot::spacing`](crate::LaneSnapshot::spacing)), and
+    /// [`LaneSnapshot::spacing`](crate::lane::LaneSnapshot::spacing)), and
     /// waits until that gap after the refused one.
     Spacing,
     /// A throttle said when to come back (`Retry-After` or a reset).
@@ -37,7 +37,7 @@ pub enum PauseCause {
     Unhinted,
     /// Another instance of the fleet paused the vendor's quota.
     Fleet,
-    /// The application called [`Lane::pause_for`](crate::Lane::pause_for).
+    /// The application called [`Lane::pause_for`](crate::lane::Lane::pause_for).
     Requested,
 }
 

@@ -16,7 +16,7 @@ use super::window::{WindowEnds, slower_first};
 use crate::adaptive::{Adaptive, Aimd};
 use crate::drain::Drain;
 use crate::meters::{Meters, Quota, Rate, Unit};
-use crate::retry::{Backoff, Ledger, RetryBudget};
+use crate::retry::{Backoff, Allowance, RetryBudget};
 use crate::spacing::{Departures, Learned};
 use crate::sync::{lock, shrink};
 use crate::time::later;
@@ -48,12 +48,12 @@ pub(crate) struct Gate {
     pub(super) meters: Mutex<Meters>,
     pub(super) paused_until: Mutex<Option<Paused>>,
     pub(super) pace: Mutex<Pace>,
-    pub(super) ledger: Mutex<Ledger>,
+    pub(super) allowance: Mutex<Allowance>,
     pub(super) throttle_streak: AtomicU32,
     pub(super) fallback: Backoff,
     /// Lanes whose head only this gate holds back, by how long they have
     /// waited: the gate's next slot goes to the first.
-    pub(super) queue: Mutex<BTreeSet<Waiter>>,
+    pub(super) queue: Mutex<BTreeSet<Contender>>,
     /// Woken when the gate's first waiter changes.
     pub(super) turn: Arc<Notify>,
     /// Where a shared gate is registered, to leave the map when dropped.
@@ -80,7 +80,7 @@ pub(crate) struct Gate {
 }
 
 /// A lane waiting at a gate: since when, and which lane.
-pub(crate) type Waiter = (Instant, u64);
+pub(crate) type Contender = (Instant, u64);
 
 impl Gate {
     /// A gate for `quotas`, with `settings` (headroom, pause limits,
@@ -126,7 +126,7 @@ impl Gate {
                 left: None,
                 burst_room: false,
             }),
-            ledger: Mutex::new(Ledger::new(settings.budget)),
+            allowance: Mutex::new(Allowance::new(settings.budget)),
             throttle_streak: AtomicU32::new(0),
             fallback: settings.fallback,
             queue: Mutex::new(BTreeSet::new()),
@@ -181,12 +181,12 @@ impl Gate {
     }
 
     /// Join the gate's queue of waiting lanes (again: no change).
-    pub(crate) fn enlist(&self, waiter: Waiter) {
+    pub(crate) fn enlist(&self, waiter: Contender) {
         lock(&self.queue).insert(waiter);
     }
 
     /// Leave the gate's queue; wakes the others if the first changed.
-    pub(crate) fn delist(&self, waiter: Waiter) {
+    pub(crate) fn delist(&self, waiter: Contender) {
         let mut queue = lock(&self.queue);
         let was_first = queue.first() == Some(&waiter);
         if queue.remove(&waiter) && was_first {
@@ -200,7 +200,7 @@ impl Gate {
     }
 
     /// True when no other lane waits ahead of `waiter`.
-    pub(crate) fn is_first(&self, waiter: Waiter) -> bool {
+    pub(crate) fn is_first(&self, waiter: Contender) -> bool {
         lock(&self.queue)
             .first()
             .is_none_or(|first| *first == waiter)
@@ -308,11 +308,11 @@ impl Gate {
     }
 
     pub(crate) fn deposit(&self) {
-        lock(&self.ledger).deposit(Instant::now());
+        lock(&self.allowance).deposit(Instant::now());
     }
 
     pub(crate) fn withdraw_retry(&self) -> bool {
-        lock(&self.ledger).withdraw(Instant::now())
+        lock(&self.allowance).withdraw(Instant::now())
     }
 
     pub(crate) fn is_idle(&self, now: Instant) -> bool {

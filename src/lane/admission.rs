@@ -5,7 +5,7 @@
 //! A request is refused at the door, never after waiting, when its cost can
 //! never fit a quota, when the queue is full, or when the wait it would see
 //! is past its `max_wait`. The prediction reads the queue depth, the pause
-//! and each meter's own shape ([`Meter::eta`](crate::Meter::eta)): a
+//! and each meter's own shape ([`Meter::eta`](crate::meters::Meter::eta)): a
 //! burst-capable meter predicts a burst, a leaky bucket a trickle.
 
 use std::sync::MutexGuard;
@@ -14,10 +14,14 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::handle::{Lane, Place, Slot};
+use super::policy::Priority;
+use super::shared::{earliest, is_shared};
+use super::turn::{Door, Transit, Turn, departure};
 use super::waiter::Waiter;
-use super::{Door, Lane, Place, Priority, Slot, Transit, Turn, departure, earliest, is_shared};
 use crate::error::Error;
-use crate::meters::{Meters, spacing};
+use crate::meters::Meters;
+use crate::meters::rate::spacing;
 use crate::store::StoreMode;
 use crate::time::later;
 

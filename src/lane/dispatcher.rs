@@ -170,6 +170,7 @@ mod tests {
     use std::time::Duration;
 
     use crate::lane::{Lane, LanePolicy, Priority};
+    use crate::meters::Quota;
     use crate::meters::Rate;
 
     /// A request back from its backoff is filed by its old number: it goes
@@ -178,7 +179,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_request_back_from_its_backoff_goes_by_its_old_number() {
         let rate = Rate::new(10, Duration::from_secs(1));
-        let lane = Lane::new("dispatcher", LanePolicy::new(rate)).unwrap();
+        let lane = Lane::new(
+            "dispatcher",
+            [Quota::leaky_bucket(rate.count, rate.per)],
+            LanePolicy::default(),
+        )
+        .unwrap();
         let mut first = lane.enter(1, Priority::Interactive, None).unwrap();
         drop(lane.wait(&mut first).await.unwrap());
         let order = std::sync::Arc::new(Mutex::new(Vec::new()));
@@ -209,7 +215,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_caller_who_left_is_skipped_at_once() {
         let rate = Rate::new(10, Duration::from_secs(1));
-        let lane = Lane::new("dispatcher", LanePolicy::new(rate)).unwrap();
+        let lane = Lane::new(
+            "dispatcher",
+            [Quota::leaky_bucket(rate.count, rate.per)],
+            LanePolicy::default(),
+        )
+        .unwrap();
         drop(lane.acquire().await.unwrap());
         let start = tokio::time::Instant::now();
         let gone = lane.enter(1, Priority::Interactive, None).unwrap();

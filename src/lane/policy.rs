@@ -7,18 +7,31 @@ use crate::adaptive::Adaptive;
 use crate::answers::Answers;
 use crate::error::ConfigError;
 use crate::gate::{self, GateSettings};
-use crate::meters::{Quota, Rate};
+use crate::meters::Quota;
 use crate::retry::{Backoff, RetryBudget};
 
 /// The most headroom a lane may add to each window.
 const MAX_HEADROOM: Duration = Duration::from_secs(3600);
 
-/// How one lane behaves.
+/// How one lane behaves: its queue, waits, pauses and what the vendor's
+/// answers mean. The quotas are not part of it: they belong to the levels
+/// a lane waits on ([`ShaperBuilder::rate`](crate::shaper::ShaperBuilder::rate),
+/// [`Level`](crate::route::Level)), or are given to [`Lane::new`](super::Lane::new).
+///
+/// Start from the defaults and change what differs; new settings may be
+/// added in a minor release, each with a default:
+///
+/// ```
+/// use std::time::Duration;
+/// use callshaper::lane::LanePolicy;
+///
+/// let mut policy = LanePolicy::default();
+/// policy.max_wait = Some(Duration::from_secs(30));
+/// policy.queue_capacity = 500;
+/// ```
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct LanePolicy {
-    /// The vendor's quotas, all enforced together (e.g. requests **and**
-    /// tokens per minute). At least one.
-    pub quotas: Vec<Quota>,
     /// Added to the vendor's window before dividing it into release slots, so
     /// that timer lateness and network jitter cannot push a strict vendor
     /// over. Default 5 ms; more than an hour is refused.
@@ -46,7 +59,7 @@ pub struct LanePolicy {
     pub idle_timeout: Duration,
     /// Opt-in adaptive pacing for vendors that announce nothing: throttles
     /// without a header cut the lane's request rate, successes grow it back,
-    /// never above the first request quota (see [`crate::adaptive`]).
+    /// never above the first request quota (see [`Adaptive`](crate::lane::Adaptive)).
     /// Default off.
     pub adaptive: Option<Adaptive>,
     /// When interactive and batch requests both wait, one release in this
@@ -58,16 +71,10 @@ pub struct LanePolicy {
     pub answers: Answers,
 }
 
-impl LanePolicy {
-    /// A policy with one leaky-bucket quota at `rate` and the defaults above.
-    pub fn new(rate: Rate) -> Self {
-        Self::with_quotas([Quota::leaky_bucket(rate.count, rate.per)])
-    }
-
-    /// A policy enforcing all of `quotas`, with the defaults above.
-    pub fn with_quotas(quotas: impl IntoIterator<Item = Quota>) -> Self {
+impl Default for LanePolicy {
+    /// The defaults named on each field.
+    fn default() -> Self {
         Self {
-            quotas: quotas.into_iter().collect(),
             headroom: Duration::from_millis(5),
             queue_capacity: 10_000,
             max_wait: None,
@@ -80,12 +87,9 @@ impl LanePolicy {
             answers: Answers::default(),
         }
     }
+}
 
-    /// The lane's request rate: the slowest quota counting requests.
-    pub fn request_rate(&self) -> Option<Rate> {
-        gate::request_rate(&self.quotas)
-    }
-
+impl LanePolicy {
     /// What the lane's gates need of this policy.
     pub(crate) fn gate_settings(&self, budget: RetryBudget) -> GateSettings {
         GateSettings {
@@ -97,14 +101,16 @@ impl LanePolicy {
         }
     }
 
-    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
-        if self.quotas.is_empty() {
+    /// Check this policy for lanes that keep to `quotas`: each setting, the
+    /// quotas themselves, and what the two need of each other.
+    pub(crate) fn validate(&self, quotas: &[Quota]) -> Result<(), ConfigError> {
+        if quotas.is_empty() {
             return Err(ConfigError::new(
                 "quotas",
                 "a lane needs at least one quota",
             ));
         }
-        for (i, quota) in self.quotas.iter().enumerate() {
+        for (i, quota) in quotas.iter().enumerate() {
             quota
                 .validate()
                 .map_err(|e| e.within(&format!("quotas[{i}]")))?;
@@ -133,7 +139,7 @@ impl LanePolicy {
         }
         if let Some(adaptive) = &self.adaptive {
             adaptive.validate()?;
-            if self.request_rate().is_none() {
+            if gate::request_rate(quotas).is_none() {
                 return Err(ConfigError::new(
                     "adaptive",
                     "needs a quota counting requests, to be its ceiling",

@@ -1,19 +1,30 @@
 //! The lane's own tests: pauses, the fallback, priorities, admission's
 //! predictions, extreme values, and the queue depth under random drops.
 
-use super::*;
-use crate::meters::Quota;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Lane, LanePolicy, Priority};
+use crate::error::Error;
+use crate::gate::PauseCause;
+use crate::meters::{Quota, Rate};
 use crate::sync::lock;
-use std::sync::Mutex;
+
+fn ten() -> [Quota; 1] {
+    [Quota::leaky_bucket(10, Duration::from_secs(1))]
+}
 
 fn policy() -> LanePolicy {
-    LanePolicy::new(Rate::new(10, Duration::from_secs(1)))
+    LanePolicy::default()
 }
 
 #[tokio::test(start_paused = true)]
 async fn pauses_only_move_forward_and_are_clamped() {
     let lane = Lane::new(
         "t",
+        ten(),
         LanePolicy {
             max_pause: Duration::from_secs(5),
             ..policy()
@@ -39,7 +50,7 @@ async fn pauses_only_move_forward_and_are_clamped() {
 
 #[tokio::test(start_paused = true)]
 async fn the_fallback_grows_per_throttle_and_resets_on_success() {
-    let lane = Lane::new("t", policy()).unwrap();
+    let lane = Lane::new("t", ten(), policy()).unwrap();
     let floors: Vec<_> = (0..4)
         .map(|_| lane.throttled(None, 429, PauseCause::Unhinted))
         .collect();
@@ -61,7 +72,7 @@ async fn the_fallback_grows_per_throttle_and_resets_on_success() {
 
 #[tokio::test(start_paused = true)]
 async fn interactive_goes_first_and_batch_keeps_its_share() {
-    let lane = Lane::new("t", policy()).unwrap();
+    let lane = Lane::new("t", ten(), policy()).unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for (i, priority) in (0..12).map(|i| {
@@ -91,11 +102,11 @@ async fn interactive_goes_first_and_batch_keeps_its_share() {
 
 #[tokio::test(start_paused = true)]
 async fn a_cost_beyond_every_capacity_is_refused_at_once() {
-    let policy = LanePolicy::with_quotas([
+    let quotas = [
         Quota::leaky_bucket(10, Duration::from_secs(1)),
         Quota::sliding_log(1000, Duration::from_secs(60)).per_cost(),
-    ]);
-    let lane = Lane::new("t", policy).unwrap();
+    ];
+    let lane = Lane::new("t", quotas, policy()).unwrap();
     assert!(lane.enter(1000, Priority::Interactive, None).is_ok());
     match lane.enter(1001, Priority::Interactive, None) {
         Err(Error::CostTooHigh { cost, capacity, .. }) => {
@@ -118,9 +129,9 @@ async fn admission_predicts_waits_from_each_meters_shape() {
     ] {
         let policy = LanePolicy {
             headroom: Duration::ZERO,
-            ..LanePolicy::with_quotas([quota.clone()])
+            ..policy()
         };
-        let lane = Lane::new("t", policy).unwrap();
+        let lane = Lane::new("t", [quota.clone()], policy).unwrap();
         let max_wait = Some(Duration::from_secs(5));
         let mut places = Vec::new();
         for _ in 0..10 {
@@ -149,9 +160,9 @@ async fn extreme_waits_and_pauses_do_not_panic() {
     let day = Duration::from_secs(24 * 3600);
     let policy = LanePolicy {
         max_pause: Duration::MAX,
-        ..LanePolicy::new(Rate::new(1, day))
+        ..policy()
     };
-    let lane = Lane::new("t", policy).unwrap();
+    let lane = Lane::new("t", [Quota::leaky_bucket(1, day)], policy).unwrap();
     let mut place = lane
         .enter(1, Priority::Interactive, Some(Duration::MAX))
         .expect("a wait without limit admits");
@@ -172,9 +183,10 @@ async fn queue_depth_is_always_the_live_callers() {
         let rate = Rate::new(rng.u32(1..20), Duration::from_millis(rng.u64(1..2_000)));
         let policy = LanePolicy {
             queue_capacity: 10_000,
-            ..LanePolicy::new(rate)
+            ..policy()
         };
-        let lane = Lane::new("t", policy).unwrap();
+        let quota = Quota::leaky_bucket(rate.count, rate.per);
+        let lane = Lane::new("t", [quota], policy).unwrap();
         let mut callers: Vec<tokio::task::JoinHandle<()>> = Vec::new();
         for step in 0..80 {
             match rng.u8(0..10) {
@@ -216,7 +228,7 @@ async fn queue_depth_is_always_the_live_callers() {
 
 #[tokio::test(start_paused = true)]
 async fn a_paused_lane_releases_nothing_until_the_pause_ends() {
-    let lane = Lane::new("t", policy()).unwrap();
+    let lane = Lane::new("t", ten(), policy()).unwrap();
     lane.pause_for(Duration::from_secs(2));
     let start = Instant::now();
     let _turn = lane.acquire().await.unwrap();

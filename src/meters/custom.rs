@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Meter, Rate};
+use super::meter::Meter;
+use super::rate::Rate;
 
 /// Builds a fresh meter for one gate: from the lane's headroom and the
 /// instant the gate is created.

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Algorithm, Quota, Rate, Unit};
+use super::quota::{Algorithm, Quota, Unit};
+use super::rate::Rate;
 use crate::error::ConfigError;
 
 /// The flat form of a [`Quota`].

@@ -4,7 +4,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Meter, Rate, Windows};
+use super::meter::Meter;
+use super::rate::Rate;
+use super::windows::Windows;
 
 /// At most `count` units in each window `[origin + k·per', origin +
 /// (k+1)·per')`, with `per' = per + headroom` and `origin` the meter's

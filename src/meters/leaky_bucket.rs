@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Meter, Rate, settle_tat, spacing};
+use super::meter::Meter;
+use super::rate::{Rate, settle_tat, spacing};
 use crate::time::later;
 
 /// One release every `T = (per + headroom) / count`, no burst.

@@ -5,9 +5,14 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{
-    CustomMeter, FixedWindow, LeakyBucket, Meter, Rate, SlidingLog, SlidingWindow, TokenBucket,
-};
+use super::custom::CustomMeter;
+use super::fixed_window::FixedWindow;
+use super::leaky_bucket::LeakyBucket;
+use super::meter::Meter;
+use super::rate::Rate;
+use super::sliding_log::SlidingLog;
+use super::sliding_window::SlidingWindow;
+use super::token_bucket::TokenBucket;
 use crate::error::ConfigError;
 
 /// What a meter counts.
@@ -19,7 +24,7 @@ pub enum Unit {
     #[default]
     Requests,
     /// Each request counts its cost (tokens, credits); see
-    /// [`RequestBuilder::cost`](crate::RequestBuilder::cost).
+    /// [`RequestBuilder::cost`](crate::shaper::RequestBuilder::cost).
     Cost,
 }
 

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Meter, Rate};
+use super::meter::Meter;
+use super::rate::Rate;
 use crate::time::later;
 
 /// At most `count` units in any window `(t − per', t]`, `per' = per +

@@ -4,7 +4,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Meter, Rate, Windows};
+use super::meter::Meter;
+use super::rate::Rate;
+use super::windows::Windows;
 
 /// The previous and current fixed windows, weighted: the estimate at `t` is
 /// `previous × (1 − elapsed/per') + current`, and a request goes when the

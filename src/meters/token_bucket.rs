@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Meter, Rate, settle_tat, spacing};
+use super::meter::Meter;
+use super::rate::{Rate, settle_tat, spacing};
 use crate::time::later;
 
 /// A bucket of `capacity` tokens refilled at `refill` ("10 RPS with bursts up

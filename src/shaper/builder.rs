@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use reqwest::Request;
 
-use super::{CostFn, Inner, Registry, Shaper, Transport};
+use super::handle::{CostFn, Inner, Shaper};
+use super::registry::Registry;
+use super::transport::Transport;
 use crate::adaptive::Adaptive;
 use crate::answers::Answers;
 use crate::error::ConfigError;
@@ -48,7 +50,7 @@ impl Default for ShaperBuilder {
     fn default() -> Self {
         Self {
             quotas: Vec::new(),
-            policy: LanePolicy::with_quotas([]),
+            policy: LanePolicy::default(),
             edits: Vec::new(),
             vendor_key: LaneKey::Origin,
             levels: Vec::new(),
@@ -97,12 +99,12 @@ impl ShaperBuilder {
         self
     }
 
-    /// A whole vendor lane policy at once (its quotas included). The
+    /// How every lane behaves, at once; the quotas are set apart
+    /// ([`rate`](Self::rate), [`quota`](Self::quota), levels). The
     /// builder's own settings ([`headroom`](Self::headroom),
     /// [`max_wait`](Self::max_wait) and the rest) win over it, whether
     /// they come before or after it.
     pub fn policy(mut self, policy: LanePolicy) -> Self {
-        self.quotas = policy.quotas.clone();
         self.policy = policy;
         for edit in &self.edits {
             edit(&mut self.policy);
@@ -154,7 +156,7 @@ impl ShaperBuilder {
 
     /// Adaptive pacing for a vendor that announces nothing: throttles
     /// without a header cut the lane's rate, successes grow it back, never
-    /// above the declared rate. See [`crate::adaptive`].
+    /// above the declared rate. See [`Adaptive`](crate::lane::Adaptive).
     pub fn adaptive(self, knobs: Adaptive) -> Self {
         self.edit(move |p| p.adaptive = Some(knobs))
     }
@@ -267,7 +269,8 @@ impl ShaperBuilder {
     ///
     /// ```
     /// # use std::time::Duration;
-    /// use callshaper::{LaneKey, Level, Quota};
+    /// use callshaper::Quota;
+    /// use callshaper::route::{LaneKey, Level};
     /// // Each tenant at most 5/s, all of them together 10/s.
     /// let per_tenant = Level::new("tenant", LaneKey::Tag, [Quota::leaky_bucket(5, Duration::from_secs(1))]);
     /// let shaper = callshaper::Shaper::builder()
@@ -315,11 +318,8 @@ impl ShaperBuilder {
             .next()
             .map(|level| level.quotas.clone())
             .unwrap_or_default();
-        let policy = LanePolicy {
-            quotas: probe,
-            ..self.policy
-        };
-        policy.validate()?;
+        let policy = self.policy;
+        policy.validate(&probe)?;
         for route in &self.routes {
             if let Some(answers) = &route.answers {
                 answers
@@ -336,12 +336,9 @@ impl ShaperBuilder {
             } else {
                 &level.name
             };
-            LanePolicy {
-                quotas: level.quotas.clone(),
-                ..policy.clone()
-            }
-            .validate()
-            .map_err(|e| e.within(&format!("levels.{name}")))?;
+            policy
+                .validate(&level.quotas)
+                .map_err(|e| e.within(&format!("levels.{name}")))?;
             let in_memory = level.quotas.iter().find_map(Quota::in_memory_only);
             if let (Some(_), Some(why)) = (&self.store, in_memory) {
                 return Err(ConfigError::new(format!("levels.{name}.quotas"), why));
@@ -429,16 +426,24 @@ mod tests {
     use super::*;
 
     /// The builder's own settings win over a whole policy, before it or
-    /// after it; the policy's own settings stay where no setter spoke.
+    /// after it; the policy's own settings stay where no setter spoke, and
+    /// the quotas, which are no part of a policy, stay as set.
     #[test]
     fn setters_win_over_a_whole_policy_in_any_order() {
         let policy = LanePolicy {
             max_pause: Duration::from_secs(7),
-            ..LanePolicy::with_quotas([Quota::leaky_bucket(10, Duration::from_secs(1))])
+            ..LanePolicy::default()
         };
         let headroom = Duration::from_millis(40);
-        let before = Shaper::builder().headroom(headroom).policy(policy.clone());
-        let after = Shaper::builder().policy(policy).headroom(headroom);
+        let second = Duration::from_secs(1);
+        let before = Shaper::builder()
+            .rate(10, second)
+            .headroom(headroom)
+            .policy(policy.clone());
+        let after = Shaper::builder()
+            .policy(policy)
+            .headroom(headroom)
+            .rate(10, second);
         for builder in [before, after] {
             assert_eq!(builder.policy.headroom, headroom);
             assert_eq!(builder.policy.max_pause, Duration::from_secs(7));

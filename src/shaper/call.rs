@@ -11,7 +11,8 @@ use reqwest::{Request, Response};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::{Settle, Shaper};
+use super::handle::Shaper;
+use super::settle::Settle;
 use crate::error::{Answer, Error};
 use crate::lane::{Lane, Priority};
 use crate::observability::RequestSpan;
@@ -80,8 +81,8 @@ impl Options {
     /// [`Priority`], [`Tag`]), for the adapters that have no builder.
     #[cfg(any(feature = "middleware", feature = "tower"))]
     pub(crate) fn from_extensions(extensions: &http::Extensions) -> Self {
+        use super::request::MaxWait;
         use crate::route::Cost;
-        use crate::shaper::MaxWait;
         Self {
             max_wait: extensions.get::<MaxWait>().map(|m| m.0),
             cost: extensions.get::<Cost>().map(|c| c.0),
@@ -501,14 +502,19 @@ mod tests {
 
     use super::*;
     use crate::lane::LanePolicy;
-    use crate::meters::Rate;
+    use crate::meters::Quota;
 
     fn lane(max_pause: Duration) -> Lane {
         let policy = LanePolicy {
             max_pause,
-            ..LanePolicy::new(Rate::new(10, Duration::from_secs(1)))
+            ..LanePolicy::default()
         };
-        Lane::new("call", policy).unwrap()
+        Lane::new(
+            "call",
+            [Quota::leaky_bucket(10, Duration::from_secs(1))],
+            policy,
+        )
+        .unwrap()
     }
 
     fn answer(status: u16, headers: &[(&str, &str)]) -> Response {

@@ -13,10 +13,10 @@ use std::sync::{Arc, Mutex, Weak};
 
 use reqwest::Request;
 
-use super::Shaper;
+use super::handle::Shaper;
 use crate::error::{ConfigError, Error};
 use crate::gate::{Gate, GateMap};
-use crate::lane::{Lane, LanePolicy, OnIdle};
+use crate::lane::{Lane, OnIdle};
 use crate::meters::Quota;
 use crate::observability::{Labels, LaneMetrics, StoreMetrics};
 use crate::route::{Level, Route, Tag};
@@ -62,12 +62,10 @@ impl Shaper {
                  change them by rebuilding the fleet's shapers",
             ));
         }
-        LanePolicy {
-            quotas: quotas.to_vec(),
-            ..self.inner.policy.clone()
-        }
-        .validate()
-        .map_err(|e| e.within(&format!("levels.{field}")))
+        self.inner
+            .policy
+            .validate(quotas)
+            .map_err(|e| e.within(&format!("levels.{field}")))
     }
 
     /// Change the quotas of the levels named `level` (see
@@ -190,10 +188,7 @@ impl Shaper {
             let link = store.link(shared.clone(), &keys, &quotas, headroom, failure, metrics);
             Arc::new(link)
         });
-        let mut policy = LanePolicy {
-            quotas: Vec::new(),
-            ..self.inner.policy.clone()
-        };
+        let mut policy = self.inner.policy.clone();
         if let Some(answers) = route.and_then(|r| r.answers.clone()) {
             policy.answers = answers;
         }

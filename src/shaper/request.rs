@@ -7,10 +7,16 @@ use std::time::Duration;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Request, Response, Version};
 
-use super::{Options, Shaper};
+use super::call::Options;
+use super::handle::Shaper;
 use crate::error::Error;
 use crate::lane::Priority;
 use crate::route::Tag;
+
+/// A per-request limit on the wait for release, also understood as a
+/// `reqwest_middleware` extension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaxWait(pub Duration);
 
 /// A request being built; [`send`](Self::send) queues it on its lanes.
 ///
@@ -151,7 +157,7 @@ impl RequestBuilder {
     }
 
     /// What this request costs for quotas that count cost (e.g. estimated
-    /// tokens); default 1. Correct it after the response with [`Settle`](crate::Settle).
+    /// tokens); default 1. Correct it after the response with [`Settle`](crate::shaper::Settle).
     pub fn cost(mut self, cost: u64) -> Self {
         self.options.cost = Some(cost);
         self
@@ -163,7 +169,7 @@ impl RequestBuilder {
         self
     }
 
-    /// A tenant or user, for [`LaneKey::Tag`](crate::LaneKey::Tag) levels.
+    /// A tenant or user, for [`LaneKey::Tag`](crate::route::LaneKey::Tag) levels.
     pub fn tag(mut self, tag: impl Into<String>) -> Self {
         self.options.tag = Some(Tag(tag.into()));
         self

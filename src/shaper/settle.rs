@@ -16,7 +16,7 @@ use crate::lane::Lane;
 /// # async fn f(shaper: callshaper::Shaper) -> Result<(), callshaper::Error> {
 /// let response = shaper.post("https://api.example.com/v1/chat").cost(1_000).send().await?;
 /// // ... read the usage from the body ...
-/// if let Some(settle) = response.extensions().get::<callshaper::Settle>() {
+/// if let Some(settle) = response.extensions().get::<callshaper::shaper::Settle>() {
 ///     settle.report(200); // 800 tokens come back to the quota
 /// }
 /// # Ok(()) }

@@ -10,7 +10,7 @@ use reqwest::header::HeaderMap;
 /// Where a shaper reads the wall clock, against which it reads the
 /// absolute times vendors write (an epoch reset, an HTTP-date
 /// `Retry-After`, an RFC 3339 instant). [`SystemClock`] unless the builder
-/// is given another ([`ShaperBuilder::wall_clock`](crate::ShaperBuilder::wall_clock)):
+/// is given another ([`ShaperBuilder::wall_clock`](crate::shaper::ShaperBuilder::wall_clock)):
 /// tests under tokio's paused clock give one that moves with it
 /// (`testing::TokioWall`, feature `testing`), as governor's tests give
 /// its fake clock.

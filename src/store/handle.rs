@@ -12,7 +12,7 @@ use crate::gate::Gate;
 use crate::meters::Quota;
 use crate::observability::StoreMetrics;
 
-/// A shared store for [`ShaperBuilder::store`](crate::ShaperBuilder::store):
+/// A shared store for [`ShaperBuilder::store`](crate::shaper::ShaperBuilder::store):
 /// made from a concrete store, e.g. `RedisStore` (feature `redis`). Cheap
 /// to clone.
 #[derive(Clone)]

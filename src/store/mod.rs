@@ -41,7 +41,7 @@
 //!   instances; fail-closed ends waiting requests at once with
 //!   [`Error::StoreUnavailable`](crate::Error::StoreUnavailable). Either way
 //!   the lane tries Redis again every [`RedisOptions::probe_every`] and
-//!   returns to it by itself. [`LaneSnapshot::store`](crate::LaneSnapshot)
+//!   returns to it by itself. [`LaneSnapshot::store`](crate::lane::LaneSnapshot)
 //!   and the `callshaper_store_mode` gauge say which mode a lane is in.
 //!   A call that timed out on a hung Redis may still run when Redis wakes
 //!   up: the slots it booked then go unused, which wastes quota but never

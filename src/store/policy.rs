@@ -3,7 +3,7 @@
 
 /// What a lane does when its shared store (Redis) cannot answer.
 ///
-/// Pick per endpoint ([`Route::on_store_failure`](crate::Route::on_store_failure)):
+/// Pick per endpoint ([`Route::on_store_failure`](crate::route::Route::on_store_failure)):
 /// fail-open for calls whose loss costs more than a few 429s (a checkout),
 /// fail-closed where going over the quota is worse than not calling (a
 /// vendor that bans keys, an API billed per overage).

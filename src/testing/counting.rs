@@ -12,7 +12,7 @@ use super::style::Said;
 use crate::time::later;
 
 /// One quota the vendor enforces.
-pub(super) struct Quota {
+pub(super) struct Limiter {
     pub(super) limit: u64,
     pub(super) window: Duration,
     pub(super) counting: Counting,
@@ -78,7 +78,7 @@ impl Nginx {
     }
 }
 
-impl Quota {
+impl Limiter {
     /// Whether `cost` fits now; if not, how long until it does.
     pub(super) fn check(&self, cost: u64, now: Instant, start: Instant) -> Result<(), Duration> {
         match &self.counting {

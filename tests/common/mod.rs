@@ -7,8 +7,9 @@ pub mod nginx;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use callshaper::shaper::ShaperBuilder;
 use callshaper::testing::{HoldClock, TokioWall};
-use callshaper::{Error, Shaper, ShaperBuilder};
+use callshaper::{Error, Quota, Shaper};
 
 pub const SECOND: Duration = Duration::from_secs(1);
 
@@ -18,6 +19,15 @@ pub const SECOND: Duration = Duration::from_secs(1);
 pub fn shaper(count: u32) -> ShaperBuilder {
     Shaper::builder()
         .rate(count, SECOND)
+        .transport(HoldClock(reqwest::Client::new()))
+        .wall_clock(TokioWall)
+}
+
+/// A shaper builder like [`shaper`], keeping to `quota` instead of a
+/// request rate.
+pub fn shaper_with(quota: Quota) -> ShaperBuilder {
+    Shaper::builder()
+        .quota(quota)
         .transport(HoldClock(reqwest::Client::new()))
         .wall_clock(TokioWall)
 }
@@ -129,7 +139,7 @@ pub async fn settle_then_not(
         if settle {
             first
                 .extensions()
-                .get::<callshaper::Settle>()
+                .get::<callshaper::shaper::Settle>()
                 .unwrap()
                 .report(200);
             tokio::time::sleep(lands).await;
@@ -208,11 +218,11 @@ impl Wire {
     }
 }
 
-impl callshaper::Transport for Wire {
+impl callshaper::shaper::Transport for Wire {
     fn send(
         &self,
         request: reqwest::Request,
-    ) -> callshaper::BoxFuture<reqwest::Result<reqwest::Response>> {
+    ) -> callshaper::shaper::BoxFuture<reqwest::Result<reqwest::Response>> {
         let at = std::time::Instant::now();
         let (client, sends) = (self.client.clone(), self.sends.clone());
         Box::pin(async move {

@@ -23,11 +23,12 @@ use crate::time::micros;
 
 /// Lane state in Redis or Redis Cluster, shared by every instance that
 /// connects to it. Cheap to clone; give it to
-/// [`ShaperBuilder::store`](crate::ShaperBuilder::store).
+/// [`ShaperBuilder::store`](crate::shaper::ShaperBuilder::store).
 ///
 /// ```
 /// use std::time::Duration;
-/// use callshaper::{Shaper, StoreFailure, store::RedisStore};
+/// use callshaper::{Shaper, store::RedisStore};
+/// use callshaper::store::StoreFailure;
 /// # use callshaper::testing::{RedisServer, Vendor};
 ///
 /// # #[tokio::main(flavor = "current_thread")]

@@ -1,0 +1,685 @@
+//! The [`Lane`] handle: a caller's place and its wait, pauses, the
+//! snapshot; what the lane's dispatcher and the shaper ask of a lane.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::{Semaphore, oneshot};
+use tokio::time::{Instant, sleep_until};
+
+use super::dispatcher::Dispatcher;
+use super::policy::{LanePolicy, Priority};
+use super::release::{Local, Reserved};
+use super::shared::{OnIdle, Shared};
+use super::snapshot::LaneSnapshot;
+use super::turn::{Ticket, Turn};
+use super::waiter::Waiter;
+use crate::error::{ConfigError, Error};
+use crate::gate::PauseCause;
+use crate::gate::{Booked, Gate, Spending, Stop};
+use crate::meters::{Quota, Rate};
+use crate::observability::{InFlight, Labels, LaneMetrics};
+use crate::retry::RetryBudget;
+use crate::store::{Remote, StoreMode};
+use crate::sync::lock;
+use crate::time::later;
+
+/// One upstream quota: a FIFO queue, meters and a pause, drained by one
+/// dispatcher task.
+///
+/// [`Shaper`](crate::Shaper) creates lanes by itself; a `Lane` can also pace
+/// anything else (a gRPC client, a database) on its own:
+///
+/// ```
+/// use std::time::Duration;
+/// use callshaper::Quota;
+/// use callshaper::lane::{Lane, LanePolicy};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let ten_a_second = Quota::leaky_bucket(10, Duration::from_secs(1));
+/// let lane = Lane::new("sms", [ten_a_second], LanePolicy::default())?;
+/// let start = tokio::time::Instant::now();
+/// for _ in 0..3 {
+///     let _turn = lane.acquire().await?;
+///     // ... call the vendor ...
+/// }
+/// assert!(start.elapsed() >= Duration::from_millis(200));
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Lane {
+    pub(super) tickets: async_channel::Sender<Ticket>,
+    pub(super) shared: Arc<Shared>,
+}
+
+impl Lane {
+    /// A lane named `key` that keeps to all of `quotas` at once (e.g.
+    /// requests **and** tokens per minute; at least one), under `policy`;
+    /// its dispatcher runs on the current
+    /// tokio runtime until every handle to the lane is dropped. Outside a
+    /// runtime, a [`ConfigError`] for `runtime`.
+    pub fn new(
+        key: impl Into<String>,
+        quotas: impl IntoIterator<Item = Quota>,
+        policy: LanePolicy,
+    ) -> Result<Self, ConfigError> {
+        let quotas: Vec<Quota> = quotas.into_iter().collect();
+        policy.validate(&quotas)?;
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(ConfigError::new(
+                "runtime",
+                "a lane runs its dispatcher on tokio: create it within a runtime",
+            ));
+        }
+        let settings = policy.gate_settings(RetryBudget::default());
+        let own = Arc::new(Gate::new("", &quotas, settings, None, 1));
+        let key = key.into();
+        let labels = Labels::standalone(&key);
+        let metrics = LaneMetrics::new(&labels, None);
+        Ok(Self::spawn(
+            key,
+            labels,
+            metrics,
+            policy,
+            vec![own],
+            None,
+            None,
+        ))
+    }
+
+    /// Start the dispatcher of a lane whose policy is already validated,
+    /// releasing through `gates` (narrowest first, the vendor's last), by
+    /// the store's reservations when it has a `remote`, else by the gates'
+    /// meters.
+    pub(crate) fn spawn(
+        key: String,
+        labels: Labels,
+        metrics: LaneMetrics,
+        policy: LanePolicy,
+        gates: Vec<Arc<Gate>>,
+        on_idle: Option<OnIdle>,
+        remote: Option<Arc<Remote>>,
+    ) -> Self {
+        let (tickets, tickets_rx) = async_channel::unbounded();
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+        let shared = Arc::new(Shared {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            metrics,
+            key,
+            labels,
+            gates,
+            in_flight: policy
+                .max_in_flight
+                .map(|n| Arc::new(Semaphore::new(n.min(Semaphore::MAX_PERMITS)))),
+            next_seq: AtomicU64::new(0),
+            released: AtomicU64::new(0),
+            latest_fleet: Mutex::new(None),
+            throttles: AtomicU64::new(0),
+            waiting: AtomicUsize::new(0),
+            policy,
+            remote: remote.clone(),
+        });
+        shared.report_quota();
+        // One engine per lane, chosen once: the dispatcher is generic over
+        // it, so the in-memory path pays nothing for the store's.
+        let lane = shared.clone();
+        match remote {
+            None => Dispatcher::spawn(lane, tickets_rx, on_idle, Local::default()),
+            Some(remote) => Dispatcher::spawn(lane, tickets_rx, on_idle, Reserved::new(remote)),
+        }
+        Self { tickets, shared }
+    }
+
+    /// The lane's key.
+    pub fn key(&self) -> &str {
+        &self.shared.key
+    }
+
+    /// The lane's policy.
+    pub fn policy(&self) -> &LanePolicy {
+        &self.shared.policy
+    }
+
+    /// The request quota declared for the lane's vendor: a shaper's lanes
+    /// hold their quotas in their gates, not in their policy.
+    pub(crate) fn declared(&self) -> Option<Rate> {
+        self.shared.vendor().declared()
+    }
+
+    /// Wait for this caller's turn, in FIFO order, under the policy's
+    /// `max_wait`, for a request of cost 1.
+    pub async fn acquire(&self) -> Result<Turn, Error> {
+        let max_wait = self.shared.policy.max_wait;
+        let mut place = self
+            .enter(1, Priority::Interactive, max_wait)
+            .inspect_err(|error| self.ended(error.reason()))?;
+        let mut turn = self
+            .wait(&mut place)
+            .await
+            .inspect_err(|error| self.ended(error.reason()))?;
+        // The caller sends now: a strict lane measures its next from here.
+        turn.door_opens().await;
+        turn.went();
+        Ok(turn)
+    }
+
+    /// Hand the dispatcher a ticket already counted in `waiting`; the
+    /// caller's end goes to `slot`.
+    pub(super) fn send(
+        &self,
+        ticket: Ticket,
+        waiter: Waiter,
+        slot: &mut Slot,
+    ) -> Result<(), Error> {
+        // Unsent, the ticket is dropped with its sender: the waiter
+        // counts itself out as it drops.
+        self.tickets.try_send(ticket).map_err(|_| Error::Shutdown)?;
+        *slot = Slot::Waiting(waiter);
+        Ok(())
+    }
+
+    /// Put a released request back in the queue with its old number, so it
+    /// goes before everything that came after it; after a failure, not
+    /// before its `backoff` is over, which it waits out in the queue (see
+    /// `queue.rs`).
+    pub(crate) fn reenter(&self, place: &mut Place, backoff: Duration) -> Result<(), Error> {
+        let now = Instant::now();
+        let not_before = (!backoff.is_zero()).then(|| later(now, backoff));
+        if let Some(&(deadline, max_wait)) = place.deadline.as_deref() {
+            let paused = self.paused_until().unwrap_or(now);
+            let release = paused.max(not_before.unwrap_or(now));
+            if release > deadline {
+                return Err(Error::WouldExceedMaxWait {
+                    lane: self.shared.key.clone(),
+                    predicted: release.saturating_duration_since(now),
+                    max_wait,
+                });
+            }
+        }
+        self.shared.count_in();
+        let (mut ticket, waiter) =
+            Waiter::ticket(&self.shared, place.seq, place.cost, place.priority);
+        ticket.not_before = not_before;
+        self.send(ticket, waiter, &mut place.slot)
+    }
+
+    /// Wait until the dispatcher hands this place its turn.
+    pub(crate) async fn wait(&self, place: &mut Place) -> Result<Turn, Error> {
+        // The waiter stays in the place while it waits: a caller who gives
+        // up drops its place, and the waiter with it frees the place then.
+        let waiter = match &mut place.slot {
+            Slot::Waiting(waiter) => waiter,
+            slot => {
+                return match std::mem::replace(slot, Slot::Taken) {
+                    Slot::Ready(turn) => Ok(turn),
+                    _ => Err(Error::Shutdown),
+                };
+            }
+        };
+        let outcome = match place.deadline.as_deref().copied() {
+            None => waiter.await,
+            // Boxed: a timer is large, and most requests have no deadline;
+            // this keeps every queued request without one small.
+            Some((deadline, max_wait)) => {
+                Box::pin(self.wait_until(waiter, deadline, max_wait)).await
+            }
+        };
+        place.slot = Slot::Taken;
+        outcome
+    }
+
+    async fn wait_until(
+        &self,
+        waiter: &mut Waiter,
+        deadline: Instant,
+        max_wait: Duration,
+    ) -> Result<Turn, Error> {
+        tokio::select! {
+            biased;
+            turn = &mut *waiter => return turn,
+            () = sleep_until(deadline) => {}
+        }
+        // A release due at the deadline itself is woken in the same tick:
+        // let the dispatcher run once before giving up.
+        tokio::task::yield_now().await;
+        if let Some(turn) = waiter.try_answer().transpose() {
+            return turn;
+        }
+        if let Some(turn) = waiter.leave() {
+            return turn;
+        }
+        Err(Error::MaxWaitElapsed {
+            lane: self.shared.key.clone(),
+            max_wait,
+        })
+    }
+
+    /// A request released at `turn` cost `actual`, not the `charged` it
+    /// was estimated at: correct the meters that count cost. An `actual`
+    /// past the largest cost one request may have counts as that: one
+    /// report holds the lane for at most the time a full quota takes to
+    /// come back, never for ever.
+    pub(crate) fn settle(&self, charged: u64, actual: u64, at: Instant) {
+        let capacity = self.shared.meters().iter().map(|m| m.capacity()).min();
+        let actual = actual.min(capacity.unwrap_or(u64::MAX));
+        if let Some(remote) = &self.shared.remote
+            && remote.mode() != StoreMode::Fallback
+        {
+            remote.settle(charged, actual, at);
+            return;
+        }
+        for gate in &self.shared.gates {
+            gate.meters().settle(charged, actual, at);
+        }
+    }
+
+    /// Pause the whole lane, and the shared quotas above it (so every lane
+    /// sharing the vendor's quota stops too), for `pause` from now, clamped
+    /// to `max_pause`. A pause only ever moves forward: a shorter one than
+    /// the current leaves it as it is. Returns the instant the lane resumes.
+    pub fn pause_for(&self, pause: Duration) -> Instant {
+        self.pause_because(pause, PauseCause::Requested, None)
+    }
+
+    /// [`pause_for`](Self::pause_for), saying why, and what the vendor
+    /// `said` that asked for it.
+    pub(crate) fn pause_because(
+        &self,
+        pause: Duration,
+        cause: PauseCause,
+        said: Option<&Arc<str>>,
+    ) -> Instant {
+        if let Some(remote) = &self.shared.remote {
+            remote.pause(pause.min(self.shared.policy.max_pause));
+        }
+        let gates = &self.shared.gates;
+        let until = gates
+            .iter()
+            .map(|gate| gate.pause_for(pause, cause, said))
+            .max()
+            .unwrap_or_else(Instant::now);
+        self.shared.metrics.paused(until, cause.label());
+        until
+    }
+
+    /// The lane was throttled with `status`: the pause to take (the
+    /// vendor's hint, else the vendor gate's growing fallback).
+    pub(crate) fn throttled(
+        &self,
+        hint: Option<Duration>,
+        status: u16,
+        cause: PauseCause,
+    ) -> Duration {
+        self.shared.throttles.fetch_add(1, Ordering::Relaxed);
+        self.shared.metrics.throttled(status, cause.label());
+        self.shared.vendor().throttled(hint)
+    }
+
+    /// The vendor accepted a request.
+    pub(crate) fn succeeded(&self) {
+        self.shared.vendor().succeeded();
+    }
+
+    /// The vendor refused the request released at `released` (saying its
+    /// limit is `limit`, if it did; `silent`: nothing of its quota) for the
+    /// lane's spacing, by its ledger
+    /// (see [`Gate::spacing_refused`]): the gap the lane keeps from now on,
+    /// if so, with the refusal counted.
+    pub(crate) fn spacing_refused(
+        &self,
+        limit: Option<u64>,
+        silent: bool,
+        released: Instant,
+        status: u16,
+    ) -> Option<Duration> {
+        let gap = self
+            .shared
+            .vendor()
+            .spacing_refused(limit, silent, released)?;
+        self.shared.throttles.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .metrics
+            .throttled(status, PauseCause::Spacing.label());
+        Some(gap)
+    }
+
+    /// Whose releases gate `i` reads the vendor's signals against: the
+    /// lane's own in memory, else the `fleet`'s, as the store counted them
+    /// for the answered request's slot. The vendor may also have counted
+    /// requests the lane handed out after that one, which reached it first
+    /// (a burst's requests overtake each other): the store's count for the
+    /// latest turn handed out includes them, and the higher count is read,
+    /// so the fleet's own burst is never taken for another consumer.
+    fn spending(&self, i: usize, fleet: Option<&[Option<Booked>]>) -> Spending {
+        if self.shared.remote.is_none() {
+            return Spending::Own;
+        }
+        let of = |fleet: Option<&[Option<Booked>]>| fleet.and_then(|f| f.get(i).copied().flatten());
+        let Some(booked) = of(fleet) else {
+            return Spending::Unknown;
+        };
+        let latest = of(lock(&self.shared.latest_fleet)
+            .as_deref()
+            .map(Vec::as_slice));
+        let count = latest.map_or(booked.count, |latest| latest.count.max(booked.count));
+        Spending::Fleet(Booked { count, ..booked })
+    }
+
+    /// Whether the lane's own releases (on a shared store, the `fleet`'s)
+    /// explain a vendor saying `used` of its `limit` are spent (see
+    /// [`Gate::explains`]).
+    pub(crate) fn explains(
+        &self,
+        limit: u64,
+        used: u64,
+        released: Instant,
+        fleet: Option<&[Option<Booked>]>,
+    ) -> bool {
+        self.shared
+            .gates
+            .iter()
+            .enumerate()
+            .any(|(i, gate)| gate.explains(limit, used, released, self.spending(i, fleet)))
+    }
+
+    /// Whether the vendor's "nothing left" on the request released at
+    /// `released` is its burst room, not a spent window (see
+    /// [`Gate::burst_room`]).
+    pub(crate) fn burst_room(&self, released: Instant, fleet: Option<&[Option<Booked>]>) -> bool {
+        let Some(vendor) = self.shared.gates.len().checked_sub(1) else {
+            return false;
+        };
+        let room = self.shared.gates[vendor].burst_room(released, self.spending(vendor, fleet));
+        if room == Some(true) {
+            tracing::info!(
+                lane = self.key(),
+                "the vendor said nothing is left after the lane's first request in a window: \
+                 that is its burst room, not a spent window; the meters keep to its quota"
+            );
+        }
+        room.is_some()
+    }
+
+    /// When the vendor's quota frees a unit by this lane's own releases
+    /// (on a shared store, the `fleet`'s) alone (see [`Gate::frees_at`]).
+    pub(crate) fn frees_at(
+        &self,
+        limit: u64,
+        released: Instant,
+        fleet: Option<&[Option<Booked>]>,
+    ) -> Option<Instant> {
+        let vendor = self.shared.gates.len().checked_sub(1)?;
+        self.shared.gates[vendor].frees_at(limit, released, self.spending(vendor, fleet))
+    }
+
+    /// True when the vendor's window end `reset` from now (to `precision`)
+    /// is further than the declared window can end (see
+    /// [`Gate::longer_window`]).
+    pub(crate) fn longer_window(
+        &self,
+        reset: Duration,
+        precision: Duration,
+        released: Instant,
+    ) -> bool {
+        self.shared
+            .vendor()
+            .longer_window(reset, precision, released)
+    }
+
+    /// The vendor announced its quota; see [`Gate::learn`]. True when this
+    /// changed the pace.
+    pub(crate) fn learn(&self, announced: Rate) -> bool {
+        let learned = self.shared.vendor().learn(announced);
+        if learned {
+            self.shared.metrics.learned(announced);
+        }
+        learned
+    }
+
+    /// The vendor said no pause helps (out of credit): end every request
+    /// of the vendor's lanes at once for `max_pause`, then let one through
+    /// to see.
+    pub(crate) fn stop(&self, status: u16, body: String) -> Error {
+        let stop = Stop { status, body };
+        let error = self.shared.out_of_credit(&stop);
+        self.shared
+            .vendor()
+            .stop_for(self.shared.policy.max_pause, stop);
+        self.wake();
+        error
+    }
+
+    /// Wake this lane's dispatcher now, with a ticket nobody waits for (it
+    /// is skipped, and counted nowhere): a stop ends its queue within the
+    /// round trip that said so. The vendor's other lanes see the stop at
+    /// their next step, at the latest when the pause that came with it
+    /// ends.
+    pub(crate) fn wake(&self) {
+        let (turn, _) = oneshot::channel();
+        let seq = self.shared.next_seq.fetch_add(1, Ordering::Relaxed);
+        // A closed lane has nothing to wake.
+        let _ = self.tickets.try_send(Ticket {
+            seq,
+            cost: 0,
+            priority: Priority::Interactive,
+            not_before: None,
+            turn,
+        });
+    }
+
+    /// The vendor refused a request released at `released`; see
+    /// [`Gate::refused`] (`reset`: with its precision; `bucket`: the
+    /// capacity of a limit that refills). The quota learned, if the pace
+    /// changed.
+    pub(crate) fn refused(
+        &self,
+        limit: Option<u64>,
+        reset: Option<(Duration, Duration)>,
+        released: Instant,
+        bucket: Option<u64>,
+    ) -> Option<Rate> {
+        let learned = self
+            .shared
+            .vendor()
+            .refused(limit, reset, released, bucket)?;
+        self.shared.metrics.learned(learned);
+        Some(learned)
+    }
+
+    /// The vendor wrote `end` as the end of its fixed window; see
+    /// [`Gate::saw_end`].
+    pub(crate) fn saw_end(&self, end: SystemTime) {
+        self.shared.vendor().saw_end(end, Instant::now());
+    }
+
+    /// When the vendor's fixed window ending at `end` closes at the latest;
+    /// see [`Gate::window_closes`].
+    pub(crate) fn window_closes(&self, end: SystemTime) -> Option<Instant> {
+        self.shared.vendor().window_closes(end)
+    }
+
+    /// The vendor answered a request released at `released`: a burst
+    /// waiting for its first word goes now, and a bucket's `remaining`
+    /// (see [`Gate::bucket`]; `leaks`: its capacity, when it does not say
+    /// its rate) holds the vendor gate's meters to it. On a shared store
+    /// the local meters are only the fallback share: the store's count is
+    /// the fleet's, and the bucket's `remaining` holds the lane's bursts
+    /// of slots instead (see [`Gate::said_left`]). The quota learned, if
+    /// the pace changed.
+    pub(crate) fn answered(
+        &self,
+        bucket: Option<(u64, Option<u64>)>,
+        released: Instant,
+        refused: bool,
+    ) -> Option<Rate> {
+        if let (Some((remaining, _)), Some(_)) = (bucket, &self.shared.remote) {
+            // Before the lanes waiting for the first word wake to read it.
+            self.shared.vendor().said_left(remaining, released);
+        }
+        // Every gate hears it (`|`, not `||`): each may hold a burst.
+        let first = self
+            .shared
+            .gates
+            .iter()
+            .fold(false, |first, gate| gate.heard() | first);
+        if first {
+            self.wake();
+        }
+        if self.shared.remote.is_some() {
+            return None;
+        }
+        let (remaining, leaks) = bucket?;
+        let learned = self
+            .shared
+            .vendor()
+            .bucket(remaining, leaks, released, refused)?;
+        self.shared.metrics.learned(learned);
+        Some(learned)
+    }
+
+    /// A failed request is tried again.
+    pub(crate) fn retried(&self) {
+        self.shared.metrics.retried();
+    }
+
+    /// A request waited `wait` from submission to its first release.
+    pub(crate) fn waited(&self, wait: Duration) {
+        self.shared.metrics.waited(wait);
+    }
+
+    /// A released request goes on the wire until the guard drops.
+    pub(crate) fn sending(&self) -> InFlight {
+        self.shared.metrics.sending()
+    }
+
+    /// A request of this lane ended with an error of `reason` (see
+    /// [`Error::reason`]), not a response.
+    pub(crate) fn ended(&self, reason: &'static str) {
+        self.shared.metrics.refused(reason);
+    }
+
+    /// Its gates' quotas changed: report the new declared rate, and wake
+    /// the dispatcher so the next release follows them.
+    pub(crate) fn requoted(&self) {
+        self.shared.report_quota();
+        self.wake();
+    }
+
+    /// True when one of the lane's gates holds the quotas of `level`.
+    pub(crate) fn holds_level(&self, level: &str) -> bool {
+        self.shared.gates.iter().any(|gate| gate.level() == level)
+    }
+
+    /// The lane's vendor, level and route.
+    pub(crate) fn labels(&self) -> &Labels {
+        &self.shared.labels
+    }
+
+    /// A request's first attempt: it earns the vendor's retry budget some.
+    pub(crate) fn deposit(&self) {
+        self.shared.vendor().deposit();
+    }
+
+    /// Spend one failure retry from the vendor's budget, if any is left.
+    pub(crate) fn withdraw_retry(&self) -> bool {
+        self.shared.vendor().withdraw_retry()
+    }
+
+    fn paused_until(&self) -> Option<Instant> {
+        self.shared.paused_until(Instant::now())
+    }
+
+    pub(super) fn queued(&self) -> usize {
+        self.shared.waiting.load(Ordering::SeqCst)
+    }
+
+    /// True when forgetting this lane loses nothing: nobody waiting, no
+    /// pause, the meters rested.
+    pub(crate) fn is_idle(&self) -> bool {
+        let now = Instant::now();
+        self.queued() == 0 && self.shared.gates.iter().all(|gate| gate.is_idle(now))
+    }
+
+    /// True while the lane's dispatcher runs: not closed, and its runtime
+    /// not gone.
+    pub(crate) fn is_running(&self) -> bool {
+        !self.tickets.is_closed()
+    }
+
+    /// Refuse new requests and end every waiting one with
+    /// [`Error::Shutdown`].
+    pub(crate) fn close(&self) {
+        self.tickets.close();
+    }
+
+    /// What the lane is doing right now.
+    pub fn snapshot(&self) -> LaneSnapshot {
+        let now = Instant::now();
+        // The latest pause among the gates, and its cause.
+        let pause = self
+            .shared
+            .gates
+            .iter()
+            .filter_map(|gate| gate.pause(now))
+            .max_by_key(|pause| pause.until);
+        // Before the literal: its `interval` holds the meters' locks to its end.
+        let spacing = self.shared.gates.iter().filter_map(|g| g.spacing()).max();
+        LaneSnapshot {
+            key: self.shared.key.clone(),
+            queued: self.queued(),
+            paused_for: pause.as_ref().map(|pause| pause.until - now),
+            pause_cause: pause.as_ref().map(|pause| pause.cause),
+            pause_said: pause.and_then(|pause| pause.said.as_deref().map(str::to_owned)),
+            released: self.shared.released.load(Ordering::Relaxed),
+            throttles: self.shared.throttles.load(Ordering::Relaxed),
+            interval: self
+                .shared
+                .meters()
+                .iter()
+                .map(|m| m.interval())
+                .max()
+                .unwrap_or_default(),
+            learned: self.shared.vendor().learned(),
+            spacing,
+            store: self.shared.remote.as_ref().map(|remote| remote.mode()),
+        }
+    }
+}
+
+impl std::fmt::Debug for Lane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lane")
+            .field("key", &self.shared.key)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A caller's place in a lane: its sequence number and cost (kept across
+/// retries) and its next turn.
+pub(crate) struct Place {
+    pub(super) seq: u64,
+    pub(super) cost: u64,
+    pub(super) priority: Priority,
+    pub(super) slot: Slot,
+    /// Boxed: most requests have none, and every waiting one carries this.
+    pub(super) deadline: Option<Box<(Instant, Duration)>>,
+}
+
+impl Place {
+    /// The place's number in its lane's order.
+    pub(crate) fn seq(&self) -> u64 {
+        self.seq
+    }
+}
+
+pub(super) enum Slot {
+    /// Taken on the fast path.
+    Ready(Turn),
+    /// Arrives from the dispatcher.
+    Waiting(Waiter),
+    /// Handed out already.
+    Taken,
+}

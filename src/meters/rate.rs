@@ -1,0 +1,87 @@
+//! [`Rate`], and the arithmetic of time at a rate that the GCRA meters
+//! share.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::error::ConfigError;
+use crate::time::later;
+
+/// A rate: `count` per `per`.
+///
+/// ```
+/// use std::time::Duration;
+/// let rate = callshaper::Rate::new(10, Duration::from_secs(1));
+/// assert_eq!(rate.interval(Duration::ZERO), Duration::from_millis(100));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
+pub struct Rate {
+    /// How many units the vendor accepts in one window.
+    pub count: u32,
+    /// The vendor's window.
+    #[cfg_attr(feature = "serde", serde(with = "crate::time::human"))]
+    pub per: Duration,
+}
+
+impl Rate {
+    /// `count` per `per`.
+    pub const fn new(count: u32, per: Duration) -> Self {
+        Self { count, per }
+    }
+
+    /// The spacing between two units when the window is stretched by
+    /// `headroom`: `(per + headroom) / count`, saturating (a vendor may
+    /// announce any window).
+    pub fn interval(&self, headroom: Duration) -> Duration {
+        self.per.saturating_add(headroom) / self.count.max(1)
+    }
+
+    /// The average rate in units per second (a window of zero, which only
+    /// a vendor could announce, counts as a nanosecond).
+    pub fn per_second(&self) -> f64 {
+        f64::from(self.count) / self.per.as_secs_f64().max(1e-9)
+    }
+
+    /// The longest window a quota may have: vendors count per second,
+    /// minute, hour, day or month, and a year bounds every instant a meter
+    /// computes from it far from overflow.
+    pub const LONGEST_WINDOW: Duration = Duration::from_secs(366 * 86_400);
+
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        if self.count == 0 {
+            return Err(ConfigError::new("count", "must be at least 1"));
+        }
+        if self.per.is_zero() {
+            return Err(ConfigError::new("per", "must be longer than zero"));
+        }
+        if self.per > Self::LONGEST_WINDOW {
+            return Err(ConfigError::new(
+                "per",
+                format!("{:?} is longer than the longest window, 366 days", self.per),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `interval × n`, saturating: the time `n` units take at one per
+/// `interval`.
+pub(crate) fn spacing(interval: Duration, n: u64) -> Duration {
+    interval.saturating_mul(u32::try_from(n).unwrap_or(u32::MAX))
+}
+
+/// Settle a GCRA charge: move `tat` back by the units not used, or forward
+/// by the units used beyond the estimate.
+pub(crate) fn settle_tat(tat: &mut Option<Instant>, interval: Duration, charged: u64, actual: u64) {
+    if let Some(at) = *tat {
+        *tat = Some(if actual < charged {
+            at.checked_sub(spacing(interval, charged - actual))
+                .unwrap_or(at)
+        } else {
+            later(at, spacing(interval, actual - charged))
+        });
+    }
+}

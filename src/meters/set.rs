@@ -1,0 +1,470 @@
+//! A lane's meters, checked together ([`Meters`]): the declared quotas,
+//! and what slows them (a learned pace, a vendor's leak, strict spacing),
+//! charged all or none.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::leaky_bucket::LeakyBucket;
+use super::meter::Meter;
+use super::quota::{Algorithm, Quota, Unit};
+use super::releases::Releases;
+use super::token_bucket::TokenBucket;
+use crate::time::later;
+
+/// A lane's meters, checked together: a request goes when every meter
+/// allows it, and none is charged unless all are, so waiting on one
+/// dimension never leaks capacity from another.
+#[derive(Debug)]
+pub(crate) struct Meters {
+    meters: Vec<Counting>,
+    /// A slower pace than declared (a quota the vendor announced, or
+    /// adaptive pacing), counting requests.
+    pace: Option<LeakyBucket>,
+    /// A vendor's bucket whose leak its levels showed (Shopify): its
+    /// capacity, refilled at that rate, and held to what it says is left
+    /// as the declared buckets are, so the lane uses the room the vendor
+    /// reports and paces at the leak only when the bucket is full.
+    leak: Option<TokenBucket>,
+    /// The last release, so a new pace counts from it.
+    last: Option<Instant>,
+    /// Releases over the request quota's window, when there is one.
+    releases: Option<Releases>,
+    /// Lateness a pace forgives (half the headroom, as the declared
+    /// buckets).
+    slack: Duration,
+    /// The quotas the meters count, in the same order.
+    quotas: Vec<Quota>,
+    /// The first release, and whether the vendor has answered since: a
+    /// burst waits for the vendor's first word (see [`FIRST_WORD`]).
+    first: Option<Instant>,
+    heard: bool,
+    /// Strict spacing declared ([`Quota::strict`]): the widest interval
+    /// among the strict quotas.
+    strict: Option<Duration>,
+    /// Strict spacing a vendor's refusals taught (`spacing.rs`).
+    learned_spacing: Option<Duration>,
+}
+
+/// The strict spacing `quotas` declare: the widest interval among the
+/// strict ones.
+fn strict_spacing(quotas: &[Quota], headroom: Duration) -> Option<Duration> {
+    quotas
+        .iter()
+        .filter(|quota| quota.strict)
+        .map(|quota| quota.rate().interval(headroom))
+        .max()
+}
+
+/// How long a lane whose quotas allow a burst waits, after its first
+/// release, for the vendor's first answer before it sends the rest: that
+/// answer says what the vendor really has left (a bucket declared half as
+/// large again as the vendor's would otherwise send its whole excess
+/// before any answer could stop it). Bounded, as a slow first answer (a
+/// long generation) must not hold a burst for long; one interval of a
+/// quota at a request a second.
+pub(crate) const FIRST_WORD: Duration = Duration::from_secs(1);
+
+/// A meter and what it counts.
+type Counting = (Box<dyn Meter>, Unit);
+
+/// How many units `meter` lets go at once at `now` (a binary search on
+/// `earliest`, which only says "when").
+fn room(meter: &dyn Meter, now: Instant) -> u64 {
+    let (mut fits, mut over) = (0, meter.capacity().saturating_add(1));
+    while over - fits > 1 {
+        let mid = fits + (over - fits) / 2;
+        if meter.earliest(mid, now) <= now {
+            fits = mid;
+        } else {
+            over = mid;
+        }
+    }
+    fits
+}
+
+/// The ledger for `quotas`: over the longest window of those that count
+/// requests.
+fn ledger(quotas: &[Quota], headroom: Duration) -> Option<Releases> {
+    quotas
+        .iter()
+        .filter(|q| q.unit == Unit::Requests)
+        .max_by_key(|quota| quota.rate().per)
+        .map(|quota| {
+            let rate = quota.rate();
+            // A bucket lets its burst go on top of a window's refill.
+            let burst = match quota.algorithm {
+                Algorithm::TokenBucket { capacity, .. } => capacity,
+                _ => 0,
+            };
+            let most = u64::from(rate.count).saturating_add(burst);
+            Releases::new(rate.per.saturating_add(headroom), most)
+        })
+}
+
+impl Meters {
+    pub(crate) fn new(quotas: &[Quota], headroom: Duration, now: Instant) -> Self {
+        Self {
+            meters: quotas
+                .iter()
+                .map(|q| (q.meter(headroom, now), q.unit))
+                .collect(),
+            pace: None,
+            leak: None,
+            last: None,
+            releases: ledger(quotas, headroom),
+            slack: headroom / 2,
+            quotas: quotas.to_vec(),
+            first: None,
+            heard: false,
+            strict: strict_spacing(quotas, headroom),
+            learned_spacing: None,
+        }
+    }
+
+    /// Count by `quotas` from now on, keeping what is known. A meter whose
+    /// quota is unchanged keeps its state. A new meter counting requests
+    /// is charged with the releases of the ledger (the old request
+    /// window's), so the new pace counts from the lane's own last
+    /// releases, with no burst and no gap; a new meter counting cost
+    /// starts from now (the ledger has no costs). The pace (learned,
+    /// adaptive) stays.
+    pub(crate) fn requote(&mut self, quotas: &[Quota], headroom: Duration, now: Instant) {
+        let past: Vec<Instant> = self
+            .releases
+            .as_ref()
+            .map(|releases| releases.instants().collect())
+            .unwrap_or_default();
+        let mut old: Vec<(Quota, Counting)> =
+            self.quotas.drain(..).zip(self.meters.drain(..)).collect();
+        self.meters = quotas
+            .iter()
+            .map(|quota| {
+                if let Some(at) = old.iter().position(|(was, _)| was == quota) {
+                    return old.swap_remove(at).1;
+                }
+                let first = past.first().copied().unwrap_or(now).min(now);
+                let mut meter = quota.meter(headroom, first);
+                if quota.unit == Unit::Requests {
+                    for &at in &past {
+                        meter.commit(1, at);
+                    }
+                }
+                (meter, quota.unit)
+            })
+            .collect();
+        self.releases = ledger(quotas, headroom).map(|mut releases| {
+            for &at in &past {
+                releases.record(at);
+            }
+            releases
+        });
+        self.strict = strict_spacing(quotas, headroom);
+        self.quotas = quotas.to_vec();
+    }
+
+    /// The strict spacing in force (see `spacing.rs`): no request less than
+    /// this after the last one, released or sent; `None`: the meters
+    /// alone decide.
+    pub(crate) fn spacing(&self) -> Option<Duration> {
+        self.strict.max(self.learned_spacing)
+    }
+
+    /// Keep requests at least `gap` apart on the wire, as a vendor's
+    /// spacing refusals taught.
+    pub(crate) fn set_spacing(&mut self, gap: Option<Duration>) {
+        self.learned_spacing = gap;
+    }
+
+    /// The ledger of releases over the request window (`None` when no
+    /// quota counts requests).
+    pub(crate) fn releases(&self) -> Option<&Releases> {
+        self.releases.as_ref()
+    }
+
+    fn units(unit: Unit, cost: u64) -> u64 {
+        match unit {
+            Unit::Requests => 1,
+            Unit::Cost => cost,
+        }
+    }
+
+    /// The largest cost a request may have: the smallest capacity among
+    /// meters that count cost (a meter counting requests takes one unit of
+    /// any request, so only a zero capacity, refused by validation, could
+    /// stop it).
+    pub(crate) fn capacity(&self) -> u64 {
+        self.meters
+            .iter()
+            .filter(|(_, unit)| *unit == Unit::Cost)
+            .map(|(meter, _)| meter.capacity())
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+
+    pub(crate) fn earliest(&self, cost: u64, now: Instant) -> Instant {
+        let declared = self
+            .meters
+            .iter()
+            .map(|(meter, unit)| meter.earliest(Self::units(*unit, cost), now));
+        let pace = self.paces().map(|pace| pace.earliest(1, now));
+        // Strict spacing is measured from the last send, not the last
+        // release: the lane's departures keep it (`lane/turn.rs`).
+        declared
+            .chain(pace)
+            .chain(self.first_word())
+            .max()
+            .unwrap_or(now)
+    }
+
+    /// Until when a burst waits for the vendor's first answer, if it does.
+    pub(crate) fn first_word(&self) -> Option<Instant> {
+        self.first
+            .filter(|_| !self.heard && self.bursts())
+            .map(|first| later(first, FIRST_WORD))
+    }
+
+    /// True when the quotas let more than one request go at once.
+    pub(crate) fn bursts(&self) -> bool {
+        self.quotas.iter().any(Quota::bursts)
+    }
+
+    /// The vendor answered, at `now`. True when this was its first word,
+    /// which a burst may have waited for.
+    ///
+    /// The meters count a bucket's refill from each release, and forgive a
+    /// release landing up to `slack` late. The first request may land later
+    /// than that: its connection is cold (7 ms on loopback on a busy
+    /// machine, against 2.5 ms of slack), and the vendor's bucket then
+    /// refills from later than the meters think, so the unit after the
+    /// burst would go early, into a 429. When the first answer comes later
+    /// than the slack, each bursting request meter is charged one unit: the
+    /// burst is one smaller. Only one: an answer can be slow for other
+    /// reasons (a model generating for seconds), which say nothing of when
+    /// the request landed.
+    pub(crate) fn heard(&mut self, now: Instant) -> bool {
+        if std::mem::replace(&mut self.heard, true) {
+            return false;
+        }
+        let Some(first) = self.first else {
+            return false;
+        };
+        if now.saturating_duration_since(first) > self.slack {
+            for meter in self.bursting() {
+                meter.commit(1, now);
+            }
+        }
+        true
+    }
+
+    /// A vendor's bucket has `remaining` requests left as it counted the
+    /// request released at `released`: let no request meter allow more
+    /// now than that, less the releases since (on their way to it), plus
+    /// what the meter refills in the time since. A meter that allows more
+    /// is charged the difference, as if it had gone; one allowing less
+    /// keeps its own count (the vendor's word never makes a lane faster).
+    pub(crate) fn hold_to(&mut self, remaining: u64, released: Instant, now: Instant) {
+        let since = self.releases.as_ref().map_or(0, |releases| {
+            releases.since(later(released, Duration::from_nanos(1)))
+        });
+        let elapsed = now.saturating_duration_since(released);
+        let hold = |meter: &mut dyn Meter| {
+            let refilled = elapsed.as_nanos() / meter.interval().as_nanos().max(1);
+            let allowed = remaining
+                .saturating_sub(since)
+                .saturating_add(u64::try_from(refilled).unwrap_or(u64::MAX));
+            if allowed >= meter.capacity() {
+                // The vendor leaves more than the meter ever allows.
+                return;
+            }
+            let room = room(meter, now);
+            if room > allowed {
+                meter.commit(room - allowed, now);
+            }
+        };
+        for meter in self.bursting() {
+            hold(meter);
+        }
+        if let Some(leak) = &mut self.leak {
+            hold(leak);
+        }
+    }
+
+    pub(crate) fn commit(&mut self, cost: u64, now: Instant) {
+        for (meter, unit) in &mut self.meters {
+            meter.commit(Self::units(*unit, cost), now);
+        }
+        if let Some(pace) = &mut self.pace {
+            pace.commit(1, now);
+        }
+        if let Some(leak) = &mut self.leak {
+            leak.commit(1, now);
+        }
+        if let Some(releases) = &mut self.releases {
+            releases.record(now);
+        }
+        self.last = Some(now);
+        self.first.get_or_insert(now);
+    }
+
+    pub(crate) fn settle(&mut self, charged: u64, actual: u64, at: Instant) {
+        for (meter, unit) in &mut self.meters {
+            if *unit == Unit::Cost {
+                meter.settle(charged, actual, at);
+            }
+        }
+    }
+
+    pub(crate) fn is_idle(&self, now: Instant) -> bool {
+        self.meters.iter().all(|(meter, _)| meter.is_idle(now))
+            && self.paces().all(|pace| pace.is_idle(now))
+    }
+
+    /// When a request of `cost` could go behind `ahead` requests, taking
+    /// each of them to cost as much as this one.
+    pub(crate) fn eta(&self, ahead: u64, cost: u64, now: Instant) -> Instant {
+        let declared = self.meters.iter().map(|(meter, unit)| {
+            let units = Self::units(*unit, cost);
+            meter.eta(ahead.saturating_mul(units), units, now)
+        });
+        let pace = self.paces().map(|pace| pace.eta(ahead, 1, now));
+        declared.chain(pace).max().unwrap_or(now)
+    }
+
+    /// The spacing between requests, for predictions: the slowest
+    /// request-counting meter, or the pace.
+    pub(crate) fn interval(&self) -> Duration {
+        let declared = self
+            .meters
+            .iter()
+            .filter(|(_, unit)| *unit == Unit::Requests)
+            .map(|(meter, _)| meter.interval());
+        declared
+            .chain(self.paces().map(Meter::interval))
+            .max()
+            .unwrap_or(Duration::ZERO)
+    }
+
+    /// Keep requests at least `interval` apart (`None`: as declared).
+    pub(crate) fn set_pace(&mut self, interval: Option<Duration>) {
+        match (interval, &mut self.pace) {
+            (None, pace) => *pace = None,
+            (Some(interval), Some(pace)) => pace.set_interval(interval),
+            (Some(interval), pace @ None) => {
+                let mut bucket = LeakyBucket::with_interval(interval, self.slack);
+                if let Some(last) = self.last {
+                    bucket.commit(1, last);
+                }
+                *pace = Some(bucket);
+            }
+        }
+    }
+
+    /// The pace now in force, if slower than declared.
+    pub(crate) fn pace(&self) -> Option<Duration> {
+        self.pace.as_ref().map(Meter::interval)
+    }
+
+    /// The spacing a shared store keeps to for these meters: the pace, or
+    /// a vendor bucket's leak, which the store spaces (it holds no bucket of
+    /// the vendor's), whichever is slower.
+    pub(crate) fn store_pace(&self) -> Option<Duration> {
+        self.paces().map(Meter::interval).max()
+    }
+
+    /// Keep to a vendor's bucket of `capacity` leaking one request every
+    /// `interval` (`None`: no such bucket). A new one starts with the room
+    /// the declared request meters allow now, which the vendor's last
+    /// `remaining` holds.
+    pub(crate) fn set_leak(&mut self, leak: Option<(u64, Duration)>, now: Instant) {
+        let kept = self.leak.as_ref().map(|b| (b.capacity(), b.interval()));
+        if kept == leak {
+            return;
+        }
+        self.leak = leak.map(|(capacity, interval)| {
+            let mut bucket = TokenBucket::with_interval(capacity, interval, self.slack);
+            let allowed = self
+                .meters
+                .iter()
+                .filter(|(_, unit)| *unit == Unit::Requests)
+                .map(|(meter, _)| room(meter.as_ref(), now))
+                .min()
+                .unwrap_or(capacity);
+            let full = room(&bucket, now);
+            if full > allowed {
+                bucket.commit(full - allowed, now);
+            }
+            bucket
+        });
+    }
+
+    /// The declared meters that count requests and let several go at once,
+    /// which a vendor's word about its bucket holds.
+    fn bursting(&mut self) -> impl Iterator<Item = &mut (dyn Meter + 'static)> {
+        self.meters
+            .iter_mut()
+            .zip(&self.quotas)
+            .filter(|(_, quota)| quota.unit == Unit::Requests && quota.bursts())
+            .map(|((meter, _), _)| meter.as_mut())
+    }
+
+    /// The meters set at run time that count requests: the pace and a
+    /// vendor bucket's leak.
+    fn paces(&self) -> impl Iterator<Item = &dyn Meter> {
+        let pace = self.pace.iter().map(|pace| pace as &dyn Meter);
+        pace.chain(self.leak.iter().map(|leak| leak as &dyn Meter))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A first answer later than the slack may mean the first request
+    /// landed that late: the burst is one smaller, and only one, however
+    /// slow the answer.
+    #[tokio::test(start_paused = true)]
+    async fn a_late_first_answer_takes_one_unit_off_the_burst() {
+        let quota = Quota::token_bucket(10, 10, Duration::from_secs(1));
+        // No headroom, so no slack: any later answer is late. (answered
+        // after, room then): a full bucket again after 5 s, less one unit.
+        let headroom = Duration::ZERO;
+        for (after, expected) in [(0, 9), (7, 8), (5_000, 9)] {
+            let t0 = Instant::now();
+            let mut meters = Meters::new(std::slice::from_ref(&quota), headroom, t0);
+            meters.commit(1, t0);
+            let heard = t0 + Duration::from_millis(after);
+            assert!(meters.heard(heard), "the first word");
+            assert!(!meters.heard(heard), "heard once");
+            let room = room(meters.meters[0].0.as_ref(), heard);
+            assert_eq!(room, expected, "answered after {after} ms");
+        }
+    }
+
+    /// A vendor's bucket read at 20/s: the room the vendor reports goes at
+    /// once, then one request a leak apart, though the declared bucket
+    /// would allow 30/s.
+    #[tokio::test(start_paused = true)]
+    async fn a_read_leak_lets_the_reported_room_go_then_refills_at_its_rate() {
+        let now = Instant::now();
+        let quota = Quota::token_bucket(60, 30, Duration::from_secs(1));
+        let mut meters = Meters::new(&[quota], Duration::ZERO, now);
+        meters.heard(now);
+        meters.hold_to(10, now, now);
+        meters.set_leak(Some((40, Duration::from_millis(50))), now);
+        for _ in 0..10 {
+            assert_eq!(meters.earliest(1, now), now);
+            meters.commit(1, now);
+        }
+        assert_eq!(meters.earliest(1, now), now + Duration::from_millis(50));
+        // The vendor says 5 left of what the meters allow: held to it.
+        let later = now + Duration::from_secs(1);
+        meters.hold_to(5, later, later);
+        for _ in 0..5 {
+            assert_eq!(meters.earliest(1, later), later);
+            meters.commit(1, later);
+        }
+        assert!(meters.earliest(1, later) > later);
+    }
+}

@@ -14,7 +14,7 @@
 //!
 //! Put the shaper innermost of the layers that retry or time out a whole
 //! call: each of its attempts then passes the lane, and it owns the
-//! retries (see the README on retry layers). Errors are tower's
+//! retries (see [next to other retry layers](crate::retry#next-to-other-retry-layers)). Errors are tower's
 //! `BoxError`: a [`crate::Error`] when the shaper ended the request (it
 //! downcasts), else the inner service's error after the shaper's last
 //! attempt. On an `http::Request`, per-request settings travel as its

@@ -25,6 +25,27 @@
 //!
 //! A request whose body cannot be cloned (a stream) is sent once: its
 //! response, whatever it is, goes back to the caller.
+//!
+//! # Next to other retry layers
+//!
+//! - **reqwest-middleware** (feature `middleware`): `Shaper` is a
+//!   `Middleware`. `callshaper::middleware::shaper_error(&error)` gets the
+//!   shaper's `Error` back, also through reqwest-retry's wrapping.
+//! - **tower** (feature `tower`): `ShaperLayer::new(shaper)` wraps hyper's
+//!   client (or any `Service<http::Request<reqwest::Body>>`) and reqwest's own
+//!   `Service<reqwest::Request>`; errors are tower's `BoxError`, and the
+//!   shaper's own downcast to `callshaper::Error`. A client of any other kind
+//!   (a `ClientWithMiddleware`, a signing wrapper) becomes a tower service
+//!   with `tower::service_fn`.
+//!
+//! **Put the shaper below every layer that retries, and let it own the
+//! retries.** The shaper sees only what passes through it:
+//!
+//! | stack (outermost first) | what happens |
+//! |---|---|
+//! | reqwest-retry → **shaper** → client | supported. Each of reqwest-retry's tries passes the lane as the same request (it keeps its place); its sends count against one `max_attempts` for all layers, after which the shaper refuses (`Error::AttemptsSpent`) without sending; the shaper's give-ups are final for reqwest-retry (a refused connection is tried `max_attempts` times in all, not 4 × 3). `tests/retry_layers.rs`: a vendor answering 500, one throttling with `Retry-After: 2`, a closed port: every send paced, at most `max_attempts` sends per request, no request during a pause. |
+//! | **shaper** → reqwest-retry → client | unsupported: reqwest-retry's retries never pass the lane. They go out unpaced, during pauses, up to `max_attempts × (1 + its retries)` times. The shaper cannot see them, so it cannot warn. |
+//! | **shaper** → `reqwest::Client` with `ClientBuilder::retry(..)` | the same: reqwest's own retry policy resends below the shaper. Its default resends only requests the server refused at the protocol level (never processed), which is safe; a policy retrying 429 or 5xx is not. Hand the shaper a client built with `.retry(reqwest::retry::never())` if you changed it. |
 
 use std::collections::VecDeque;
 use std::time::Duration;

@@ -19,6 +19,59 @@
 //! turns. A tenant's flood therefore never queues another tenant behind it:
 //! each active tenant gets at least its cap, or, when the caps add up to
 //! more than the shared quota, roughly an equal share of it.
+//!
+//! # Several quotas, costs, keys and routes
+//!
+//! ```
+//! # use std::time::Duration;
+//! # use callshaper::{Quota, Shaper};
+//! # use callshaper::lane::Priority;
+//! # use callshaper::route::{LaneKey, Level, Route};
+//! # use callshaper::shaper::Settle;
+//! # use reqwest::Method;
+//! # async fn demo(url: &str) -> Result<(), Box<dyn std::error::Error>> {
+//! let minute = Duration::from_secs(60);
+//! let shaper = Shaper::builder()
+//!     .quota(Quota::leaky_bucket(500, minute))                  // 500 requests a minute
+//!     .quota(Quota::sliding_log(90_000, minute).per_cost())     // and 90,000 tokens a minute
+//!     .level(Level::new("tenant", LaneKey::Tag, [Quota::leaky_bucket(60, minute)]))  // each tenant 60/min
+//!     .route(Route::new("payments").method(Method::POST).path("/v1/payments/*").rate(10, minute))
+//!     .build()?;
+//! let response = shaper.post(url).cost(1_200).tag("acme").priority(Priority::Batch).send().await?;
+//! response.extensions().get::<Settle>().map(|s| s.report(800));   // the real token count
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! - **Several quotas per lane** are checked together: a request goes when all
+//!   allow it, and none is charged unless all are.
+//! - **Costs** (tokens) come from `.cost(n)`, a `Cost` extension or a
+//!   `.cost(|req| ..)` estimate; a cost no quota can ever hold is refused at
+//!   once (`CostTooHigh`); `Settle::report` corrects the estimate up or down.
+//! - **Keys and levels**: the vendor's lanes are per origin (or `.vendor_key`:
+//!   a header, the request's tag, a function); `Level`s add quotas per tenant
+//!   or API key; `Route`s add quotas per method and path. A request waits in
+//!   one lane and goes when every level's quota allows it at once, so each
+//!   level holds at the moment it leaves. Lanes under one vendor share its
+//!   quota and its pause.
+//! - **Fairness between tenants**: each tenant has its own FIFO lane; a shared
+//!   quota's next slot goes to the lane that has waited longest, so a flood
+//!   never queues another tenant behind it (tested: with caps, the other
+//!   tenant finishes at its own cap's pace; without, busy tenants alternate).
+//! - **Priorities**: interactive before batch, FIFO within each; when both
+//!   wait, one release in five goes to batch, so batch never starves.
+//! - **Idle lanes are dropped** (`idle_timeout`, 60 s): 100,000 keys touched
+//!   once cost 3.6 KB per lane while alive and come back to the byte after
+//!   eviction (measured in `tests/memory.rs`).
+//! - **Config file** (feature `config`): `ShaperConfig::from_toml` /
+//!   `from_json`, see `examples/vendors.toml` and
+//!   `cargo run --example from_config`. The file reads into the crate's own
+//!   types, so every builder setting has a key (`[defaults]`: `headroom`,
+//!   `max_wait`, `max_pause`, `queue_capacity`, `max_in_flight`,
+//!   `idle_timeout`, `fallback_pause`, `adaptive`, `batch_share`, `retry`,
+//!   `on_store_failure`). Durations read as people write them: `250ms`,
+//!   `1.5s`, `1min`, `1 minute`, `1h30m`. Errors name the field, e.g.
+//!   `` invalid `vendors.llm.quotas[1].per`: "soon" is not a duration (try "1s", "1.5s", "500ms", "1min") ``.
 
 use std::fmt;
 use std::sync::Arc;

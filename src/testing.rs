@@ -27,6 +27,35 @@
 //! HTTP-dates, `Date`) off [`TokioWall`], which moves with tokio's clock;
 //! give the shaper the same ([`ShaperBuilder::wall_clock`](crate::shaper::ShaperBuilder::wall_clock))
 //! so that it reads them as a real vendor's would be read.
+//!
+//! # The zoo, and a Redis of the test's own
+//!
+//! `callshaper::testing` (feature `testing`) gives you `Vendor`: a wiremock
+//! responder with a strict sliding-window quota (or fixed windows, or a token
+//! bucket) that sends `X-RateLimit-Limit/-Remaining/-Reset` on every answer as
+//! gateways do, 429 with `Retry-After`, a forced throttle period, an announced
+//! policy, a clock of its own (`clock_off`), and an arrival log
+//! (`max_in_any_window`). A zoo of real vendors, each speaking its documented
+//! headers with its quirks (`testing::Style`): `Vendor::gateway`, `github`
+//! (403 past the limit; `.secondary(limit, window)` adds its secondary limits:
+//! a 403 with `retry-after` while the hourly quota has room), `openai` (Go-duration full-refill resets), `anthropic`
+//! (RFC 3339), `ietf` (`RateLimit`), `shopify` (`32/40`, `Retry-After: 2.0`),
+//! `discord` (`reset-after`), `stripe` (nothing but a bare 429), `flask_limiter`
+//! (a fixed window that opens at the first request, its end in epoch seconds),
+//! `nginx` (`limit_req` as nginx computes it) and `gcra`. Under `#[tokio::test(start_paused = true)]`, send
+//! through `testing::HoldClock(client)`: wiremock serves from its own thread, and
+//! tokio's paused clock would otherwise jump ahead while a request is on the
+//! wire. The vendors write their wall-clock times (epoch resets, RFC 3339,
+//! HTTP-dates, `Date`) off `testing::TokioWall`, a wall clock that moves with
+//! tokio's; build the shaper with `.wall_clock(TokioWall)` too, and a paused
+//! test reads them as a real vendor's are read.
+//!
+//! For a fleet, `testing::RedisServer::start()` (features `testing` and `redis`)
+//! runs a `redis-server` of its own on a free loopback port, killed when dropped
+//! (`kill` and `restart` to test an outage, `freeze` and `thaw` to test a hung
+//! host), and `testing::RedisCluster::start()`
+//! a three-master Redis Cluster. Redis keeps its own time, so fleet tests run on
+//! the real clock.
 
 mod counting;
 #[cfg(feature = "redis")]

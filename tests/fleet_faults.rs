@@ -287,7 +287,7 @@ async fn a_replica_promoted_after_missing_writes_never_lets_the_fleet_bunch() {
 /// The worst case of a lost-writes failover, which no marker can detect:
 /// the replica that missed 300 ms of the fleet's writes takes over at once
 /// (`CLUSTER FAILOVER TAKEOVER`), while the slots booked in what it missed
-/// are still ahead. The README's bound: at most one window of excess.
+/// are still ahead. The store docs' bound ("Lost state"): at most one window of excess.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_taking_over_at_once_exceeds_by_one_window_at_most() {
     let vendor = promoted("takeover", true).await;

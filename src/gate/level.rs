@@ -16,7 +16,7 @@ use super::window::{WindowEnds, slower_first};
 use crate::adaptive::{Adaptive, Aimd};
 use crate::drain::Drain;
 use crate::meters::{Meters, Quota, Rate, Unit};
-use crate::retry::{Backoff, Allowance, RetryBudget};
+use crate::retry::{Allowance, Backoff, RetryBudget};
 use crate::spacing::{Departures, Learned};
 use crate::sync::{lock, shrink};
 use crate::time::later;

@@ -8,13 +8,13 @@
 //! until all agree, and lets admission predict a wait without reserving
 //! anything.
 //!
-//! | algorithm | shape | state | against a strict sliding window of `per` |
-//! |---|---|---|---|
-//! | [`LeakyBucket`] (default) | smooth, no burst | one instant | holds |
-//! | [`TokenBucket`] | bursts up to a capacity | one instant | up to capacity + count |
-//! | [`FixedWindow`] | "1000 per day" | two numbers | up to 2 × count at a boundary |
-//! | [`SlidingLog`] | exact | one entry per release in the window | holds, weighted too |
-//! | [`SlidingWindow`] | near-exact | three numbers | holds under a steady backlog |
+//! | algorithm | `Quota::` | shape | state | against a vendor counting a strict sliding window of `per` |
+//! |---|---|---|---|---|
+//! | [`LeakyBucket`] (default) | `leaky_bucket(n, per)` | smooth, no burst | one instant | holds |
+//! | [`TokenBucket`] | `token_bucket(capacity, n, per)` | bursts up to `capacity` (the last of a full burst half the headroom later, so a burst landing late cannot crowd the refill) | one instant | up to capacity + n: pair it with a token-bucket vendor |
+//! | [`FixedWindow`] | `fixed_window(n, per)` | "1000 per day" | two numbers | up to 2n around a window boundary (tested) |
+//! | [`SlidingLog`] | `sliding_log(n, per)` | exact | one entry per release in the window | holds, weighted too |
+//! | [`SlidingWindow`] | `sliding_window(n, per)` | near-exact | three numbers | holds under a steady backlog; can exceed if the previous window was bunched at its end |
 //!
 //! A [`Quota`] declares one: an algorithm and what it counts ([`Unit`]:
 //! requests, or each request's cost, such as tokens). An algorithm of your

@@ -23,7 +23,37 @@ use crate::store::{Store, StoreFailure};
 /// A change a builder setter made to the lane policy.
 type Edit = Box<dyn Fn(&mut LanePolicy) + Send + Sync>;
 
-/// Configures a [`Shaper`].
+/// Configures a [`Shaper`]: one quota is required, everything else has a
+/// default.
+///
+/// | builder method | default | what it does |
+/// |---|---|---|
+/// | `rate(n, per)` | required (or `quota`) | the vendor's quota, per lane |
+/// | `headroom(d)` | 5 ms | added to the window: absorbs timer lateness and network jitter |
+/// | `queue_capacity(n)` | 10,000 | waiting requests per lane; beyond: `QueueFull` at once |
+/// | `max_wait(d)` | none | longest wait for release; predicted longer: `WouldExceedMaxWait` at once |
+/// | `max_in_flight(n)` | none | requests of one lane on the wire at once |
+/// | `max_pause(d)` | 120 s | longest pause a vendor may impose; longer: `PauseTooLong` |
+/// | `fallback_pause(base, cap)` | 1 s .. 60 s | pause after a throttle with no usable header; doubles per throttle (equal jitter), resets on success |
+/// | `max_attempts(n)` | 3 | sends per request failing with 500/502/504/408 or a transport error |
+/// | `retry(RetryPolicy)` | | also `max_throttles` (10) and the per-request backoff (100 ms .. 10 s, full jitter) |
+/// | `retry_non_idempotent(true)` | off | retry failures of POST/PATCH too (429s always are; a refused connection always is) |
+/// | `lane_key(fn)` | origin | which requests share a lane (per API key, tenant, ...) |
+/// | `idle_timeout(d)` | 60 s | drop a lane idle this long |
+/// | `transport(t)` | the client | what sends each attempt |
+/// | `quota(Quota)` | | another quota, checked with the others |
+/// | `level(Level)` / `route(Route)` | | quotas per key, per endpoint |
+/// | `vendor_key(LaneKey)` | origin | what the vendor's lanes are keyed by |
+/// | `cost(fn)` | 1 | estimate a request's cost when it carries none |
+/// | `adaptive(Adaptive)` | off | AIMD pacing for vendors that announce nothing |
+/// | `retry_budget(RetryBudget)` | 20% + 10/s over 10 s | failure retries a lane may spend |
+/// | `dialect(fn)` | | read a vendor's own headers too |
+/// | `store(RedisStore)` | in memory | share the quotas with a fleet through Redis (feature `redis`; see Running a fleet) |
+/// | `on_store_failure(StoreFailure)` | `Closed` | what lanes do while Redis is down; per route too |
+///
+/// Per request: `.max_wait(d)`, `.cost(n)`, `.tag(t)`, `.priority(p)` on the
+/// request builder, or the `MaxWait`, `Cost`, `Tag`, `Priority` extensions in a
+/// middleware stack.
 #[must_use]
 pub struct ShaperBuilder {
     /// The vendor level's quotas; its other settings live in `policy`.

@@ -167,7 +167,16 @@ impl Shaper {
     /// (so neither a burst nor a gap follows the change), and a new one
     /// counting cost starts from now. Checked like the builder's, with a
     /// [`ConfigError`] naming the field. In memory only: with a shared
-    /// store, every instance must change at once, so it is refused.
+    /// store, every instance must change at once, so it is refused; a new
+    /// level, route or vendor, or another policy setting, needs a new
+    /// shaper. `ShaperConfig::reload` (feature `config`) applies a config
+    /// file's new quotas the same way (a bad file changes nothing).
+    ///
+    /// `tests/reconfigure.rs` changes quotas under load: raised from 10/s
+    /// to 20/s at 2 s, 100 queued requests drain at the new pace from the
+    /// next release in order with no 429; lowered during a vendor pause,
+    /// the pause holds; a leaky bucket replaced by a sliding log counts the
+    /// releases before it (without that, 10 × 429).
     ///
     /// ```
     /// use std::time::Duration;

@@ -32,6 +32,7 @@
 //! | `retry_after.rs` | [`retry_after`]: `Retry-After` and the millisecond headers ahead of it |
 //! | `clock.rs` | the [`WallClock`] trait, [`SystemClock`], [`vendor_clock`] |
 //! | `cite.rs` | what a pause cites of the vendor's words |
+#![doc = include_str!("lane.md")]
 
 mod cite;
 mod clock;

@@ -58,11 +58,13 @@
     not(feature = "redis"),
     doc = "[`RedisStore`]: crate#features\n[`RedisOptions::batch`]: crate#features\n[`RedisOptions::horizon`]: crate#features\n[`RedisOptions::timeout`]: crate#features\n[`RedisOptions::probe_every`]: crate#features\n[`RedisOptions::fleet_size`]: crate#features"
 )]
-
+#![cfg_attr(feature = "redis", doc = include_str!("fleet.md"))]
 //!
 //! # Adding a store
 //!
-//! A store is a module beside `redis/` (plus its scripts): implement
+//! Stores are added in this crate, not by its users: the contract is
+//! crate-internal because every store shares the machinery around it. A
+//! store is a module beside `redis/` (plus its scripts): implement
 //! `SharedStore` (settings, and a link per lane) and `StoreLane`
 //! (reserve, give back, settle, pause), and `impl From<YourStore> for
 //! Store`. Everything a store does *not* decide, failure policy, probing,

@@ -262,7 +262,7 @@ impl Remote {
                 // one release at the end of that horizon: the fallback's
                 // first request comes a share's interval after every slot
                 // booked in the store (a windowed meter then still allows
-                // the rest of its share at once; see the README).
+                // the rest of its share at once; see the store docs, "When Redis fails").
                 let after = later(Instant::now(), self.settings.horizon);
                 for gate in &self.gates {
                     gate.meters().commit(1, after);

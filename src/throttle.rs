@@ -300,8 +300,9 @@ pub(crate) fn refusal(
 /// refused for its spacing (see `spacing.rs`), the gap the lane keeps its
 /// sends apart from now on (the throttle counted). A refusal that says
 /// nothing at all (no limit, no hint: a bare 429, nginx's 503) is read as
-/// spacing by a lane not yet strict; a vendor that says when to come back
-/// is taken at its word, and an overload teaches nothing.
+/// spacing by a lane not yet strict, and by a strict fleet lane once
+/// between successes; a vendor that says when to come back is taken at
+/// its word, and an overload teaches nothing.
 fn spacing(
     lane: &Lane,
     status: StatusCode,
@@ -312,7 +313,13 @@ fn spacing(
         return None;
     }
     let silent = signals.limits.is_empty() && signals.pause_hint().is_none();
-    let gap = lane.spacing_refused(signals.request_limit(), silent, released, status.as_u16())?;
+    let fleet = silent
+        .then(|| lane.fleet_spacing_refused(status.as_u16()))
+        .flatten();
+    let gap = match fleet {
+        Some(gap) => gap,
+        None => lane.spacing_refused(signals.request_limit(), silent, released, status.as_u16())?,
+    };
     tracing::warn!(
         lane = lane.key(),
         status = status.as_u16(),

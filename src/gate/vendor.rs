@@ -33,6 +33,21 @@ impl Gate {
         }
     }
 
+    /// A strict gate on a shared store was refused without a word (no
+    /// limit, no hint): the gap to keep before the next send, on the first
+    /// such refusal since a success; `None` after it, for the growing
+    /// fallback. The fleet keeps the declared spacing within its headroom,
+    /// so a lone bare refusal is the jitter between its instances and the
+    /// vendor (a late send, a limiter's coarse clock: nginx stamps requests
+    /// on a clock cached per event-loop turn), which no instance can read
+    /// against the fleet's sends (it keeps no ledger of the others'). It
+    /// costs one interval instead of the fallback's second. A vendor that
+    /// refuses again before any success is counting, not spacing.
+    pub(crate) fn fleet_spacing_refused(&self) -> Option<Duration> {
+        let gap = self.spacing()?;
+        (self.throttle_streak.fetch_add(1, Ordering::Relaxed) == 0).then_some(gap)
+    }
+
     /// A success: the fallback starts over, adaptive pacing grows back, a
     /// learned quota or spacing steps back once its quiet spell is over.
     pub(crate) fn succeeded(&self) {

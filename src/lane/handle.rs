@@ -346,6 +346,19 @@ impl Lane {
         Some(gap)
     }
 
+    /// On a shared store, a strict lane refused without a word: the gap
+    /// to keep before the next send, once (see
+    /// `Gate::fleet_spacing_refused`), the throttle counted.
+    pub(crate) fn fleet_spacing_refused(&self, status: u16) -> Option<Duration> {
+        self.shared.remote.as_ref()?;
+        let gap = self.shared.vendor().fleet_spacing_refused()?;
+        self.shared.throttles.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .metrics
+            .throttled(status, PauseCause::Spacing.label());
+        Some(gap)
+    }
+
     /// Whose releases gate `i` reads the vendor's signals against: the
     /// lane's own in memory, else the `fleet`'s, as the store counted them
     /// for the answered request's slot. The vendor may also have counted

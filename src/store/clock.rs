@@ -2,15 +2,24 @@
 //! other.
 //!
 //! Each reply was computed at a store time `now` somewhere between its send
-//! and its receipt, so `receipt − now` is never less than the true offset
-//! between the clocks: mapped by it, a slot is never due before the store
-//! reserved it. The least such offset of the replies of the last
-//! [`FRESH`] (one reply, on a lane paced by its quota) is the closest, and
-//! it follows the store's clock as it drifts or steps: a reply that was
-//! slow to come back (the first, which opens connections and loads
-//! scripts; or a busy instance) does not map its slots late. They arrive
-//! late instead, and a slot late by more than the lane forgives is dropped
-//! (see `lane/release/reserved.rs`).
+//! and its receipt, so the true offset between the clocks lies between
+//! `send − now` and `receipt − now`: mapped by the upper bound, a slot is
+//! never due before the store reserved it. The least upper bound of the
+//! replies of the last [`FRESH`] is the closest. Any one reply may be slow
+//! to come back (the first opens connections and loads scripts; a busy
+//! instance polls its reply late, by ten milliseconds and more on a loaded
+//! machine), and a lane paced by its quota sees few replies, so the span
+//! holds many: mapped by one reply, two instances' slots fell as much as a
+//! slow reply apart, and a fleet of three met 11–27 refusals in 90 from a
+//! spacing limiter. A slot mapped late arrives late instead, and one late
+//! by more than the lane forgives is dropped (see
+//! `lane/release/reserved.rs`).
+//!
+//! Clocks move: they drift, an NTP step or a failover to another host
+//! steps the store's. A reply whose lower bound (`send − now`) is already
+//! above the least offset shows that offset is stale, and the span starts
+//! over from that reply, so a step maps no slot early by more than a
+//! round trip.
 //!
 //! A slot used late closes its gap to the slots after it. The **floor**
 //! bounds that. A used slot `k` (released at `L_k`, reserved at store time
@@ -29,7 +38,7 @@ use crate::time::{later, micros};
 /// How far back (store time) a reply's offset still counts: replies that
 /// close in time see the same clocks, and the drift of two clocks over it
 /// is a few microseconds.
-const FRESH: i64 = 100_000;
+const FRESH: i64 = 2_000_000;
 
 #[derive(Debug, Clone, Copy)]
 pub(super) struct StoreClock {
@@ -58,8 +67,14 @@ impl StoreClock {
     }
 
     /// A reply computed at store time `now` was sent at `sent` and came
-    /// back at `received`.
+    /// back at `received`. When even its send comes after the least offset
+    /// (the clocks moved apart since that was seen), that offset no longer
+    /// bounds them, and this reply starts the span over.
     pub(super) fn reply(&mut self, sent: Instant, received: Instant, now: i64) {
+        let lower = self.local(sent).saturating_sub(now);
+        if self.offsets.at(now).is_some_and(|least| least < lower) {
+            self.offsets = Epochs::new(FRESH, i64::min);
+        }
         self.sent = Some((sent, now));
         self.offsets
             .note(now, self.local(received).saturating_sub(now));
@@ -200,9 +215,10 @@ mod tests {
         // due when the store's time says, 4 ms before it arrived.
         clock.reply(t0 + 10 * MS, t0 + 17 * MS, 1_010_000);
         assert_eq!(clock.local_time(1_012_000), Some(t0 + 13 * MS));
-        // A fresh window counts the replies in it only.
+        // A slower reply 300 ms on changes nothing: the fast one still
+        // bounds the clocks.
         clock.reply(t0 + 300 * MS, t0 + 305 * MS, 1_300_000);
-        assert_eq!(clock.local_time(1_300_000), Some(t0 + 305 * MS));
+        assert_eq!(clock.local_time(1_300_000), Some(t0 + 301 * MS));
     }
 
     #[tokio::test(start_paused = true)]
@@ -234,6 +250,32 @@ mod tests {
             clock.used(slot, store, LATE);
             assert!(slot - (local + MS) <= MS, "{second}: {:?}", slot - local);
         }
+    }
+
+    /// Among replies at a few a second, one polled late (10 ms) maps
+    /// nothing by its receipt: the fast ones of the last seconds bound the
+    /// clocks closer.
+    #[tokio::test(start_paused = true)]
+    async fn a_late_reply_among_fast_ones_of_the_last_seconds_maps_nothing_late() {
+        let mut clock = StoreClock::new(Duration::from_secs(1));
+        let t0 = Instant::now();
+        clock.reply(t0, t0 + MS, 1_000_000);
+        // 700 ms later (store time too), back 10 ms late.
+        clock.reply(t0 + 700 * MS, t0 + 711 * MS, 1_700_500);
+        assert_eq!(clock.local_time(1_800_000), Some(t0 + 801 * MS));
+    }
+
+    /// The store's clock steps back 50 ms (a failover to a host behind):
+    /// the offset seen before would map every slot 50 ms early; the first
+    /// reply after the step shows it stale and maps by itself.
+    #[tokio::test(start_paused = true)]
+    async fn a_store_clock_that_steps_back_maps_no_slot_early() {
+        let mut clock = StoreClock::new(Duration::from_secs(1));
+        let t0 = Instant::now();
+        clock.reply(t0, t0 + MS, 1_000_000);
+        // 500 ms later on our clock, the store reads 450 ms later.
+        clock.reply(t0 + 500 * MS, t0 + 502 * MS, 1_450_500);
+        assert_eq!(clock.local_time(1_550_000), Some(t0 + 601 * MS + MS / 2));
     }
 
     #[tokio::test(start_paused = true)]

@@ -303,8 +303,11 @@ impl Vendor {
     /// run): one request every `window / limit`, a request let in up to
     /// `tolerance` before its theoretical time, and a refusal 429 with
     /// `x-ratelimit-*` and `Retry-After` in whole seconds, rounded up
-    /// ([`Style::Gateway`]). A small tolerance measures spacing, as nginx
-    /// does.
+    /// ([`Style::Gateway`]). Its `X-RateLimit-Limit` is what those
+    /// libraries state: the burst the tolerance allows plus one (1 for a
+    /// tolerance under one interval), not `limit`; `remaining` is what
+    /// fits within the tolerance now, and the reset is when the bucket is
+    /// empty again. A small tolerance measures spacing, as nginx does.
     pub fn gcra(limit: usize, window: Duration, tolerance: Duration) -> Self {
         Self::with(limit, window, |_| Counting::Gcra(None, tolerance))
     }

@@ -84,23 +84,25 @@ async fn nginxs_default_503_is_a_throttle_once_marked() {
 
 /// A GCRA with a tolerance of a hundredth of its emission interval says
 /// "0 left" after every request it accepts, with `x-ratelimit-reset: 1`
-/// (a unit away, rounded up to the second). The lane reads that as the
-/// GCRA's burst room, not a window another consumer spent: it showed on
-/// the lane's first request after a quiet window. Declared at the true
-/// rate, no refusal and the whole quota after the first second; declared
-/// 15/s, the refusals (`Retry-After: 1`, `x-ratelimit-limit: 10`) teach
-/// the vendor's rate or its spacing, and the lane keeps to most of it:
-/// 1 refusal and 99.5 % in most runs, 2 and 85 % in about one in ten
-/// (the lane's second request after the first pause goes before the
-/// rate is learned). Read as a spent window, both used 10 %.
+/// (a unit away, rounded up to the second), and states its limit as
+/// redis-cell and `throttled` do: its burst plus one, `1`. The lane reads
+/// "0 left" as the GCRA's burst room, not a window another consumer spent
+/// (it showed on the lane's first request after a quiet window), and the
+/// limit of one as no count. Declared at the true rate: no refusal, the
+/// whole quota after the first second. Declared 15/s: each refusal
+/// (`Retry-After: 1`) is read as spacing, the gap grows 68, 85, 107 ms,
+/// and 3 refusals, each a second's pause, cost what the share misses:
+/// 80.9 %. Read as a spent window, both used 10 %; the limit read as a
+/// count taught 1/s (16 %); read as a count but learning nothing, every
+/// window's second request was refused (59 refusals).
 #[tokio::test(start_paused = true)]
 async fn a_gcra_with_a_small_tolerance_is_used_in_full() {
-    for (declared, refusals, share) in [(10, 0, 0.97), (15, 3, 0.80)] {
+    for (declared, refusals, share) in [(10, 0, 0.97), (15, 3, 0.75)] {
         let vendor = Vendor::gcra(10, SECOND, Duration::from_millis(1))
             .start()
             .await;
         let shaper = shaper(declared).build().unwrap();
-        let outcomes = burst(&shaper, &vendor.uri(), 60).await;
+        let outcomes = burst(&shaper, &vendor.uri(), 120).await;
         assert!(outcomes.iter().all(|o| o.is_ok()), "declared {declared}/s");
         assert!(
             vendor.throttled() <= refusals,
@@ -108,6 +110,11 @@ async fn a_gcra_with_a_small_tolerance_is_used_in_full() {
             vendor.throttled()
         );
         let used = used_after(&vendor, 10.0, SECOND);
+        eprintln!(
+            "declared {declared}/s: {} refusals, {:.1} %",
+            vendor.throttled(),
+            used * 100.0
+        );
         assert!(
             used >= share,
             "declared {declared}/s: {:.1} % of the GCRA's rate after the first second",

@@ -101,6 +101,32 @@ async fn nothing_left_after_a_quiet_window_is_burst_room() {
     assert_eq!(gate.burst_room(t1, fleet(1)), Some(true));
 }
 
+/// A stated limit counts requests only if the vendor accepted no more of
+/// the lane's releases in the window before the one it answered (less
+/// those refused for their spacing), and never when it is one: a GCRA
+/// states its burst plus one.
+#[tokio::test(start_paused = true)]
+async fn a_limit_below_what_the_vendor_accepted_is_no_count() {
+    let second = Duration::from_secs(1);
+    let quotas = [Quota::leaky_bucket(10, second)];
+    let gate = Gate::new("", &quotas, settings(Duration::ZERO), None, 1);
+    let t0 = Instant::now();
+    for i in 0..5 {
+        gate.meters().commit(1, t0 + Duration::from_millis(100 * i));
+    }
+    let answered = t0 + Duration::from_millis(500);
+    gate.meters().commit(1, answered);
+    assert_eq!(gate.counted_limit(Some(5), answered), Some(5));
+    assert_eq!(gate.counted_limit(Some(4), answered), None, "5 accepted");
+    assert_eq!(gate.counted_limit(Some(1), t0), None, "one at a time");
+    assert_eq!(gate.counted_limit(None, answered), None);
+    assert_eq!(gate.counted_limit(Some(u64::MAX), answered), Some(u64::MAX));
+    // A year later nothing of the lane's is in the vendor's window.
+    let later = answered + 365 * 86_400 * second;
+    gate.meters().commit(1, later);
+    assert_eq!(gate.counted_limit(Some(2), later), Some(2));
+}
+
 /// On a shared store the fleet's count, as the store booked the slot,
 /// stands for the lane's own releases; where the store did not say, a
 /// limit the gate keeps within is the fleet's own spending.

@@ -176,6 +176,10 @@ impl Gate {
         released: Instant,
         bucket: Option<u64>,
     ) -> Option<Rate> {
+        if limit.is_some() && self.counted_limit(limit, released).is_none() {
+            // A burst's size says nothing of the vendor's count.
+            return None;
+        }
         let window = self.window(released)?;
         let mut since = window.since;
         let (previous, steps_like) = {
@@ -258,6 +262,37 @@ impl Gate {
         self.keep_to(rate, Some(probe), bucket).then_some(rate)
     }
 
+    /// A vendor's stated request `limit`, if it can count requests over
+    /// the window that ends with the request released at `released`:
+    /// `None` when the vendor accepted more of the lane's own releases in
+    /// that window (those before it, less those it refused for their
+    /// spacing). A GCRA states the requests it lets through at once, its
+    /// burst plus one (redis-cell's `CL.THROTTLE` and the `throttled`
+    /// library's `X-RateLimit-Limit`: 1 for a tolerance under one
+    /// interval), not a count; read as a count over the window, a lane at
+    /// 100/s learned 1/s. A limit of one is that too, whatever the lane
+    /// sent: the GCRA refuses a lane's second request, before any count
+    /// could show, and "one per window" and "one at a time" read alike;
+    /// taken for spacing, a real count of one costs a refusal per quarter
+    /// the gap grows, taken for a count, a GCRA at 10/s costs 90 % of
+    /// its quota until the probe climbs back. Without a ledger (a fleet
+    /// lane), a larger limit stands.
+    pub(crate) fn counted_limit(&self, limit: Option<u64>, released: Instant) -> Option<u64> {
+        let limit = limit.filter(|&limit| limit > 1)?;
+        let Some(window) = self.window(released) else {
+            return Some(limit);
+        };
+        let accepted = {
+            let meters = lock(&self.meters);
+            let Some(releases) = meters.releases() else {
+                return Some(limit);
+            };
+            releases.between(window.since, released).0
+        };
+        let refused = lock(&self.spacing).refused_between(window.since, released);
+        (accepted.saturating_sub(refused) <= limit).then_some(limit)
+    }
+
     /// True when a window's end `reset` from now, written to `precision`
     /// (rounded up), in the answer to a request released at `released`, is
     /// further than the declared window can end (give or take a tenth of
@@ -315,6 +350,11 @@ impl Gate {
         silent: bool,
         released: Instant,
     ) -> Option<Duration> {
+        // A stated limit that counts nothing (a GCRA's burst) says no more
+        // of the vendor's quota than none, whatever hint came with it.
+        let stated = limit.is_some();
+        let limit = self.counted_limit(limit, released);
+        let silent = silent || (stated && limit.is_none());
         let window = self.window(released)?;
         if limit.is_some_and(|limit| !window.allows(limit)) {
             // The vendor says it counts fewer: the count learning's.

@@ -247,8 +247,17 @@ impl Limiter {
             }
             _ => self.remaining(),
         };
+        let limit = match &self.counting {
+            // What goes at once, as redis-cell and `throttled` state it:
+            // the burst the tolerance allows, plus one.
+            Counting::Gcra(_, tolerance) => {
+                let burst = tolerance.as_nanos() / self.emission().as_nanos().max(1);
+                u64::try_from(burst).unwrap_or(u64::MAX).saturating_add(1)
+            }
+            _ => self.limit,
+        };
         Said {
-            limit: self.limit,
+            limit,
             remaining,
             window: self.window,
             reset,

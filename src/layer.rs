@@ -56,9 +56,9 @@ use reqwest::{Request, Response};
 use tower_layer::Layer;
 use tower_service::Service;
 
+use crate::Shaper;
 use crate::error::Error;
-use crate::shaper::call::SendFailure;
-use crate::shaper::{Failure, Options, Shaper};
+use crate::shaper::call::{Failure, Options, SendFailure};
 
 /// tower's error type: any error, boxed.
 pub type BoxError = Box<dyn StdError + Send + Sync>;

@@ -22,9 +22,9 @@
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 
+use crate::Shaper;
 use crate::error::Error;
-use crate::shaper::call::{Logical, SendFailure};
-use crate::shaper::{Failure, Options, Shaper};
+use crate::shaper::call::{Failure, Logical, Options, SendFailure};
 
 #[async_trait::async_trait]
 impl Middleware for Shaper {

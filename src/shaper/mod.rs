@@ -22,8 +22,6 @@ mod settle;
 mod transport;
 
 pub use self::builder::ShaperBuilder;
-pub(crate) use self::call::{Failure, Options};
-pub(crate) use self::handle::Shaper;
 pub use self::request::{MaxWait, RequestBuilder};
 pub use self::settle::Settle;
 pub use self::transport::{BoxFuture, Transport};

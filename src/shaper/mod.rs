@@ -1,4 +1,4 @@
-//! The front door: [`Shaper`] wraps a reqwest client and
+//! The front door: [`Shaper`](crate::Shaper) wraps a reqwest client and
 //! sends every request through the lanes of its quotas. This module holds
 //! what comes with it: its builder, one request's options, and the
 //! transport underneath.

@@ -241,10 +241,10 @@ impl ShaperConfig {
             }
         }
         for (level, quotas) in &changes {
-            shaper.check_quotas(level, quotas)?;
+            shaper.registry().check_quotas(level, quotas)?;
         }
         for (level, quotas) in changes {
-            shaper.apply_quotas(&level, quotas);
+            shaper.registry().apply_quotas(&level, quotas);
         }
         Ok(())
     }

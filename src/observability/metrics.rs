@@ -1,4 +1,4 @@
-//! The series of the crate's table (see the module above), through the
+//! The series of the crate docs' table ("Observability"), through the
 //! `metrics` facade; without the feature, the same calls do nothing.
 
 use super::labels::Labels;

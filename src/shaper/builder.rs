@@ -1,14 +1,13 @@
 //! [`ShaperBuilder`]: every setting of a shaper, checked at `build()`.
 
 use std::fmt;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use reqwest::Request;
 
 use super::handle::{CostFn, Inner, Shaper};
-use super::registry::Registry;
+use super::registry::{Plan, Registry};
 use super::transport::Transport;
 use crate::adaptive::Adaptive;
 use crate::answers::Answers;
@@ -405,19 +404,28 @@ impl ShaperBuilder {
                 client,
                 transport,
                 wall: self.wall,
-                policy,
-                retry: self.retry,
-                routes: self.routes,
-                levels,
                 cost: self.cost,
                 dialects: self.dialects,
-                registry: Registry::default(),
-                shut: AtomicBool::new(false),
-                store: self.store,
-                store_failure: self.store_failure,
-                metrics_per_lane: self.metrics_per_lane,
+                registry: Registry::new(Plan {
+                    policy,
+                    budget: self.retry.budget,
+                    routes: self.routes,
+                    levels,
+                    store: self.store,
+                    store_failure: self.store_failure,
+                    metrics_per_lane: self.metrics_per_lane,
+                }),
+                retry: self.retry,
             }),
         })
+    }
+}
+
+impl Shaper {
+    /// Start configuring a shaper; a quota ([`ShaperBuilder::rate`] or
+    /// [`ShaperBuilder::quota`]) is the one setting without a default.
+    pub fn builder() -> ShaperBuilder {
+        ShaperBuilder::default()
     }
 }
 

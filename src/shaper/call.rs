@@ -81,7 +81,6 @@ impl Options {
     /// [`Priority`], [`Tag`]), for the adapters that have no builder.
     #[cfg(any(feature = "middleware", feature = "tower"))]
     pub(crate) fn from_extensions(extensions: &http::Extensions) -> Self {
-        use super::request::MaxWait;
         use crate::route::Cost;
         Self {
             max_wait: extensions.get::<MaxWait>().map(|m| m.0),
@@ -100,6 +99,33 @@ struct Tally {
     queued: Duration,
     attempts: u32,
     throttles: u32,
+}
+
+/// A per-request limit on the wait for release, also understood as a
+/// `reqwest_middleware` extension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaxWait(pub Duration);
+
+impl Shaper {
+    /// Send `request` through its lanes and return the vendor's response,
+    /// or the reason there is none.
+    pub async fn execute(&self, request: Request) -> Result<Response, Error> {
+        self.execute_with(request, Options::default()).await
+    }
+
+    pub(super) async fn execute_with(
+        &self,
+        request: Request,
+        options: Options,
+    ) -> Result<Response, Error> {
+        let transport = self.inner.transport.clone();
+        self.drive(request, options, |r| transport.send(r))
+            .await
+            .map_err(|failure| match failure {
+                Failure::Shaper(error) => error,
+                Failure::Send { attempts, source } => Error::Transport { attempts, source },
+            })
+    }
 }
 
 impl Shaper {
@@ -157,7 +183,10 @@ impl Shaper {
         F: FnMut(Request) -> Fut,
         Fut: Future<Output = Result<Response, E>>,
     {
-        let lane = self.lane_for(&request, options.tag.as_ref())?;
+        let lane = self
+            .inner
+            .registry
+            .lane_for(&request, options.tag.as_ref())?;
         tally.lane = Some(lane.clone());
         let policy = &self.inner.retry;
         // Only a request a layer above may send again has one: a plain

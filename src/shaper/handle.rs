@@ -1,25 +1,21 @@
-//! The [`Shaper`] handle: its request API, and what it shares with every
-//! clone (settings, the registry of lanes).
+//! The [`Shaper`] handle, and what it shares with every clone: the
+//! client and transport, the retry rules, and the registry of lanes.
+//! Each concern extends it where it lives: `builder.rs` (`Shaper::builder`),
+//! `request.rs` (`get`, `post`, ...), `call.rs` (`execute`, one request's
+//! life).
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
-use reqwest::{IntoUrl, Method, Request, Response};
+use reqwest::Request;
 
-use super::builder::ShaperBuilder;
-use super::call::{Failure, Options};
 use super::registry::Registry;
-use super::request::RequestBuilder;
 use super::transport::Transport;
-use crate::error::{ConfigError, Error};
-use crate::lane::{LanePolicy, LaneSnapshot};
+use crate::error::ConfigError;
+use crate::lane::LaneSnapshot;
 use crate::meters::Quota;
 use crate::retry::RetryPolicy;
-use crate::route::{Level, Route};
 use crate::signals::{Dialect, WallClock};
-use crate::store::{Store, StoreFailure};
-use crate::sync::lock;
 
 /// Estimates a request's cost when the caller gave none.
 pub(super) type CostFn = dyn Fn(&Request) -> u64 + Send + Sync;
@@ -66,94 +62,20 @@ pub(super) struct Inner {
     pub(super) client: reqwest::Client,
     pub(super) transport: Arc<dyn Transport>,
     pub(super) wall: Arc<dyn WallClock>,
-    /// How every lane behaves (its quotas come from the levels).
-    pub(super) policy: LanePolicy,
     pub(super) retry: RetryPolicy,
-    pub(super) routes: Vec<Route>,
-    /// The shaper-wide levels, the vendor's last.
-    pub(super) levels: Vec<Level>,
     pub(super) cost: Option<Arc<CostFn>>,
     pub(super) dialects: Vec<Arc<dyn Dialect>>,
     pub(super) registry: Registry,
-    pub(super) shut: AtomicBool,
-    /// Where the gates' quotas live when a fleet shares them.
-    pub(super) store: Option<Store>,
-    pub(super) store_failure: StoreFailure,
-    /// Series labelled by lane too (`ShaperBuilder::metrics_per_lane`).
-    pub(super) metrics_per_lane: bool,
 }
 
 impl Shaper {
-    /// Start configuring a shaper; a quota ([`ShaperBuilder::rate`] or
-    /// [`ShaperBuilder::quota`]) is the one setting without a default.
-    pub fn builder() -> ShaperBuilder {
-        ShaperBuilder::default()
-    }
-
-    /// Start a request; `send` queues it on its lanes.
-    pub fn request<U: IntoUrl>(&self, method: Method, url: U) -> RequestBuilder {
-        RequestBuilder {
-            shaper: self.clone(),
-            inner: self.inner.client.request(method, url),
-            options: Options::default(),
-        }
-    }
-
-    /// Start a GET request.
-    pub fn get<U: IntoUrl>(&self, url: U) -> RequestBuilder {
-        self.request(Method::GET, url)
-    }
-
-    /// Start a POST request.
-    pub fn post<U: IntoUrl>(&self, url: U) -> RequestBuilder {
-        self.request(Method::POST, url)
-    }
-
-    /// Start a PUT request.
-    pub fn put<U: IntoUrl>(&self, url: U) -> RequestBuilder {
-        self.request(Method::PUT, url)
-    }
-
-    /// Start a PATCH request.
-    pub fn patch<U: IntoUrl>(&self, url: U) -> RequestBuilder {
-        self.request(Method::PATCH, url)
-    }
-
-    /// Start a DELETE request.
-    pub fn delete<U: IntoUrl>(&self, url: U) -> RequestBuilder {
-        self.request(Method::DELETE, url)
-    }
-
-    /// Start a HEAD request.
-    pub fn head<U: IntoUrl>(&self, url: U) -> RequestBuilder {
-        self.request(Method::HEAD, url)
-    }
-
-    /// Send `request` through its lanes and return the vendor's response,
-    /// or the reason there is none.
-    pub async fn execute(&self, request: Request) -> Result<Response, Error> {
-        self.execute_with(request, Options::default()).await
-    }
-
-    pub(super) async fn execute_with(
-        &self,
-        request: Request,
-        options: Options,
-    ) -> Result<Response, Error> {
-        let transport = self.inner.transport.clone();
-        self.drive(request, options, |r| transport.send(r))
-            .await
-            .map_err(|failure| match failure {
-                Failure::Shaper(error) => error,
-                Failure::Send { attempts, source } => Error::Transport { attempts, source },
-            })
-    }
-
     /// Change the vendor level's quotas (those of
-    /// [`ShaperBuilder::rate`] and [`ShaperBuilder::quota`]) while the
+    /// [`ShaperBuilder::rate`](super::ShaperBuilder::rate) and [`ShaperBuilder::quota`](super::ShaperBuilder::quota)) while the
     /// shaper runs: see [`set_level_quotas`](Self::set_level_quotas).
     pub fn set_quotas(&self, quotas: impl IntoIterator<Item = Quota>) -> Result<(), ConfigError> {
-        self.requote("", quotas.into_iter().collect())
+        self.inner
+            .registry
+            .requote("", quotas.into_iter().collect())
     }
 
     /// Change the quotas of the level named `level` (every level of that
@@ -195,7 +117,15 @@ impl Shaper {
         level: &str,
         quotas: impl IntoIterator<Item = Quota>,
     ) -> Result<(), ConfigError> {
-        self.requote(level, quotas.into_iter().collect())
+        self.inner
+            .registry
+            .requote(level, quotas.into_iter().collect())
+    }
+
+    /// The lanes and gates, for a config file's reload.
+    #[cfg(feature = "config")]
+    pub(crate) fn registry(&self) -> &Registry {
+        &self.inner.registry
     }
 
     /// The retry rules every request follows.
@@ -206,37 +136,27 @@ impl Shaper {
     /// What the lane `key` is doing, if it exists. Lanes of the default
     /// level are named by their key (the origin); others `level/key`.
     pub fn lane(&self, key: &str) -> Option<LaneSnapshot> {
-        lock(&self.inner.registry.lanes)
-            .get(key)
-            .map(|lane| lane.snapshot())
+        self.inner.registry.snapshot(key)
     }
 
     /// Every live lane.
     pub fn lanes(&self) -> Vec<LaneSnapshot> {
-        lock(&self.inner.registry.lanes)
-            .values()
-            .map(|lane| lane.snapshot())
-            .collect()
+        self.inner.registry.snapshots()
     }
 
     /// Stop: requests that have not been released end with
-    /// [`Error::Shutdown`], and so does every later one. Requests already on
+    /// [`Error::Shutdown`](crate::Error::Shutdown), and so does every later one. Requests already on
     /// the wire finish.
     pub fn shutdown(&self) {
-        self.inner.shut.store(true, Ordering::Release);
-        for (_, lane) in lock(&self.inner.registry.lanes).drain() {
-            lane.close();
-        }
+        self.inner.registry.shut_down();
     }
 }
 
 impl fmt::Debug for Shaper {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Shaper")
-            .field("levels", &self.inner.levels)
-            .field("routes", &self.inner.routes)
+            .field("registry", &self.inner.registry)
             .field("retry", &self.inner.retry)
-            .field("lanes", &lock(&self.inner.registry.lanes).len())
             .finish_non_exhaustive()
     }
 }

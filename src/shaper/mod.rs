@@ -5,12 +5,12 @@
 //!
 //! | file | what it owns |
 //! |---|---|
-//! | `handle.rs` | the `Shaper` handle and its request API |
-//! | `builder.rs` | [`ShaperBuilder`]: settings, checked at `build()` |
-//! | `request.rs` | [`RequestBuilder`]: one request and its options ([`MaxWait`]) |
+//! | `handle.rs` | the `Shaper` handle, what its clones share, live quota changes and snapshots |
+//! | `builder.rs` | [`ShaperBuilder`] (`Shaper::builder`): settings, checked at `build()` |
+//! | `request.rs` | [`RequestBuilder`]: one request and its options; `Shaper::get`, `post` and the rest |
 //! | `transport.rs` | [`Transport`]: what puts an attempt on the wire |
-//! | `registry.rs` | lanes and gates by key, created on first use, evicted when idle |
-//! | `call.rs` | one request's life: wait, send, let the crate's `throttle` module judge the answer, go again or finish |
+//! | `registry.rs` | the `Registry`: lanes and gates by key, created on first use, evicted when idle, and live quota changes |
+//! | `call.rs` | one request's life (`Shaper::execute`): wait, send, let the crate's `throttle` module judge the answer, go again or finish; the options a request carries ([`MaxWait`]) |
 //! | `settle.rs` | [`Settle`]: a request's real cost, reported after the answer |
 
 mod builder;
@@ -22,6 +22,7 @@ mod settle;
 mod transport;
 
 pub use self::builder::ShaperBuilder;
-pub use self::request::{MaxWait, RequestBuilder};
+pub use self::call::MaxWait;
+pub use self::request::RequestBuilder;
 pub use self::settle::Settle;
 pub use self::transport::{BoxFuture, Transport};

@@ -8,38 +8,101 @@
 //! quota vendor-wide.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use reqwest::Request;
 
-use super::handle::Shaper;
 use crate::error::{ConfigError, Error};
 use crate::gate::{Gate, GateMap};
-use crate::lane::{Lane, OnIdle};
+use crate::lane::{Lane, LanePolicy, LaneSnapshot, OnIdle};
 use crate::meters::Quota;
 use crate::observability::{Labels, LaneMetrics, StoreMetrics};
+use crate::retry::RetryBudget;
 use crate::route::{Level, Route, Tag};
-use crate::store::{Store, StoreMode};
+use crate::store::{Store, StoreFailure, StoreMode};
 use crate::sync::{lock, shrink};
 
 type LaneMap = Mutex<HashMap<String, Arc<Lane>>>;
 
-/// A shaper's lanes and gates by name.
-#[derive(Default)]
-pub(super) struct Registry {
-    pub(super) lanes: Arc<LaneMap>,
+/// A shaper's lanes and gates by name, and what it takes to make them:
+/// the levels and routes, how every lane behaves, and the store.
+pub(crate) struct Registry {
+    lanes: Arc<LaneMap>,
     gates: Arc<GateMap>,
     /// Levels whose quotas changed while the shaper ran, by name.
     changed: Mutex<HashMap<String, Vec<Quota>>>,
+    /// Shut down: no lane is handed out any more.
+    shut: AtomicBool,
+    /// How every lane behaves (its quotas come from the levels).
+    policy: LanePolicy,
+    /// Each vendor gate's allowance of failure retries.
+    budget: RetryBudget,
+    routes: Vec<Route>,
+    /// The shaper-wide levels, the vendor's last.
+    levels: Vec<Level>,
+    /// Where the gates' quotas live when a fleet shares them.
+    store: Option<Store>,
+    store_failure: StoreFailure,
+    /// Series labelled by lane too (`ShaperBuilder::metrics_per_lane`).
+    metrics_per_lane: bool,
 }
 
-impl Shaper {
+/// What a [`Registry`] makes its lanes and gates of, as the builder
+/// checked it.
+pub(super) struct Plan {
+    pub(super) policy: LanePolicy,
+    pub(super) budget: RetryBudget,
+    pub(super) routes: Vec<Route>,
+    pub(super) levels: Vec<Level>,
+    pub(super) store: Option<Store>,
+    pub(super) store_failure: StoreFailure,
+    pub(super) metrics_per_lane: bool,
+}
+
+impl Registry {
+    pub(super) fn new(plan: Plan) -> Self {
+        Self {
+            lanes: Arc::default(),
+            gates: Arc::default(),
+            changed: Mutex::default(),
+            shut: AtomicBool::new(false),
+            policy: plan.policy,
+            budget: plan.budget,
+            routes: plan.routes,
+            levels: plan.levels,
+            store: plan.store,
+            store_failure: plan.store_failure,
+            metrics_per_lane: plan.metrics_per_lane,
+        }
+    }
+
+    /// What the lane `key` is doing, if it exists.
+    pub(super) fn snapshot(&self, key: &str) -> Option<LaneSnapshot> {
+        lock(&self.lanes).get(key).map(|lane| lane.snapshot())
+    }
+
+    /// What every live lane is doing.
+    pub(super) fn snapshots(&self) -> Vec<LaneSnapshot> {
+        lock(&self.lanes)
+            .values()
+            .map(|lane| lane.snapshot())
+            .collect()
+    }
+
+    /// Hand out no lane any more, and close the live ones.
+    pub(super) fn shut_down(&self) {
+        self.shut.store(true, Ordering::Release);
+        for (_, lane) in lock(&self.lanes).drain() {
+            lane.close();
+        }
+    }
+
     /// Every level of the shaper named `name`, shaper-wide and in routes.
     fn levels_named<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Level> {
-        let routed = self.inner.routes.iter().flat_map(|route| &route.levels);
-        self.inner
-            .levels
+        let routed = self.routes.iter().flat_map(|route| &route.levels);
+        self.levels
             .iter()
             .chain(routed)
             .filter(move |level| level.name == name)
@@ -55,21 +118,20 @@ impl Shaper {
                 "no such level: a new level or route needs a new shaper",
             ));
         }
-        if self.inner.store.is_some() {
+        if self.store.is_some() {
             return Err(ConfigError::new(
                 format!("levels.{field}.quotas"),
                 "with a shared store the quotas live in it for every instance: \
                  change them by rebuilding the fleet's shapers",
             ));
         }
-        self.inner
-            .policy
+        self.policy
             .validate(quotas)
             .map_err(|e| e.within(&format!("levels.{field}")))
     }
 
     /// Change the quotas of the levels named `level` (see
-    /// [`Shaper::set_level_quotas`]).
+    /// [`Shaper::set_level_quotas`](crate::Shaper::set_level_quotas)).
     pub(super) fn requote(&self, level: &str, quotas: Vec<Quota>) -> Result<(), ConfigError> {
         self.check_quotas(level, &quotas)?;
         self.apply_quotas(level, quotas);
@@ -82,8 +144,8 @@ impl Shaper {
         // The gate map's lock orders this against a gate being created:
         // a gate made before the change is requoted below, one made after
         // reads the new quotas.
-        let gates = lock(&self.inner.registry.gates);
-        lock(&self.inner.registry.changed).insert(level.to_owned(), quotas.clone());
+        let gates = lock(&self.gates);
+        lock(&self.changed).insert(level.to_owned(), quotas.clone());
         let changed: Vec<Arc<Gate>> = gates
             .values()
             .filter_map(Weak::upgrade)
@@ -93,22 +155,20 @@ impl Shaper {
         for gate in &changed {
             gate.requote(&quotas);
         }
-        for lane in lock(&self.inner.registry.lanes).values() {
+        for lane in lock(&self.lanes).values() {
             if lane.holds_level(level) {
                 lane.requoted();
             }
         }
     }
-}
 
-impl Shaper {
     /// The levels a request on `route` goes through: the route's, then the
     /// shaper's (unless the route stands alone).
     fn levels_for<'a>(&'a self, route: Option<&'a Route>) -> impl Iterator<Item = &'a Level> {
         let shared = if route.is_some_and(|route| route.alone) {
             &[][..]
         } else {
-            &self.inner.levels[..]
+            &self.levels[..]
         };
         route
             .into_iter()
@@ -117,10 +177,7 @@ impl Shaper {
     }
 
     fn route_for(&self, request: &Request) -> Option<&Route> {
-        self.inner
-            .routes
-            .iter()
-            .find(|route| route.matches(request))
+        self.routes.iter().find(|route| route.matches(request))
     }
 
     /// The lane of `request`, created on first use: named by its key in
@@ -148,8 +205,8 @@ impl Shaper {
         if let Some(route) = route.filter(|r| r.levels.is_empty()) {
             name = format!("{} | {name}", route.name);
         }
-        let mut lanes = lock(&self.inner.registry.lanes);
-        if self.inner.shut.load(Ordering::Acquire) {
+        let mut lanes = lock(&self.lanes);
+        if self.shut.load(Ordering::Acquire) {
             return Err(Error::Shutdown);
         }
         if let Some(lane) = lanes.get(&name)
@@ -176,23 +233,23 @@ impl Shaper {
             },
             route: route.map(|route| route.name.clone()).unwrap_or_default(),
         };
-        let per_lane = self.inner.metrics_per_lane.then_some(name.as_str());
-        let remote = self.inner.store.as_ref().map(|store| {
+        let per_lane = self.metrics_per_lane.then_some(name.as_str());
+        let remote = self.store.as_ref().map(|store| {
             let failure = route
                 .and_then(|route| route.store_failure)
-                .unwrap_or(self.inner.store_failure);
+                .unwrap_or(self.store_failure);
             let quotas: Vec<Vec<Quota>> = levels.iter().map(|l| self.quotas_of(l)).collect();
-            let headroom = self.inner.policy.headroom;
+            let headroom = self.policy.headroom;
             let metrics =
                 StoreMetrics::new(&labels, per_lane, &StoreMode::ALL.map(StoreMode::label));
             let link = store.link(shared.clone(), &keys, &quotas, headroom, failure, metrics);
             Arc::new(link)
         });
-        let mut policy = self.inner.policy.clone();
+        let mut policy = self.policy.clone();
         if let Some(answers) = route.and_then(|r| r.answers.clone()) {
             policy.answers = answers;
         }
-        let on_idle = evict_when_idle(Arc::downgrade(&self.inner.registry.lanes), name.clone());
+        let on_idle = evict_when_idle(Arc::downgrade(&self.lanes), name.clone());
         let metrics = LaneMetrics::new(&labels, per_lane);
         let lane = Arc::new(Lane::spawn(
             name.clone(),
@@ -209,7 +266,7 @@ impl Shaper {
 
     /// The quotas of `level` now: as built, or as last changed live.
     fn quotas_of(&self, level: &Level) -> Vec<Quota> {
-        lock(&self.inner.registry.changed)
+        lock(&self.changed)
             .get(&level.name)
             .cloned()
             .unwrap_or_else(|| level.quotas.clone())
@@ -217,13 +274,13 @@ impl Shaper {
 
     /// The shared gate of `level` for `key`, created on first use.
     fn gate_for(&self, level: &Level, key: &str) -> Arc<Gate> {
-        let mut gates = lock(&self.inner.registry.gates);
+        let mut gates = lock(&self.gates);
         if let Some(gate) = gates.get(key).and_then(Weak::upgrade) {
             return gate;
         }
-        let registry = Some((Arc::downgrade(&self.inner.registry.gates), key.to_owned()));
-        let share = self.inner.store.as_ref().map_or(1, Store::fleet_size);
-        let settings = self.inner.policy.gate_settings(self.inner.retry.budget);
+        let registry = Some((Arc::downgrade(&self.gates), key.to_owned()));
+        let share = self.store.as_ref().map_or(1, Store::fleet_size);
+        let settings = self.policy.gate_settings(self.budget);
         let quotas = self.quotas_of(level);
         let gate = Arc::new(Gate::new(&level.name, &quotas, settings, registry, share));
         gates.insert(key.to_owned(), Arc::downgrade(&gate));
@@ -245,4 +302,14 @@ fn evict_when_idle(lanes: Weak<LaneMap>, key: String) -> OnIdle {
             shrink(&mut lanes);
         }
     })
+}
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registry")
+            .field("levels", &self.levels)
+            .field("routes", &self.routes)
+            .field("lanes", &lock(&self.lanes).len())
+            .finish_non_exhaustive()
+    }
 }

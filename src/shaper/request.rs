@@ -5,7 +5,7 @@ use std::fmt;
 use std::time::Duration;
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
-use reqwest::{Request, Response, Version};
+use reqwest::{IntoUrl, Method, Request, Response, Version};
 
 use super::call::Options;
 use super::handle::Shaper;
@@ -13,10 +13,46 @@ use crate::error::Error;
 use crate::lane::Priority;
 use crate::route::Tag;
 
-/// A per-request limit on the wait for release, also understood as a
-/// `reqwest_middleware` extension.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MaxWait(pub Duration);
+impl Shaper {
+    /// Start a request; `send` queues it on its lanes.
+    pub fn request<U: IntoUrl>(&self, method: Method, url: U) -> RequestBuilder {
+        RequestBuilder {
+            shaper: self.clone(),
+            inner: self.inner.client.request(method, url),
+            options: Options::default(),
+        }
+    }
+
+    /// Start a GET request.
+    pub fn get<U: IntoUrl>(&self, url: U) -> RequestBuilder {
+        self.request(Method::GET, url)
+    }
+
+    /// Start a POST request.
+    pub fn post<U: IntoUrl>(&self, url: U) -> RequestBuilder {
+        self.request(Method::POST, url)
+    }
+
+    /// Start a PUT request.
+    pub fn put<U: IntoUrl>(&self, url: U) -> RequestBuilder {
+        self.request(Method::PUT, url)
+    }
+
+    /// Start a PATCH request.
+    pub fn patch<U: IntoUrl>(&self, url: U) -> RequestBuilder {
+        self.request(Method::PATCH, url)
+    }
+
+    /// Start a DELETE request.
+    pub fn delete<U: IntoUrl>(&self, url: U) -> RequestBuilder {
+        self.request(Method::DELETE, url)
+    }
+
+    /// Start a HEAD request.
+    pub fn head<U: IntoUrl>(&self, url: U) -> RequestBuilder {
+        self.request(Method::HEAD, url)
+    }
+}
 
 /// A request being built; [`send`](Self::send) queues it on its lanes.
 ///

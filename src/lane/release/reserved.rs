@@ -184,11 +184,7 @@ impl Reserved {
             .gates
             .iter()
             .any(|gate| gate.spacing().is_some());
-        let early = if strict {
-            Duration::ZERO
-        } else {
-            (headroom / 4).min(EARLY_MAX)
-        };
+        let timing = Timing::new(strict, headroom);
         let vendor = ready.shared.vendor();
         let reach = vendor.request_interval().unwrap_or_default() / 2;
         if let Some(wait) = self.first_word(vendor, now, reach, late) {
@@ -211,13 +207,7 @@ impl Reserved {
                 self.slots.pop_front();
             }
         }
-        let at = self.slots.front()?.at;
-        let release = if strict {
-            at.checked_sub(LEAD).unwrap_or(at)
-        } else {
-            at
-        };
-        if release > now && at.saturating_duration_since(now) > early {
+        if let Some(release) = timing.wait(self.slots.front()?.at, now) {
             return Some(Step::Wait(Blocked::Until(release)));
         }
         if self.remote.on_probation(now) {
@@ -235,11 +225,7 @@ impl Reserved {
             });
         }
         let slot = self.slots.pop_front()?;
-        let (charged, door) = if strict {
-            (slot.at.max(now), (slot.at > now).then_some(slot.at))
-        } else {
-            (now, None)
-        };
+        let (charged, door) = timing.hand(slot.at, now);
         if !ready.hand(head, charged, Some(slot.fleet.clone()), strict, door) {
             // Its caller left just now: the slot serves the next.
             self.slots.push_front(slot);
@@ -252,7 +238,7 @@ impl Reserved {
             // ahead): correct the meters that count cost.
             self.remote.settle_at(slot.cost, head.cost, slot.t);
         }
-        self.ask_ahead(ready, head, later(slot.at, early));
+        self.ask_ahead(ready, head, later(slot.at, timing.early));
         Some(Step::Done)
     }
 
@@ -517,6 +503,51 @@ impl Release for Reserved {
     }
 }
 
+/// When a slot goes, in the default mode or a strict lane's (see
+/// [`Reserved::use_slot`]).
+#[derive(Debug, Clone, Copy)]
+struct Timing {
+    strict: bool,
+    /// How early a default slot may go rather than sleep: a quarter of
+    /// the headroom, at most [`EARLY_MAX`]; none for a strict lane.
+    early: Duration,
+}
+
+impl Timing {
+    fn new(strict: bool, headroom: Duration) -> Self {
+        let early = if strict {
+            Duration::ZERO
+        } else {
+            (headroom / 4).min(EARLY_MAX)
+        };
+        Self { strict, early }
+    }
+
+    /// Until when a slot booked for `at` waits, at `now`: a strict turn
+    /// is released [`LEAD`] ahead of its slot, a default one at it, or now
+    /// if it is due within the early margin. `None`: it goes now.
+    fn wait(&self, at: Instant, now: Instant) -> Option<Instant> {
+        let release = if self.strict {
+            at.checked_sub(LEAD).unwrap_or(at)
+        } else {
+            at
+        };
+        (release > now && at.saturating_duration_since(now) > self.early).then_some(release)
+    }
+
+    /// A slot booked for `at`, handed out at `now`: when the meters are
+    /// charged, and the door its caller waits at before sending. A strict
+    /// turn is charged at its slot and waits for it; a default one goes
+    /// now.
+    fn hand(&self, at: Instant, now: Instant) -> (Instant, Option<Instant>) {
+        if self.strict {
+            (at.max(now), (at > now).then_some(at))
+        } else {
+            (now, None)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -524,7 +555,8 @@ mod tests {
 
     use tokio::time::Instant;
 
-    use super::{Booking, Burst, HANDED_MAX, LATE_MIN, late};
+    use super::{Booking, Burst, EARLY_MAX, HANDED_MAX, LATE_MIN, Timing, late};
+    use crate::lane::turn::LEAD;
 
     fn slot(at: Instant) -> Booking {
         Booking {
@@ -581,5 +613,32 @@ mod tests {
         assert_eq!(late(Duration::from_millis(30)), Duration::from_millis(15));
         assert_eq!(late(Duration::ZERO), LATE_MIN);
         assert_eq!(late(Duration::MAX), Duration::MAX / 2);
+    }
+
+    /// A default slot due within a quarter of the headroom (at most a
+    /// millisecond) goes now and is charged now; a later one waits for
+    /// its instant. A strict one is released [`LEAD`] ahead, charged at its
+    /// slot and held at the door until it, and never goes early.
+    #[tokio::test(start_paused = true)]
+    async fn a_strict_slot_goes_at_its_instant_and_a_default_one_may_go_early() {
+        let now = Instant::now();
+        let us = Duration::from_micros;
+        let default = Timing::new(false, Duration::from_millis(2));
+        assert_eq!(default.wait(now + us(500), now), None);
+        assert_eq!(default.hand(now + us(500), now), (now, None));
+        assert_eq!(default.wait(now + us(501), now), Some(now + us(501)));
+        let wide = Timing::new(false, Duration::from_secs(60));
+        assert_eq!(wide.early, EARLY_MAX, "capped");
+        assert_eq!(wide.wait(now + us(1_001), now), Some(now + us(1_001)));
+
+        let strict = Timing::new(true, Duration::from_secs(60));
+        assert_eq!(strict.early, Duration::ZERO);
+        let at = now + LEAD + us(500);
+        assert_eq!(strict.wait(at, now), Some(now + us(500)));
+        let soon = now + us(500);
+        assert_eq!(strict.wait(soon, now), None, "within the lead");
+        assert_eq!(strict.hand(soon, now), (soon, Some(soon)));
+        let past = now.checked_sub(us(500)).unwrap_or(now);
+        assert_eq!(strict.hand(past, now), (now, None), "late: goes now");
     }
 }

@@ -12,10 +12,10 @@ use tokio::time::Instant;
 
 use super::cause::{PauseCause, Paused, Stop};
 use super::pace::Pace;
-use super::window::{WindowEnds, slower_first};
+use super::window::WindowEnds;
 use crate::adaptive::{Adaptive, Aimd};
 use crate::drain::Drain;
-use crate::meters::{Meters, Quota, Rate, Unit};
+use crate::meters::{Meters, Quota, Rate};
 use crate::retry::{Allowance, Backoff, RetryBudget};
 use crate::spacing::{Departures, Learned};
 use crate::sync::{lock, shrink};
@@ -340,9 +340,9 @@ impl Drop for Gate {
 pub(crate) fn request_rate(quotas: &[Quota]) -> Option<Rate> {
     quotas
         .iter()
-        .filter(|q| q.unit == Unit::Requests)
+        .filter(|q| q.counts_requests())
         .map(Quota::rate)
-        .min_by(|a, b| slower_first(*a, *b))
+        .min_by(|a, b| a.cmp_speed(b))
 }
 
 /// The smallest capacity among `quotas`' token buckets that count
@@ -350,7 +350,7 @@ pub(crate) fn request_rate(quotas: &[Quota]) -> Option<Rate> {
 pub(super) fn request_bucket(quotas: &[Quota]) -> Option<u64> {
     quotas
         .iter()
-        .filter(|q| q.unit == Unit::Requests)
+        .filter(|q| q.counts_requests())
         .filter_map(Quota::bucket_capacity)
         .min()
 }

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use super::cause::Spending;
 use super::level::Gate;
 use super::pace::{PROBE_QUIET, Pace, Probe};
-use super::window::{Window, opened, opened_like, slack, slower_first};
+use super::window::{Window, opened, opened_like, slack};
 use crate::adaptive::Aimd;
 use crate::meters::Rate;
 use crate::spacing::{Declared, Reading};
@@ -75,7 +75,7 @@ impl Gate {
         }
         let step = (learned.count / 20).max(1);
         let raised = Rate::new(learned.count.saturating_add(step), learned.per);
-        if slower_first(raised, declared).is_ge() {
+        if raised.cmp_speed(&declared).is_ge() {
             pace.learned = None;
             pace.probe = None;
             self.probing.store(false, Ordering::Relaxed);
@@ -114,7 +114,7 @@ impl Gate {
         let Some(declared) = pace.declared else {
             return false;
         };
-        if slower_first(rate, declared).is_ge() || pace.learned == Some(rate) {
+        if rate.cmp_speed(&declared).is_ge() || pace.learned == Some(rate) {
             return false;
         }
         pace.learned = Some(rate);

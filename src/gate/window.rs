@@ -33,7 +33,7 @@ impl Window {
         self.bucket.is_some_and(|capacity| limit >= capacity)
             || self
                 .declared_rate(limit)
-                .is_none_or(|rate| slower_first(rate, self.kept).is_ge())
+                .is_none_or(|rate| rate.cmp_speed(&self.kept).is_ge())
     }
 
     /// `count` in the declared window, as a rate (`None`: more than any
@@ -132,11 +132,4 @@ pub(super) fn opened_like(
 ) -> bool {
     let span = later(Instant::now(), reset).saturating_duration_since(opened);
     span >= length / 4 && span.saturating_sub(precision) < length
-}
-
-/// Orders rates slowest first, comparing `count / per` without division.
-pub(super) fn slower_first(a: Rate, b: Rate) -> std::cmp::Ordering {
-    let a_speed = u128::from(a.count) * b.per.as_nanos();
-    let b_speed = u128::from(b.count) * a.per.as_nanos();
-    a_speed.cmp(&b_speed)
 }

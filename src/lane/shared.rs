@@ -60,7 +60,7 @@ impl Shared {
             .gates
             .iter()
             .filter_map(|gate| gate.declared())
-            .min_by(|a, b| a.per_second().total_cmp(&b.per_second()));
+            .min_by(|a, b| a.cmp_speed(b));
         if let Some(rate) = declared {
             self.metrics.declared(rate);
         }

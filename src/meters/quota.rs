@@ -83,6 +83,13 @@ pub struct Quota {
 }
 
 impl Quota {
+    /// Whether it counts requests (not each request's cost): the one
+    /// test of it, for the quotas a lane's request rate, ledger and
+    /// bursts are read from.
+    pub(crate) fn counts_requests(&self) -> bool {
+        self.unit == Unit::Requests
+    }
+
     /// True when its meter lets more than one request go at once (a
     /// leaky bucket never does; your own meter is taken not to).
     pub(crate) fn bursts(&self) -> bool {

@@ -45,6 +45,15 @@ impl Rate {
         f64::from(self.count) / self.per.as_secs_f64().max(1e-9)
     }
 
+    /// How this rate compares with `other` in speed (`Less`: slower),
+    /// comparing `count / per` exactly, without division: the one way
+    /// rates are ordered in the crate.
+    pub(crate) fn cmp_speed(&self, other: &Rate) -> std::cmp::Ordering {
+        let this = u128::from(self.count) * other.per.as_nanos();
+        let that = u128::from(other.count) * self.per.as_nanos();
+        this.cmp(&that)
+    }
+
     /// The longest window a quota may have: vendors count per second,
     /// minute, hour, day or month, and a year bounds every instant a meter
     /// computes from it far from overflow.
@@ -83,5 +92,28 @@ pub(crate) fn settle_tat(tat: &mut Option<Instant>, interval: Duration, charged:
         } else {
             later(at, spacing(interval, actual - charged))
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cmp::Ordering;
+    use std::time::Duration;
+
+    use super::Rate;
+
+    /// Rates compare by speed exactly, whatever their windows, and the
+    /// largest numbers a caller or a vendor can give do not overflow.
+    #[test]
+    fn rates_compare_by_speed_exactly() {
+        let second = Duration::from_secs(1);
+        let ten = Rate::new(10, second);
+        assert_eq!(ten.cmp_speed(&Rate::new(600, 60 * second)), Ordering::Equal);
+        assert_eq!(ten.cmp_speed(&Rate::new(11, second)), Ordering::Less);
+        assert_eq!(Rate::new(3, second / 3).cmp_speed(&ten), Ordering::Less);
+        let most = Rate::new(u32::MAX, Duration::from_nanos(1));
+        let least = Rate::new(1, Duration::MAX);
+        assert_eq!(most.cmp_speed(&least), Ordering::Greater);
+        assert_eq!(least.cmp_speed(&most), Ordering::Less);
     }
 }

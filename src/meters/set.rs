@@ -89,7 +89,7 @@ fn room(meter: &dyn Meter, now: Instant) -> u64 {
 fn ledger(quotas: &[Quota], headroom: Duration) -> Option<Releases> {
     quotas
         .iter()
-        .filter(|q| q.unit == Unit::Requests)
+        .filter(|q| q.counts_requests())
         .max_by_key(|quota| quota.rate().per)
         .map(|quota| {
             let rate = quota.rate();
@@ -146,7 +146,7 @@ impl Meters {
                 }
                 let first = past.first().copied().unwrap_or(now).min(now);
                 let mut meter = quota.meter(headroom, first);
-                if quota.unit == Unit::Requests {
+                if quota.counts_requests() {
                     for &at in &past {
                         meter.commit(1, at);
                     }
@@ -405,7 +405,7 @@ impl Meters {
         self.meters
             .iter_mut()
             .zip(&self.quotas)
-            .filter(|(_, quota)| quota.unit == Unit::Requests && quota.bursts())
+            .filter(|(_, quota)| quota.counts_requests() && quota.bursts())
             .map(|((meter, _), _)| meter.as_mut())
     }
 

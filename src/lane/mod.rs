@@ -45,6 +45,7 @@ mod turn;
 mod waiter;
 
 pub use self::handle::Lane;
+pub(crate) use self::handle::Place;
 pub use self::policy::{LanePolicy, Priority};
 pub(crate) use self::shared::OnIdle;
 pub use self::snapshot::LaneSnapshot;

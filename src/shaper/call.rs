@@ -14,7 +14,7 @@ use tracing::Instrument;
 use super::handle::Shaper;
 use super::settle::Settle;
 use crate::error::{Answer, Error};
-use crate::lane::{Lane, Priority};
+use crate::lane::{Lane, Place, Priority};
 use crate::observability::RequestSpan;
 use crate::retry::{self, RetryPolicy};
 use crate::route::Tag;
@@ -90,6 +90,15 @@ impl Options {
             logical: None,
         }
     }
+}
+
+/// A request in its lane, before its first turn.
+struct Entered {
+    lane: Arc<Lane>,
+    place: Place,
+    cost: u64,
+    /// Sends a layer above already made, counted as failures.
+    failures: u32,
 }
 
 /// What a request's end reports: how far it got.
@@ -168,6 +177,44 @@ impl Shaper {
         outcome
     }
 
+    /// Find `request`'s lane and take a place in it: the lane, the place,
+    /// the request's cost, and the failures a layer above already spent.
+    fn enter(
+        &self,
+        request: &Request,
+        options: &Options,
+        span: &RequestSpan,
+        tally: &mut Tally,
+    ) -> Result<Entered, Error> {
+        let lane = self
+            .inner
+            .registry
+            .lane_for(request, options.tag.as_ref())?;
+        tally.lane = Some(lane.clone());
+        // Only a request a layer above may send again has one: a plain
+        // request allocates nothing for it.
+        let logical = options.logical.as_ref();
+        // A try of a layer above: every send so far counts as a failure.
+        let failures = logical.map_or(0, Logical::sends);
+        if failures >= self.inner.retry.max_attempts {
+            return Err(attempts_spent(&lane, failures));
+        }
+        let cost = self.cost_of(request, options.cost);
+        span.entered(lane.key(), lane.labels(), cost, options.priority.label());
+        let max_wait = options.max_wait.or(lane.policy().max_wait);
+        let kept = logical.and_then(Logical::place);
+        let place = lane.enter_at(kept, cost, options.priority, max_wait)?;
+        if let Some(logical) = logical {
+            logical.keep(place.seq());
+        }
+        Ok(Entered {
+            lane,
+            place,
+            cost,
+            failures,
+        })
+    }
+
     /// The loop every request runs: wait for the turns, send, and decide
     /// from the outcome whether to pause the lanes and go again.
     async fn run<E, F, Fut>(
@@ -183,29 +230,15 @@ impl Shaper {
         F: FnMut(Request) -> Fut,
         Fut: Future<Output = Result<Response, E>>,
     {
-        let lane = self
-            .inner
-            .registry
-            .lane_for(&request, options.tag.as_ref())?;
-        tally.lane = Some(lane.clone());
-        let policy = &self.inner.retry;
-        // Only a request a layer above may send again has one: a plain
-        // request allocates nothing for it.
-        let logical = options.logical.as_ref();
-        // A try of a layer above: every send so far counts as a failure.
-        let mut failures = logical.map_or(0, Logical::sends);
-        if failures >= policy.max_attempts {
-            return Err(attempts_spent(&lane, failures).into());
-        }
-        let cost = self.cost_of(&request, options.cost);
-        span.entered(lane.key(), lane.labels(), cost, options.priority.label());
-        let max_wait = options.max_wait.or(lane.policy().max_wait);
         let submitted = Instant::now();
-        let kept = logical.and_then(Logical::place);
-        let mut place = lane.enter_at(kept, cost, options.priority, max_wait)?;
-        if let Some(logical) = logical {
-            logical.keep(place.seq());
-        }
+        let Entered {
+            lane,
+            mut place,
+            cost,
+            mut failures,
+        } = self.enter(&request, &options, span, tally)?;
+        let policy = &self.inner.retry;
+        let logical = options.logical.as_ref();
         let may_retry_failure =
             policy.retry_non_idempotent || retry::is_idempotent(request.method());
         let mut waiting_since = submitted;

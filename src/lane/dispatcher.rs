@@ -171,20 +171,19 @@ mod tests {
 
     use crate::lane::{Lane, LanePolicy, Priority};
     use crate::meters::Quota;
-    use crate::meters::Rate;
+
+    /// A lane of 10 a second, 100 ms between releases.
+    fn lane() -> Lane {
+        let ten = Quota::leaky_bucket(10, Duration::from_secs(1));
+        Lane::new("dispatcher", [ten], LanePolicy::default()).unwrap()
+    }
 
     /// A request back from its backoff is filed by its old number: it goes
     /// before the requests that arrived while it was away, not after them
     /// (a retry keeps its place, and a burst's retries never jump FIFO).
     #[tokio::test(start_paused = true)]
     async fn a_request_back_from_its_backoff_goes_by_its_old_number() {
-        let rate = Rate::new(10, Duration::from_secs(1));
-        let lane = Lane::new(
-            "dispatcher",
-            [Quota::leaky_bucket(rate.count, rate.per)],
-            LanePolicy::default(),
-        )
-        .unwrap();
+        let lane = lane();
         let mut first = lane.enter(1, Priority::Interactive, None).unwrap();
         drop(lane.wait(&mut first).await.unwrap());
         let order = std::sync::Arc::new(Mutex::new(Vec::new()));
@@ -214,13 +213,7 @@ mod tests {
     /// later.
     #[tokio::test(start_paused = true)]
     async fn a_caller_who_left_is_skipped_at_once() {
-        let rate = Rate::new(10, Duration::from_secs(1));
-        let lane = Lane::new(
-            "dispatcher",
-            [Quota::leaky_bucket(rate.count, rate.per)],
-            LanePolicy::default(),
-        )
-        .unwrap();
+        let lane = lane();
         drop(lane.acquire().await.unwrap());
         let start = tokio::time::Instant::now();
         let gone = lane.enter(1, Priority::Interactive, None).unwrap();

@@ -644,29 +644,32 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_throttle_goes_again_after_the_pause_it_asks() {
         let lane = lane(Duration::from_secs(60));
-        let policy = RetryPolicy::default();
-        let tally = Tally {
-            lane: None,
-            queued: Duration::ZERO,
-            attempts: 1,
-            throttles: 1,
+        let throttle = |headers: &'static [(&'static str, &'static str)], spare: bool| {
+            let lane = lane.clone();
+            async move {
+                let tally = Tally {
+                    lane: None,
+                    queued: Duration::ZERO,
+                    attempts: 1,
+                    throttles: 1,
+                };
+                let answer = answer(429, headers);
+                let signals = Signals::parse(answer.headers(), std::time::SystemTime::now());
+                let spare = spare.then(request);
+                let policy = RetryPolicy::default();
+                throttled::<reqwest::Error>(
+                    &lane,
+                    &policy,
+                    answer,
+                    &signals,
+                    Instant::now(),
+                    spare,
+                    &tally,
+                )
+                .await
+            }
         };
-        let signals = Signals::default();
-        let now = Instant::now();
-        let hinted = answer(429, &[("retry-after", "2")]);
-        let hinted_signals =
-            crate::signals::Signals::parse(hinted.headers(), std::time::SystemTime::now());
-        match throttled::<reqwest::Error>(
-            &lane,
-            &policy,
-            hinted,
-            &hinted_signals,
-            now,
-            Some(request()),
-            &tally,
-        )
-        .await
-        {
+        match throttle(&[("retry-after", "2")], true).await {
             Next::Again(_, wait) => {
                 assert_eq!(wait, Duration::ZERO, "the lane's pause is the wait")
             }
@@ -677,36 +680,13 @@ mod tests {
                 .paused_for
                 .is_some_and(|p| p >= Duration::from_secs(2))
         );
-        let far = answer(429, &[("retry-after", "3600")]);
-        let far_signals =
-            crate::signals::Signals::parse(far.headers(), std::time::SystemTime::now());
-        match throttled::<reqwest::Error>(
-            &lane,
-            &policy,
-            far,
-            &far_signals,
-            now,
-            Some(request()),
-            &tally,
-        )
-        .await
-        {
+        match throttle(&[("retry-after", "3600")], true).await {
             Next::End(Err(Failure::Shaper(Error::PauseTooLong { requested, .. }))) => {
                 assert_eq!(requested, Duration::from_secs(3600));
             }
             _ => panic!("a pause past max_pause ends the request"),
         }
-        match throttled::<reqwest::Error>(
-            &lane,
-            &policy,
-            answer(429, &[]),
-            &signals,
-            now,
-            None,
-            &tally,
-        )
-        .await
-        {
+        match throttle(&[], false).await {
             Next::End(Ok(response)) => assert_eq!(response.status(), 429),
             _ => panic!("a body that cannot be sent again ends with the answer"),
         }

@@ -432,6 +432,47 @@ async fn fleet_against_nginx(
     run
 }
 
+/// A strict lane on a shared store refused without a word (a bare 429)
+/// reads its first such refusal as the jitter between the fleet's
+/// instances: the retry goes about one interval (100 ms) after the
+/// refused send. Read as a count, the fallback would have held it 0.5 to
+/// 1 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strict_fleet_lanes_lone_bare_refusal_pauses_one_interval() {
+    use wiremock::matchers::any;
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    let _alone = REAL_CLOCK.lock().await;
+    let redis = RedisServer::start();
+    let server = MockServer::start().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(429))
+        .up_to_n_times(1)
+        .mount(&server)
+        .await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&server)
+        .await;
+    let wire = Wire::default();
+    let shaper = Shaper::builder()
+        .quota(Quota::leaky_bucket(10, SECOND).strict())
+        .store(RedisStore::connect(&redis.url()).await.unwrap())
+        .transport(wire.clone())
+        .build()
+        .unwrap();
+    let response = shaper.get(server.uri()).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let sends = wire.sends();
+    let statuses: Vec<u16> = sends.iter().map(|&(_, status)| status).collect();
+    assert_eq!(statuses, [429, 200]);
+    let gap = sends[1].0 - sends[0].0;
+    assert!(
+        gap < Duration::from_millis(400),
+        "retried {gap:?} after the refusal"
+    );
+}
+
 /// A fleet of three on Redis, each declared strict at nginx's true
 /// `10r/s`: the store spaces the fleet's slots, and each slot's turn goes
 /// at its instant, never early and not a timer tick late (it waits at the

@@ -313,16 +313,14 @@ fn spacing(
         return None;
     }
     let silent = signals.limits.is_empty() && signals.pause_hint().is_none();
-    let fleet = silent
-        .then(|| lane.fleet_spacing_refused(status.as_u16()))
-        .flatten();
-    let gap = match fleet {
-        Some(gap) => gap,
-        None => lane.spacing_refused(signals.request_limit(), silent, released, status.as_u16())?,
-    };
+    let status = status.as_u16();
+    let gap = silent
+        .then(|| lane.fleet_spacing_refused(status))
+        .flatten()
+        .or_else(|| lane.spacing_refused(signals.request_limit(), silent, released, status))?;
     tracing::warn!(
         lane = lane.key(),
-        status = status.as_u16(),
+        status,
         ?gap,
         "the vendor refused a send for its spacing; the lane keeps its sends this far apart"
     );

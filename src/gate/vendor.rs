@@ -208,13 +208,13 @@ impl Gate {
             // Releases before the previous refusal were not all accepted.
             since = since.max(later(previous, Duration::from_nanos(1)));
         }
-        let (accepted, first, gap, opened) = {
+        let (first, gap, opened) = {
             let meters = lock(&self.meters);
             let releases = meters.releases()?;
-            let (accepted, first) = releases.between(since, released);
+            let first = releases.between(since, released).1;
             let opened = opened(releases, first, window.length);
             let gap = releases.longest_gap(since, released);
-            (accepted, first, gap, opened)
+            (first, gap, opened)
         };
         // Without a stated limit, what the vendor accepted says what it
         // allows only if the lane was pushing at its pace all along: a
@@ -225,10 +225,10 @@ impl Gate {
         if limit.is_none() && !busy {
             return None;
         }
-        // Releases refused for their spacing were not accepted.
-        let accepted =
-            accepted.saturating_sub(lock(&self.spacing).refused_between(since, released));
-        let count = limit.unwrap_or(accepted);
+        let count = match limit {
+            Some(limit) => limit,
+            None => self.accepted(since, released)?,
+        };
         if count == 0 || window.allows(count) {
             return None;
         }
@@ -279,18 +279,21 @@ impl Gate {
     /// lane), a larger limit stands.
     pub(crate) fn counted_limit(&self, limit: Option<u64>, released: Instant) -> Option<u64> {
         let limit = limit.filter(|&limit| limit > 1)?;
-        let Some(window) = self.window(released) else {
-            return Some(limit);
-        };
-        let accepted = {
-            let meters = lock(&self.meters);
-            let Some(releases) = meters.releases() else {
-                return Some(limit);
-            };
-            releases.between(window.since, released).0
-        };
-        let refused = lock(&self.spacing).refused_between(window.since, released);
-        (accepted.saturating_sub(refused) <= limit).then_some(limit)
+        let accepted = self
+            .window(released)
+            .and_then(|window| self.accepted(window.since, released));
+        accepted
+            .is_none_or(|accepted| accepted <= limit)
+            .then_some(limit)
+    }
+
+    /// Of the gate's releases from `since` up to `until`, those the vendor
+    /// accepted as far as the gate knows: all but the ones it refused for
+    /// their spacing. `None` without a ledger.
+    fn accepted(&self, since: Instant, until: Instant) -> Option<u64> {
+        let released = lock(&self.meters).releases()?.between(since, until).0;
+        let refused = lock(&self.spacing).refused_between(since, until);
+        Some(released.saturating_sub(refused))
     }
 
     /// True when a window's end `reset` from now, written to `precision`

@@ -339,11 +339,17 @@ impl Lane {
             .shared
             .vendor()
             .spacing_refused(limit, silent, released)?;
+        Some(self.spaced(status, gap))
+    }
+
+    /// A refusal read as spacing, kept `gap` apart from now on: counted as
+    /// the throttle it was.
+    fn spaced(&self, status: u16, gap: Duration) -> Duration {
         self.shared.throttles.fetch_add(1, Ordering::Relaxed);
         self.shared
             .metrics
             .throttled(status, PauseCause::Spacing.label());
-        Some(gap)
+        gap
     }
 
     /// On a shared store, a strict lane refused without a word: the gap
@@ -352,11 +358,7 @@ impl Lane {
     pub(crate) fn fleet_spacing_refused(&self, status: u16) -> Option<Duration> {
         self.shared.remote.as_ref()?;
         let gap = self.shared.vendor().fleet_spacing_refused()?;
-        self.shared.throttles.fetch_add(1, Ordering::Relaxed);
-        self.shared
-            .metrics
-            .throttled(status, PauseCause::Spacing.label());
-        Some(gap)
+        Some(self.spaced(status, gap))
     }
 
     /// Whose releases gate `i` reads the vendor's signals against: the

@@ -221,7 +221,6 @@ mod adaptive;
 mod answers;
 #[cfg(feature = "config")]
 pub mod config;
-mod drain;
 mod error;
 mod gate;
 pub mod lane;
@@ -242,6 +241,7 @@ mod sync;
 pub mod testing;
 mod throttle;
 mod time;
+mod vendor;
 
 pub use self::answers::Answers;
 pub use self::error::{Answer, ConfigError, Error};

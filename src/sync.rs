@@ -1,7 +1,7 @@
 //! Lock and map helpers every layer uses, defined once.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 /// A mutex whose data stays valid even if a holder panicked: every critical
 /// section in this crate leaves its data consistent at each step.
@@ -15,4 +15,53 @@ pub(crate) fn shrink<V>(map: &mut HashMap<String, V>) {
     if map.capacity() > 64 && map.len() < map.capacity() / 4 {
         map.shrink_to(map.len() * 2);
     }
+}
+
+/// Values shared by name, held weakly: each lives as long as something
+/// holds it, and leaves the map when the last holder lets go (its
+/// [`Listing`] drops with it).
+pub(crate) type Listings<T> = Mutex<HashMap<String, Weak<T>>>;
+
+/// Where a value is listed in its [`Listings`], so that it leaves them
+/// when dropped. A field of the value: it drops with it.
+pub(crate) struct Listing<T> {
+    map: Weak<Listings<T>>,
+    key: String,
+}
+
+impl<T> Drop for Listing<T> {
+    fn drop(&mut self) {
+        let Some(map) = self.map.upgrade() else {
+            return;
+        };
+        let mut map = lock(&map);
+        // A value listed again under the key since is not this one.
+        if map
+            .get(&self.key)
+            .is_some_and(|value| value.strong_count() == 0)
+        {
+            map.remove(&self.key);
+            shrink(&mut map);
+        }
+    }
+}
+
+/// The value listed under `key`, else one `make` builds now (given its
+/// listing) and lists.
+pub(crate) fn listed<T>(
+    map: &Arc<Listings<T>>,
+    key: &str,
+    make: impl FnOnce(Listing<T>) -> T,
+) -> Arc<T> {
+    let mut values = lock(map);
+    if let Some(value) = values.get(key).and_then(Weak::upgrade) {
+        return value;
+    }
+    let listing = Listing {
+        map: Arc::downgrade(map),
+        key: key.to_owned(),
+    };
+    let value = Arc::new(make(listing));
+    values.insert(key.to_owned(), Arc::downgrade(&value));
+    value
 }

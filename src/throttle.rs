@@ -104,7 +104,9 @@ fn spent(
         .filter(|l| l.remaining == Some(0) && !l.refills)
         .filter_map(|l| Some((l.reset?, l.precision)))
         .max();
-    if window_end.is_some_and(|(end, precision)| lane.longer_window(end, precision, released)) {
+    if window_end
+        .is_some_and(|(end, precision)| lane.vendor().longer_window(end, precision, released))
+    {
         // The vendor's window is longer than declared: the lane's releases
         // in the declared window neither explain nothing left nor say when
         // a unit frees.
@@ -130,7 +132,7 @@ fn spent(
         .map(|at| at.saturating_duration_since(now));
     let by_window = signals
         .window_end()
-        .and_then(|end| lane.window_closes(end))
+        .and_then(|end| lane.vendor().window_closes(end))
         .map(|at| at.saturating_duration_since(now).saturating_add(headroom));
     let padded = [by_ledger, by_window]
         .into_iter()
@@ -347,7 +349,7 @@ fn slowed(lane: &Lane, learned: Rate, why: &str) {
 /// as an instant (GitHub), teaches the window's length (`Gate::saw_end`).
 pub(crate) fn answered(lane: &Lane, verdict: Verdict, signals: &Signals, released: Instant) {
     if let Some(end) = signals.window_end() {
-        lane.saw_end(end);
+        lane.vendor().saw_end(end, Instant::now());
     }
     let bucket = signals
         .bucket()

@@ -1,6 +1,5 @@
 //! Why a gate pauses ([`PauseCause`], [`Paused`]), why it stops
-//! ([`Stop`]), and whose releases a vendor's signal is read against
-//! ([`Spending`], [`Booked`]).
+//! ([`Stop`]), and what a fleet booked in its window ([`Booked`]).
 
 use std::sync::Arc;
 
@@ -70,17 +69,6 @@ pub(crate) struct Paused {
 pub(crate) struct Stop {
     pub(crate) status: u16,
     pub(crate) body: String,
-}
-
-/// Whose releases a vendor's signal is read against.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Spending {
-    /// This process's own: the lane is the quota's only user here.
-    Own,
-    /// A fleet's, as the shared store's ledger counted them.
-    Fleet(Booked),
-    /// A fleet's, which the store did not say.
-    Unknown,
 }
 
 /// What a fleet booked in a gate's request window ending at a release, as

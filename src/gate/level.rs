@@ -1,9 +1,9 @@
 //! A level's gate: its meters, pause, stop and the queue of lanes waiting
 //! at it, and the gates of a shaper by name.
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -11,95 +11,74 @@ use tokio::sync::futures::OwnedNotified;
 use tokio::time::Instant;
 
 use super::cause::{PauseCause, Paused, Stop};
-use super::pace::Pace;
-use super::window::WindowEnds;
-use crate::adaptive::{Adaptive, Aimd};
-use crate::drain::Drain;
-use crate::meters::{Meters, Quota, Rate};
-use crate::retry::{Allowance, Backoff, RetryBudget};
-use crate::spacing::{Departures, Learned};
-use crate::sync::{lock, shrink};
+use crate::meters::{Meters, Quota, Rate, Requests};
+use crate::spacing::Departures;
+use crate::sync::{Listing, Listings, lock};
 use crate::time::later;
 
-/// The shared gates of a shaper, by name. Weak: a gate lives as long as a
-/// lane holds it, and removes itself when the last one lets go.
-pub(crate) type GateMap = Mutex<HashMap<String, Weak<Gate>>>;
+/// The shared gates of a shaper, by name: a gate lives as long as a lane
+/// holds it, and leaves the map when the last one lets go.
+pub(crate) type GateMap = Listings<Gate>;
 
-/// How a gate behaves besides its quotas: what it needs of the lane policy
-/// and retry policy, and nothing else (so a gate knows nothing of lanes).
+/// How a gate behaves besides its quotas: what it needs of the lane
+/// policy, and nothing else (so a gate knows nothing of lanes).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct GateSettings {
     pub(crate) headroom: Duration,
     pub(crate) max_pause: Duration,
-    pub(crate) fallback: Backoff,
-    pub(crate) adaptive: Option<Adaptive>,
-    pub(crate) budget: RetryBudget,
 }
 
+/// A level's gate: its meters, what its quotas say of requests, its pause
+/// and stop, and the queue of lanes waiting at it. What the vendor's
+/// answers teach lives beside the vendor's gate, in its model
+/// (`vendor/`), which paces these meters.
 pub(crate) struct Gate {
     /// The level whose quotas it holds, by name: a live change of them
     /// finds its gates by it.
-    pub(super) level: String,
+    level: String,
     /// The largest request cost every meter can ever allow (an atomic, so
     /// admission needs no lock to check it).
-    pub(super) capacity: AtomicU64,
-    pub(super) headroom: Duration,
-    pub(super) max_pause: Duration,
-    pub(super) meters: Mutex<Meters>,
-    pub(super) paused_until: Mutex<Option<Paused>>,
-    pub(super) pace: Mutex<Pace>,
-    pub(super) allowance: Mutex<Allowance>,
-    pub(super) throttle_streak: AtomicU32,
-    pub(super) fallback: Backoff,
+    capacity: AtomicU64,
+    headroom: Duration,
+    max_pause: Duration,
+    meters: Mutex<Meters>,
+    /// The request side of the gate's quotas (not of the local share a
+    /// fleet's fallback meters hold).
+    requests: Mutex<Requests>,
+    paused_until: Mutex<Option<Paused>>,
     /// Lanes whose head only this gate holds back, by how long they have
     /// waited: the gate's next slot goes to the first.
-    pub(super) queue: Mutex<BTreeSet<Contender>>,
+    queue: Mutex<BTreeSet<Contender>>,
     /// Woken when the gate's first waiter changes.
-    pub(super) turn: Arc<Notify>,
-    /// Where a shared gate is registered, to leave the map when dropped.
-    pub(super) registry: Option<(Weak<GateMap>, String)>,
+    turn: Arc<Notify>,
+    /// Where a shared gate is listed, to leave the map when dropped.
+    _listing: Option<Listing<Gate>>,
     /// The vendor said no pause helps (out of credit): until then, every
     /// request ends at once. The flag spares the hot path a lock.
-    pub(super) stopped: Mutex<Option<(Instant, Arc<Stop>)>>,
-    pub(super) is_stopped: AtomicBool,
-    /// The level of a vendor bucket that does not say its rate.
-    pub(super) drain: Mutex<Drain>,
+    stopped: Mutex<Option<(Instant, Arc<Stop>)>>,
+    is_stopped: AtomicBool,
     /// The vendor has answered (the meters know it too): every later
     /// answer skips their lock.
-    pub(super) heard: AtomicBool,
-    /// A quota learned from a refusal is being probed back up: successes
-    /// look at the pace (else they skip its lock).
-    pub(super) probing: AtomicBool,
+    heard: AtomicBool,
     /// When the last request really went, for strict spacing.
-    pub(super) departures: Departures,
-    /// The spacing the vendor's refusals taught.
-    pub(super) spacing: Mutex<Learned>,
-    /// A learned spacing waits to step down: successes look at it (else
-    /// they skip its lock).
-    pub(super) decaying: AtomicBool,
+    departures: Departures,
 }
 
 /// A lane waiting at a gate: since when, and which lane.
 pub(crate) type Contender = (Instant, u64);
 
 impl Gate {
-    /// A gate for `quotas`, with `settings` (headroom, pause limits,
-    /// adaptive pacing, retry budget). With a shared store the quotas live
-    /// there, and the local meters are the fallback: one `share` of each
-    /// quota.
+    /// A gate for `quotas`, with `settings` (headroom, pause limit). With
+    /// a shared store the quotas live there, and the local meters are the
+    /// fallback: one `share` of each quota.
     pub(crate) fn new(
         level: &str,
         quotas: &[Quota],
         settings: GateSettings,
-        registry: Option<(Weak<GateMap>, String)>,
+        listing: Option<Listing<Gate>>,
         share: u32,
     ) -> Self {
         let now = Instant::now();
-        let request_rate = request_rate(quotas);
-        let aimd = match (settings.adaptive, request_rate) {
-            (Some(knobs), Some(ceiling)) => Some(Aimd::new(knobs, ceiling)),
-            _ => None,
-        };
         let mut meters = Meters::new(quotas, settings.headroom, now);
         let capacity = meters.capacity();
         if share > 1 {
@@ -110,36 +89,17 @@ impl Gate {
             level: level.to_owned(),
             capacity: AtomicU64::new(capacity),
             meters: Mutex::new(meters),
+            requests: Mutex::new(Requests::of(quotas)),
             headroom: settings.headroom,
             max_pause: settings.max_pause,
             paused_until: Mutex::new(None),
-            pace: Mutex::new(Pace {
-                declared: request_rate,
-                bucket: request_bucket(quotas),
-                learned: None,
-                aimd,
-                refused_at: None,
-                probe: None,
-                leak: None,
-                unread: false,
-                ends: WindowEnds::default(),
-                left: None,
-                burst_room: false,
-            }),
-            allowance: Mutex::new(Allowance::new(settings.budget)),
-            throttle_streak: AtomicU32::new(0),
-            fallback: settings.fallback,
             queue: Mutex::new(BTreeSet::new()),
             turn: Arc::new(Notify::new()),
-            registry,
+            _listing: listing,
             stopped: Mutex::new(None),
             is_stopped: AtomicBool::new(false),
-            drain: Mutex::new(Drain::default()),
             heard: AtomicBool::new(false),
-            probing: AtomicBool::new(false),
             departures: Departures::new(now),
-            spacing: Mutex::new(Learned::default()),
-            decaying: AtomicBool::new(false),
         }
     }
 
@@ -277,7 +237,42 @@ impl Gate {
 
     /// The tightest request quota declared for the gate, if it has one.
     pub(crate) fn declared(&self) -> Option<Rate> {
-        lock(&self.pace).declared
+        lock(&self.requests).rate
+    }
+
+    /// The request side of the gate's quotas.
+    pub(crate) fn requests(&self) -> Requests {
+        *lock(&self.requests)
+    }
+
+    /// The spacing of the declared request rate, if any.
+    pub(crate) fn request_interval(&self) -> Option<Duration> {
+        self.declared().map(|rate| rate.interval(self.headroom))
+    }
+
+    /// What every quota of the gate is stretched by.
+    pub(crate) fn headroom(&self) -> Duration {
+        self.headroom
+    }
+
+    /// The longest the gate pauses, or spaces its requests.
+    pub(crate) fn max_pause(&self) -> Duration {
+        self.max_pause
+    }
+
+    /// The vendor answered: true when this was its first word, which a
+    /// burst may be waiting for (see `Meters::heard`); lanes waiting for
+    /// it are woken.
+    pub(crate) fn heard(&self) -> bool {
+        if self.heard.load(Ordering::Acquire) {
+            return false;
+        }
+        let first = lock(&self.meters).heard(Instant::now());
+        self.heard.store(true, Ordering::Release);
+        // Lanes on a shared store wait for it too, with nothing released
+        // from these meters.
+        self.turn.notify_waiters();
+        first
     }
 
     /// The name of the level whose quotas the gate holds.
@@ -286,71 +281,21 @@ impl Gate {
     }
 
     /// Hold `quotas` from now on (a live change of the level's quotas):
-    /// the meters change as `Meters::requote` says, the pause, the learned
-    /// quota, adaptive pacing and the retry budget stay, and lanes waiting
-    /// at the gate look again.
+    /// the meters change as `Meters::requote` says, the pause stays, and
+    /// lanes waiting at the gate look again. The vendor's model, which
+    /// paces these meters, follows when the lanes hear of it
+    /// (`VendorModel::requoted`).
     pub(crate) fn requote(&self, quotas: &[Quota]) {
-        let mut pace = lock(&self.pace);
-        let declared = request_rate(quotas);
-        pace.declared = declared;
-        pace.bucket = request_bucket(quotas);
-        if let (Some(aimd), Some(ceiling)) = (pace.aimd.as_mut(), declared) {
-            aimd.set_ceiling(ceiling);
-        }
+        *lock(&self.requests) = Requests::of(quotas);
         {
             let mut meters = lock(&self.meters);
             meters.requote(quotas, self.headroom, Instant::now());
             self.capacity.store(meters.capacity(), Ordering::Relaxed);
         }
-        self.repace(&pace);
-        drop(pace);
         self.turn.notify_waiters();
-    }
-
-    pub(crate) fn deposit(&self) {
-        lock(&self.allowance).deposit(Instant::now());
-    }
-
-    pub(crate) fn withdraw_retry(&self) -> bool {
-        lock(&self.allowance).withdraw(Instant::now())
     }
 
     pub(crate) fn is_idle(&self, now: Instant) -> bool {
         self.paused_until(now).is_none() && lock(&self.meters).is_idle(now)
     }
-}
-
-impl Drop for Gate {
-    fn drop(&mut self) {
-        let Some((registry, key)) = &self.registry else {
-            return;
-        };
-        let Some(registry) = registry.upgrade() else {
-            return;
-        };
-        let mut gates = lock(&registry);
-        if gates.get(key).is_some_and(|gate| gate.strong_count() == 0) {
-            gates.remove(key);
-            shrink(&mut gates);
-        }
-    }
-}
-
-/// The slowest quota counting requests.
-pub(crate) fn request_rate(quotas: &[Quota]) -> Option<Rate> {
-    quotas
-        .iter()
-        .filter(|q| q.counts_requests())
-        .map(Quota::rate)
-        .min_by(|a, b| a.cmp_speed(b))
-}
-
-/// The smallest capacity among `quotas`' token buckets that count
-/// requests.
-pub(super) fn request_bucket(quotas: &[Quota]) -> Option<u64> {
-    quotas
-        .iter()
-        .filter(|q| q.counts_requests())
-        .filter_map(Quota::bucket_capacity)
-        .min()
 }

@@ -10,19 +10,17 @@
 //! waits in one level after another (which would bunch up the pace the
 //! first level set), it waits once, in its own lane, for all of them.
 //!
-//! A pause, the learned quota and adaptive pacing belong to a gate too: a
-//! 429 seen by one tenant's request pauses the vendor's gate, and so every
-//! lane that shares it.
+//! A pause belongs to a gate too: a 429 seen by one tenant's request
+//! pauses the vendor's gate, and so every lane that shares it. What the
+//! vendor's answers teach (a learned quota, spacing, adaptive pacing) is
+//! the vendor's model (`vendor/`), which paces the vendor gate's meters.
 
 mod cause;
 mod level;
-mod pace;
-mod vendor;
-mod window;
 
 pub use self::cause::PauseCause;
-pub(crate) use self::cause::{Booked, Spending, Stop};
-pub(crate) use self::level::{Gate, GateMap, GateSettings, request_rate};
+pub(crate) use self::cause::{Booked, Stop};
+pub(crate) use self::level::{Gate, GateMap, GateSettings};
 
 #[cfg(test)]
 mod tests;

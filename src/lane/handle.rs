@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use tokio::sync::{Semaphore, oneshot};
 use tokio::time::{Instant, sleep_until};
@@ -16,14 +16,14 @@ use super::snapshot::LaneSnapshot;
 use super::turn::{Ticket, Turn};
 use super::waiter::Waiter;
 use crate::error::{ConfigError, Error};
-use crate::gate::PauseCause;
-use crate::gate::{Booked, Gate, Spending, Stop};
+use crate::gate::{Booked, Gate, PauseCause, Stop};
 use crate::meters::{Quota, Rate};
 use crate::observability::{InFlight, Labels, LaneMetrics};
 use crate::retry::RetryBudget;
 use crate::store::{Remote, StoreMode};
 use crate::sync::lock;
 use crate::time::later;
+use crate::vendor::{Spending, VendorModel, explains};
 
 /// One upstream quota: a FIFO queue, meters and a pause, drained by one
 /// dispatcher task.
@@ -74,8 +74,9 @@ impl Lane {
                 "a lane runs its dispatcher on tokio: create it within a runtime",
             ));
         }
-        let settings = policy.gate_settings(RetryBudget::default());
-        let own = Arc::new(Gate::new("", &quotas, settings, None, 1));
+        let own = Arc::new(Gate::new("", &quotas, policy.gate_settings(), None, 1));
+        let settings = policy.vendor_settings(RetryBudget::default());
+        let vendor = Arc::new(VendorModel::new(own.clone(), settings, None));
         let key = key.into();
         let labels = Labels::standalone(&key);
         let metrics = LaneMetrics::new(&labels, None);
@@ -84,14 +85,15 @@ impl Lane {
             labels,
             metrics,
             policy,
-            vec![own],
+            (vec![own], vendor),
             None,
             None,
         ))
     }
 
     /// Start the dispatcher of a lane whose policy is already validated,
-    /// releasing through `gates` (narrowest first, the vendor's last), by
+    /// releasing through `gates` (narrowest first, the vendor's last, whose
+    /// model is `vendor`), by
     /// the store's reservations when it has a `remote`, else by the gates'
     /// meters.
     pub(crate) fn spawn(
@@ -99,7 +101,7 @@ impl Lane {
         labels: Labels,
         metrics: LaneMetrics,
         policy: LanePolicy,
-        gates: Vec<Arc<Gate>>,
+        (gates, vendor): (Vec<Arc<Gate>>, Arc<VendorModel>),
         on_idle: Option<OnIdle>,
         remote: Option<Arc<Remote>>,
     ) -> Self {
@@ -111,6 +113,7 @@ impl Lane {
             key,
             labels,
             gates,
+            vendor,
             in_flight: policy
                 .max_in_flight
                 .map(|n| Arc::new(Semaphore::new(n.min(Semaphore::MAX_PERMITS)))),
@@ -146,7 +149,7 @@ impl Lane {
     /// The request quota declared for the lane's vendor: a shaper's lanes
     /// hold their quotas in their gates, not in their policy.
     pub(crate) fn declared(&self) -> Option<Rate> {
-        self.shared.vendor().declared()
+        self.shared.vendor_gate().declared()
     }
 
     /// Wait for this caller's turn, in FIFO order, under the policy's
@@ -306,7 +309,7 @@ impl Lane {
     }
 
     /// The lane was throttled with `status`: the pause to take (the
-    /// vendor's hint, else the vendor gate's growing fallback).
+    /// vendor's hint, else the vendor model's growing fallback).
     pub(crate) fn throttled(
         &self,
         hint: Option<Duration>,
@@ -315,18 +318,13 @@ impl Lane {
     ) -> Duration {
         self.shared.throttles.fetch_add(1, Ordering::Relaxed);
         self.shared.metrics.throttled(status, cause.label());
-        self.shared.vendor().throttled(hint)
-    }
-
-    /// The vendor accepted a request.
-    pub(crate) fn succeeded(&self) {
-        self.shared.vendor().succeeded();
+        self.shared.vendor.throttled(hint)
     }
 
     /// The vendor refused the request released at `released` (saying its
     /// limit is `limit`, if it did; `silent`: nothing of its quota) for the
     /// lane's spacing, by its ledger
-    /// (see [`Gate::spacing_refused`]): the gap the lane keeps from now on,
+    /// (see [`VendorModel::spacing_refused`]): the gap the lane keeps from now on,
     /// if so, with the refusal counted.
     pub(crate) fn spacing_refused(
         &self,
@@ -337,7 +335,7 @@ impl Lane {
     ) -> Option<Duration> {
         let gap = self
             .shared
-            .vendor()
+            .vendor
             .spacing_refused(limit, silent, released)?;
         Some(self.spaced(status, gap))
     }
@@ -354,10 +352,10 @@ impl Lane {
 
     /// On a shared store, a strict lane refused without a word: the gap
     /// to keep before the next send, once (see
-    /// `Gate::fleet_spacing_refused`), the throttle counted.
+    /// `VendorModel::fleet_spacing_refused`), the throttle counted.
     pub(crate) fn fleet_spacing_refused(&self, status: u16) -> Option<Duration> {
         self.shared.remote.as_ref()?;
-        let gap = self.shared.vendor().fleet_spacing_refused()?;
+        let gap = self.shared.vendor.fleet_spacing_refused()?;
         Some(self.spaced(status, gap))
     }
 
@@ -384,8 +382,8 @@ impl Lane {
     }
 
     /// Whether the lane's own releases (on a shared store, the `fleet`'s)
-    /// explain a vendor saying `used` of its `limit` are spent (see
-    /// [`Gate::explains`]).
+    /// explain a vendor saying `used` of its `limit` are spent, at any of
+    /// its levels (see `vendor::explains`).
     pub(crate) fn explains(
         &self,
         limit: u64,
@@ -393,21 +391,18 @@ impl Lane {
         released: Instant,
         fleet: Option<&[Option<Booked>]>,
     ) -> bool {
-        self.shared
-            .gates
-            .iter()
-            .enumerate()
-            .any(|(i, gate)| gate.explains(limit, used, released, self.spending(i, fleet)))
+        let vendor = self.shared.gates.len().saturating_sub(1);
+        let mut levels = self.shared.gates[..vendor].iter().enumerate();
+        levels.any(|(i, gate)| explains(gate, None, limit, used, released, self.spending(i, fleet)))
+            || (self.shared.vendor).explains(limit, used, released, self.spending(vendor, fleet))
     }
 
     /// Whether the vendor's "nothing left" on the request released at
     /// `released` is its burst room, not a spent window (see
-    /// [`Gate::burst_room`]).
+    /// [`VendorModel::burst_room`]).
     pub(crate) fn burst_room(&self, released: Instant, fleet: Option<&[Option<Booked>]>) -> bool {
-        let Some(vendor) = self.shared.gates.len().checked_sub(1) else {
-            return false;
-        };
-        let room = self.shared.gates[vendor].burst_room(released, self.spending(vendor, fleet));
+        let spending = self.spending(self.shared.gates.len().saturating_sub(1), fleet);
+        let room = self.shared.vendor.burst_room(released, spending);
         if room == Some(true) {
             tracing::info!(
                 lane = self.key(),
@@ -419,35 +414,22 @@ impl Lane {
     }
 
     /// When the vendor's quota frees a unit by this lane's own releases
-    /// (on a shared store, the `fleet`'s) alone (see [`Gate::frees_at`]).
+    /// (on a shared store, the `fleet`'s) alone (see
+    /// [`VendorModel::frees_at`]).
     pub(crate) fn frees_at(
         &self,
         limit: u64,
         released: Instant,
         fleet: Option<&[Option<Booked>]>,
     ) -> Option<Instant> {
-        let vendor = self.shared.gates.len().checked_sub(1)?;
-        self.shared.gates[vendor].frees_at(limit, released, self.spending(vendor, fleet))
+        let spending = self.spending(self.shared.gates.len().saturating_sub(1), fleet);
+        self.shared.vendor.frees_at(limit, released, spending)
     }
 
-    /// True when the vendor's window end `reset` from now (to `precision`)
-    /// is further than the declared window can end (see
-    /// [`Gate::longer_window`]).
-    pub(crate) fn longer_window(
-        &self,
-        reset: Duration,
-        precision: Duration,
-        released: Instant,
-    ) -> bool {
-        self.shared
-            .vendor()
-            .longer_window(reset, precision, released)
-    }
-
-    /// The vendor announced its quota; see [`Gate::learn`]. True when this
-    /// changed the pace.
+    /// The vendor announced its quota; see [`VendorModel::learn`]. True
+    /// when this changed the pace.
     pub(crate) fn learn(&self, announced: Rate) -> bool {
-        let learned = self.shared.vendor().learn(announced);
+        let learned = self.shared.vendor.learn(announced);
         if learned {
             self.shared.metrics.learned(announced);
         }
@@ -461,7 +443,7 @@ impl Lane {
         let stop = Stop { status, body };
         let error = self.shared.out_of_credit(&stop);
         self.shared
-            .vendor()
+            .vendor_gate()
             .stop_for(self.shared.policy.max_pause, stop);
         self.wake();
         error
@@ -486,7 +468,7 @@ impl Lane {
     }
 
     /// The vendor refused a request released at `released`; see
-    /// [`Gate::refused`] (`reset`: with its precision; `bucket`: the
+    /// [`VendorModel::refused`] (`reset`: with its precision; `bucket`: the
     /// capacity of a limit that refills). The quota learned, if the pace
     /// changed.
     pub(crate) fn refused(
@@ -496,33 +478,18 @@ impl Lane {
         released: Instant,
         bucket: Option<u64>,
     ) -> Option<Rate> {
-        let learned = self
-            .shared
-            .vendor()
-            .refused(limit, reset, released, bucket)?;
+        let learned = self.shared.vendor.refused(limit, reset, released, bucket)?;
         self.shared.metrics.learned(learned);
         Some(learned)
     }
 
-    /// The vendor wrote `end` as the end of its fixed window; see
-    /// [`Gate::saw_end`].
-    pub(crate) fn saw_end(&self, end: SystemTime) {
-        self.shared.vendor().saw_end(end, Instant::now());
-    }
-
-    /// When the vendor's fixed window ending at `end` closes at the latest;
-    /// see [`Gate::window_closes`].
-    pub(crate) fn window_closes(&self, end: SystemTime) -> Option<Instant> {
-        self.shared.vendor().window_closes(end)
-    }
-
     /// The vendor answered a request released at `released`: a burst
     /// waiting for its first word goes now, and a bucket's `remaining`
-    /// (see [`Gate::bucket`]; `leaks`: its capacity, when it does not say
+    /// (see [`VendorModel::bucket`]; `leaks`: its capacity, when it does not say
     /// its rate) holds the vendor gate's meters to it. On a shared store
     /// the local meters are only the fallback share: the store's count is
     /// the fleet's, and the bucket's `remaining` holds the lane's bursts
-    /// of slots instead (see [`Gate::said_left`]). The quota learned, if
+    /// of slots instead (see [`VendorModel::said_left`]). The quota learned, if
     /// the pace changed.
     pub(crate) fn answered(
         &self,
@@ -532,7 +499,7 @@ impl Lane {
     ) -> Option<Rate> {
         if let (Some((remaining, _)), Some(_)) = (bucket, &self.shared.remote) {
             // Before the lanes waiting for the first word wake to read it.
-            self.shared.vendor().said_left(remaining, released);
+            self.shared.vendor.said_left(remaining, released);
         }
         // Every gate hears it (`|`, not `||`): each may hold a burst.
         let first = self
@@ -549,7 +516,7 @@ impl Lane {
         let (remaining, leaks) = bucket?;
         let learned = self
             .shared
-            .vendor()
+            .vendor
             .bucket(remaining, leaks, released, refused)?;
         self.shared.metrics.learned(learned);
         Some(learned)
@@ -576,9 +543,11 @@ impl Lane {
         self.shared.metrics.refused(reason);
     }
 
-    /// Its gates' quotas changed: report the new declared rate, and wake
-    /// the dispatcher so the next release follows them.
+    /// Its gates' quotas changed: the vendor's model follows, the new
+    /// declared rate is reported, and the dispatcher wakes so the next
+    /// release follows them.
     pub(crate) fn requoted(&self) {
+        self.shared.vendor.requoted();
         self.shared.report_quota();
         self.wake();
     }
@@ -593,14 +562,10 @@ impl Lane {
         &self.shared.labels
     }
 
-    /// A request's first attempt: it earns the vendor's retry budget some.
-    pub(crate) fn deposit(&self) {
-        self.shared.vendor().deposit();
-    }
-
-    /// Spend one failure retry from the vendor's budget, if any is left.
-    pub(crate) fn withdraw_retry(&self) -> bool {
-        self.shared.vendor().withdraw_retry()
+    /// The model of the lane's vendor: what its answers taught, its
+    /// throttle streak and retry allowance.
+    pub(crate) fn vendor(&self) -> &VendorModel {
+        &self.shared.vendor
     }
 
     fn paused_until(&self) -> Option<Instant> {
@@ -657,7 +622,7 @@ impl Lane {
                 .map(|m| m.interval())
                 .max()
                 .unwrap_or_default(),
-            learned: self.shared.vendor().learned(),
+            learned: self.shared.vendor.learned(),
             spacing,
             store: self.shared.remote.as_ref().map(|remote| remote.mode()),
         }

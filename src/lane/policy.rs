@@ -6,9 +6,10 @@ use std::time::Duration;
 use crate::adaptive::Adaptive;
 use crate::answers::Answers;
 use crate::error::ConfigError;
-use crate::gate::{self, GateSettings};
-use crate::meters::Quota;
+use crate::gate::GateSettings;
+use crate::meters::{Quota, Requests};
 use crate::retry::{Backoff, RetryBudget};
+use crate::vendor::VendorSettings;
 
 /// The most headroom a lane may add to each window.
 const MAX_HEADROOM: Duration = Duration::from_secs(3600);
@@ -91,10 +92,17 @@ impl Default for LanePolicy {
 
 impl LanePolicy {
     /// What the lane's gates need of this policy.
-    pub(crate) fn gate_settings(&self, budget: RetryBudget) -> GateSettings {
+    pub(crate) fn gate_settings(&self) -> GateSettings {
         GateSettings {
             headroom: self.headroom,
             max_pause: self.max_pause,
+        }
+    }
+
+    /// What the vendor's model needs of this policy, with the retry
+    /// `budget`.
+    pub(crate) fn vendor_settings(&self, budget: RetryBudget) -> VendorSettings {
+        VendorSettings {
             fallback: self.fallback,
             adaptive: self.adaptive,
             budget,
@@ -139,7 +147,7 @@ impl LanePolicy {
         }
         if let Some(adaptive) = &self.adaptive {
             adaptive.validate()?;
-            if gate::request_rate(quotas).is_none() {
+            if Requests::of(quotas).rate.is_none() {
                 return Err(ConfigError::new(
                     "adaptive",
                     "needs a quota counting requests, to be its ceiling",

@@ -15,6 +15,7 @@ use crate::meters::Meters;
 use crate::observability::{Labels, LaneMetrics};
 use crate::store::Remote;
 use crate::sync::lock;
+use crate::vendor::VendorModel;
 
 /// What a fleet booked in each of a lane's gates' windows ending at one
 /// slot (see `Reserved`), shared by the slot and its turn. Behind one thin
@@ -36,6 +37,8 @@ pub(super) struct Shared {
     /// is the vendor's. A standalone [`Lane`] has one of its own; a
     /// shaper's lane holds the shared gate of each of its levels.
     pub(super) gates: Vec<Arc<Gate>>,
+    /// The model of the vendor whose gate is the last of `gates`.
+    pub(super) vendor: Arc<VendorModel>,
     pub(super) in_flight: Option<Arc<Semaphore>>,
     pub(super) next_seq: AtomicU64,
     pub(super) released: AtomicU64,
@@ -86,8 +89,8 @@ impl Shared {
     }
 
     /// The vendor's gate: the broadest level's.
-    pub(super) fn vendor(&self) -> &Gate {
-        self.gates.last().map_or(&self.gates[0], |gate| gate)
+    pub(super) fn vendor_gate(&self) -> &Gate {
+        self.vendor.gate()
     }
 
     /// Why the lane's gates refuse everything now, if one does.

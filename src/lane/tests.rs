@@ -61,7 +61,7 @@ async fn the_fallback_grows_per_throttle_and_resets_on_success() {
             "throttle {n}: {pause:?}"
         );
     }
-    lane.succeeded();
+    lane.vendor().succeeded();
     assert!(lane.throttled(None, 429, PauseCause::Unhinted) <= Duration::from_secs(1));
     assert_eq!(
         lane.throttled(Some(Duration::from_secs(7)), 429, PauseCause::Hinted),

@@ -248,7 +248,7 @@ impl Shaper {
             tally.attempts = tally.attempts.saturating_add(1);
             let attempts = tally.attempts;
             if attempts == 1 {
-                lane.deposit();
+                lane.vendor().deposit();
                 lane.waited(submitted.elapsed());
             }
             // A body that can't be cloned (a stream) allows one send only.
@@ -275,7 +275,7 @@ impl Shaper {
             let (signals, verdict) = self.heard(&lane, &mut outcome, cost, charged_at);
             let next = match (verdict, outcome) {
                 (Verdict::Done, outcome) => {
-                    lane.succeeded();
+                    lane.vendor().succeeded();
                     let fleet = fleet.as_deref().map(Vec::as_slice);
                     let headers = outcome.as_ref().ok().map(|r| (r.status(), r.headers()));
                     throttle::final_answer(&lane, &signals, charged_at, fleet, headers);
@@ -513,7 +513,7 @@ async fn failed<E: SendFailure>(
             Err(source) => Err(Failure::Send { attempts, source }),
         });
     }
-    if !lane.withdraw_retry() {
+    if !lane.vendor().withdraw_retry() {
         let last_answer = match outcome {
             Ok(response) => Some(Box::new(Answer::read(response).await)),
             Err(_) => None,

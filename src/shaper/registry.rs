@@ -5,7 +5,8 @@
 //! route's, the tenant's, the vendor's). Each level's quotas are one
 //! **gate** per key, shared by every lane under it: the vendor's gate is
 //! held by all of that vendor's lanes, which is what makes a pause or a
-//! quota vendor-wide.
+//! quota vendor-wide. Beside the vendor's gate, one vendor model per key
+//! (what its answers taught) is shared the same way.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -22,7 +23,8 @@ use crate::observability::{Labels, LaneMetrics, StoreMetrics};
 use crate::retry::RetryBudget;
 use crate::route::{Level, Route, Tag};
 use crate::store::{Store, StoreFailure, StoreMode};
-use crate::sync::{lock, shrink};
+use crate::sync::{listed, lock, shrink};
+use crate::vendor::{VendorMap, VendorModel};
 
 type LaneMap = Mutex<HashMap<String, Arc<Lane>>>;
 
@@ -31,13 +33,14 @@ type LaneMap = Mutex<HashMap<String, Arc<Lane>>>;
 pub(crate) struct Registry {
     lanes: Arc<LaneMap>,
     gates: Arc<GateMap>,
+    vendors: Arc<VendorMap>,
     /// Levels whose quotas changed while the shaper ran, by name.
     changed: Mutex<HashMap<String, Vec<Quota>>>,
     /// Shut down: no lane is handed out any more.
     shut: AtomicBool,
     /// How every lane behaves (its quotas come from the levels).
     policy: LanePolicy,
-    /// Each vendor gate's allowance of failure retries.
+    /// Each vendor model's allowance of failure retries.
     budget: RetryBudget,
     routes: Vec<Route>,
     /// The shaper-wide levels, the vendor's last.
@@ -66,6 +69,7 @@ impl Registry {
         Self {
             lanes: Arc::default(),
             gates: Arc::default(),
+            vendors: Arc::default(),
             changed: Mutex::default(),
             shut: AtomicBool::new(false),
             policy: plan.policy,
@@ -225,6 +229,12 @@ impl Registry {
             .zip(&keys)
             .map(|(level, key)| self.gate_for(level, key))
             .collect();
+        let (Some(key), Some(gate)) = (keys.last(), shared.last()) else {
+            return Err(Error::NoQuota {
+                url: request.url().to_string(),
+            });
+        };
+        let vendor = self.vendor_for(key, gate);
         let labels = Labels {
             vendor: keys.last().cloned().unwrap_or_default(),
             level: match levels[0].name.as_str() {
@@ -256,7 +266,7 @@ impl Registry {
             labels,
             metrics,
             policy,
-            shared,
+            (shared, vendor),
             Some(on_idle),
             remote,
         ));
@@ -274,17 +284,21 @@ impl Registry {
 
     /// The shared gate of `level` for `key`, created on first use.
     fn gate_for(&self, level: &Level, key: &str) -> Arc<Gate> {
-        let mut gates = lock(&self.gates);
-        if let Some(gate) = gates.get(key).and_then(Weak::upgrade) {
-            return gate;
-        }
-        let registry = Some((Arc::downgrade(&self.gates), key.to_owned()));
         let share = self.store.as_ref().map_or(1, Store::fleet_size);
-        let settings = self.policy.gate_settings(self.budget);
-        let quotas = self.quotas_of(level);
-        let gate = Arc::new(Gate::new(&level.name, &quotas, settings, registry, share));
-        gates.insert(key.to_owned(), Arc::downgrade(&gate));
-        gate
+        listed(&self.gates, key, |listing| {
+            let settings = self.policy.gate_settings();
+            let quotas = self.quotas_of(level);
+            Gate::new(&level.name, &quotas, settings, Some(listing), share)
+        })
+    }
+
+    /// The model of the vendor whose gate for `key` is `gate`, created on
+    /// first use.
+    fn vendor_for(&self, key: &str, gate: &Arc<Gate>) -> Arc<VendorModel> {
+        listed(&self.vendors, key, |listing| {
+            let settings = self.policy.vendor_settings(self.budget);
+            VendorModel::new(gate.clone(), settings, Some(listing))
+        })
     }
 }
 

@@ -301,7 +301,6 @@ mod tests {
     use crate::gate::GateSettings;
     use crate::meters::Quota;
     use crate::observability::Labels;
-    use crate::retry::{Backoff, RetryBudget};
     use crate::store::{RedisStore, Store};
     use crate::testing::RedisServer;
 
@@ -322,9 +321,6 @@ mod tests {
         let settings = GateSettings {
             headroom: Duration::ZERO,
             max_pause: Duration::from_secs(60),
-            fallback: Backoff::new(Duration::from_secs(1), Duration::from_secs(60)),
-            adaptive: None,
-            budget: RetryBudget::default(),
         };
         let gate = Arc::new(Gate::new("vendor", &quotas, settings, None, 2));
         let metrics = StoreMetrics::new(&Labels::standalone("vendor"), None, &[]);

@@ -185,9 +185,9 @@ impl Reserved {
             .iter()
             .any(|gate| gate.spacing().is_some());
         let timing = Timing::new(strict, headroom);
-        let vendor = ready.shared.vendor();
-        let reach = vendor.request_interval().unwrap_or_default() / 2;
-        if let Some(wait) = self.first_word(vendor, now, reach, late) {
+        let vendor = &ready.shared.vendor;
+        let reach = vendor.gate().request_interval().unwrap_or_default() / 2;
+        if let Some(wait) = self.first_word(vendor.gate(), now, reach, late) {
             return Some(Step::Wait(wait));
         }
         while self
@@ -231,7 +231,7 @@ impl Reserved {
             self.slots.push_front(slot);
             return Some(Step::Done);
         }
-        self.burst.handed(&slot, now, vendor.has_heard());
+        self.burst.handed(&slot, now, vendor.gate().has_heard());
         self.remote.used(now, slot.t, late);
         if slot.cost != head.cost {
             // Reserved for another cost (a retried request came back
@@ -342,7 +342,9 @@ impl Reserved {
             Ok(schedule) => {
                 self.remote.recovered(&shared.key);
                 if let Some(paused) = schedule.paused {
-                    shared.vendor().pause_for(paused, PauseCause::Fleet, None);
+                    shared
+                        .vendor_gate()
+                        .pause_for(paused, PauseCause::Fleet, None);
                 }
                 let slots = schedule.slots.into_iter().zip(schedule.fleet).zip(costs);
                 self.slots

@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
+use crate::gate::Gate;
 use crate::meters::{Rate, Releases};
 use crate::time::later;
 
@@ -22,6 +23,25 @@ pub(super) struct Window {
 }
 
 impl Window {
+    /// The declared request window of `gate` (stretched by its headroom)
+    /// that ends with a request released at `released`, which a vendor's
+    /// signal about it is read against, with `learned` the pace kept if
+    /// the vendor taught one; `None` when no quota counts requests.
+    pub(super) fn of(gate: &Gate, learned: Option<Rate>, released: Instant) -> Option<Self> {
+        let requests = gate.requests();
+        let declared = requests.rate?;
+        let length = declared.per.saturating_add(gate.headroom());
+        Some(Self {
+            since: released.checked_sub(length).unwrap_or(released),
+            length,
+            declared,
+            // A quota the vendor announced and the lane now keeps to counts
+            // as declared.
+            kept: learned.unwrap_or(declared),
+            bucket: requests.bucket,
+        })
+    }
+
     /// The vendor's `limit` allows at least what the gate keeps to: as a
     /// count in the declared window, or, where the lane declared a token
     /// bucket, as the bucket's capacity. A vendor running a bucket says
@@ -132,4 +152,34 @@ pub(super) fn opened_like(
 ) -> bool {
     let span = later(Instant::now(), reset).saturating_duration_since(opened);
     span >= length / 4 && span.saturating_sub(precision) < length
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fixed window's end read again says nothing; the next end gives
+    /// the step, and the window it ends closes a step after it was first
+    /// heard. An end that goes back (an answer that overtook another)
+    /// places no window until the next step.
+    #[test]
+    fn the_step_between_window_ends_is_the_window() {
+        let second = Duration::from_secs(1);
+        let end = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let t0 = Instant::now();
+        let mut ends = WindowEnds::default();
+        ends.saw(end, t0);
+        ends.saw(end, t0 + second / 2);
+        assert_eq!((ends.step, ends.closes(end)), (None, None));
+        ends.saw(end + second, t0 + second);
+        ends.saw(end + second, t0 + second * 3 / 2);
+        assert_eq!(ends.step, Some(second));
+        assert_eq!(ends.closes(end + second), Some(t0 + 2 * second));
+        assert_eq!(ends.closes(end), None, "not the window heard last");
+        ends.saw(end, t0 + second * 3 / 2);
+        assert_eq!(ends.closes(end), None, "an end that went back");
+        ends.saw(end + 4 * second, t0 + 4 * second);
+        assert_eq!(ends.step, Some(4 * second), "an idle window in between");
+        assert_eq!(ends.closes(end + 4 * second), Some(t0 + 8 * second));
+    }
 }

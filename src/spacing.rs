@@ -132,7 +132,7 @@ impl Declared {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Reading {
     /// Not a spacing refusal: the vendor counts, and the count learning
-    /// reads it (`Gate::refused`).
+    /// reads it (`VendorModel::refused`).
     Count,
     /// The lane keeps its sends at least this far apart from now on.
     Spacing(Duration),

@@ -31,7 +31,7 @@
 //!   spends the same quota). Nor is it news from a vendor whose
 //!   "remaining" is its burst room (a GCRA, a bucket a request deep): it
 //!   says "0 left" on the first request after a quiet window, where a
-//!   window would have the whole quota less one (`Gate::burst_room`).
+//!   window would have the whole quota less one (`VendorModel::burst_room`).
 //! - **Failures:** 500, 502, 504, 408 and transport errors.
 
 use std::time::Duration;
@@ -221,7 +221,7 @@ fn contested(
 /// The vendor refused a request the lane released at `released`: a 429
 /// (or GitHub's throttling 403), or a final answer with nothing left that
 /// the lane's releases don't explain. The lane learns the quota the vendor
-/// really allows (see `Gate::refused`), so one refusal, not one per
+/// really allows (see `VendorModel::refused`), so one refusal, not one per
 /// window, tells a lane declared too fast.
 pub(crate) fn refused(lane: &Lane, status: StatusCode, signals: &Signals, released: Instant) {
     if lane.policy().answers.is_overload(status) {
@@ -232,7 +232,7 @@ pub(crate) fn refused(lane: &Lane, status: StatusCode, signals: &Signals, releas
         // the pause answers it, and only a refusal teaches.
         return;
     }
-    // A reset with its precision: `Gate::refused` reads a bucket's as its
+    // A reset with its precision: `VendorModel::refused` reads a bucket's as its
     // whole window, a window's end from where the window opened.
     let reset = signals
         .request_limits()
@@ -346,7 +346,7 @@ fn slowed(lane: &Lane, learned: Rate, why: &str) {
 /// vendor's bucket sends no more than the vendor has. A bucket that does
 /// not say its rate (no reset: Shopify) teaches it by its levels once it
 /// has refused the lane. A fixed window's end, where the vendor writes it
-/// as an instant (GitHub), teaches the window's length (`Gate::saw_end`).
+/// as an instant (GitHub), teaches the window's length (`VendorModel::saw_end`).
 pub(crate) fn answered(lane: &Lane, verdict: Verdict, signals: &Signals, released: Instant) {
     if let Some(end) = signals.window_end() {
         lane.vendor().saw_end(end, Instant::now());

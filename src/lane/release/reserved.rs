@@ -104,7 +104,7 @@ impl Burst {
     }
 
     /// How many slots this lane handed after `counted`. The vendor's word
-    /// only moves forward (see `Gate::said_left`): those handed before it
+    /// only moves forward (see `VendorModel::said_left`): those handed before it
     /// are forgotten, so a lane on a bucket vendor remembers only what is
     /// on its way.
     fn sent_since(&mut self, counted: Instant) -> u64 {

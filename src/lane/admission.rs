@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use super::handle::{Lane, Place, Slot};
 use super::policy::Priority;
-use super::shared::{earliest, is_shared};
+use super::shared::earliest;
 use super::turn::{Door, Transit, Turn, departure};
 use super::waiter::Waiter;
 use crate::error::Error;
@@ -120,7 +120,7 @@ impl Lane {
         let queued_elsewhere = shared
             .gates
             .iter()
-            .any(|gate| is_shared(gate) && gate.has_queue());
+            .any(|gate| shared.is_shared(gate) && gate.has_queue());
         if queued_elsewhere {
             return None;
         }

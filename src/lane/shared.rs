@@ -93,6 +93,13 @@ impl Shared {
         self.vendor.gate()
     }
 
+    /// True when another lane holds `gate` too: only then do lanes queue
+    /// for it. The vendor's model holds its gate as well, and is no lane.
+    pub(super) fn is_shared(&self, gate: &Arc<Gate>) -> bool {
+        let model = usize::from(Arc::ptr_eq(gate, self.vendor.gate()));
+        Arc::strong_count(gate) > 1 + model
+    }
+
     /// Why the lane's gates refuse everything now, if one does.
     pub(super) fn stopped(&self) -> Option<Arc<Stop>> {
         self.gates.iter().find_map(|gate| gate.stopped())
@@ -130,12 +137,6 @@ impl Shared {
             _ => f(&mut self.meters()),
         }
     }
-}
-
-/// True when more than one lane holds `gate`: only then do lanes queue
-/// for it.
-pub(super) fn is_shared(gate: &Arc<Gate>) -> bool {
-    Arc::strong_count(gate) > 1
 }
 
 /// When every meter of `meters` allows a request of `cost`.

@@ -234,3 +234,21 @@ async fn a_paused_lane_releases_nothing_until_the_pause_ends() {
     let _turn = lane.acquire().await.unwrap();
     assert_eq!(start.elapsed(), Duration::from_secs(2));
 }
+
+/// A lane alone at its gate queues at none: the vendor's model holds the
+/// vendor's gate too, and is no lane. (Counted as one, every lane took a
+/// shared gate's slow path: 1.6 times the cost per permit, 64 tasks.)
+#[tokio::test(start_paused = true)]
+async fn a_lane_alone_does_not_share_its_gate_with_its_vendor_model() {
+    use crate::observability::{Labels, LaneMetrics};
+
+    let lane = Lane::new("alone", ten(), policy()).unwrap();
+    let shared = &lane.shared;
+    assert!(!shared.is_shared(&shared.gates[0]));
+    let labels = Labels::standalone("twin");
+    let metrics = LaneMetrics::new(&labels, None);
+    let gates = (shared.gates.clone(), shared.vendor.clone());
+    let twin = Lane::spawn("twin".into(), labels, metrics, policy(), gates, None, None);
+    assert!(shared.is_shared(&shared.gates[0]));
+    assert!(twin.shared.is_shared(&twin.shared.gates[0]));
+}

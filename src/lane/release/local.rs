@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use super::engine::{Blocked, Release, Step};
 use super::ready::Ready;
 use crate::lane::queue::Head;
-use crate::lane::shared::{Shared, earliest, is_shared};
+use crate::lane::shared::{Shared, earliest};
 use crate::lane::turn::{Door, departure};
 use crate::meters::Meters;
 
@@ -125,7 +125,7 @@ impl Local {
         cost: u64,
         now: Instant,
     ) -> Option<Blocked> {
-        if !shared.gates.iter().any(is_shared) {
+        if !shared.gates.iter().any(|gate| shared.is_shared(gate)) {
             return None;
         }
         let times: Vec<Instant> = meters.iter().map(|m| m.earliest(cost, now)).collect();
@@ -135,7 +135,7 @@ impl Local {
             .gates
             .iter()
             .enumerate()
-            .filter(|(_, gate)| is_shared(gate))
+            .filter(|(_, gate)| shared.is_shared(gate))
         {
             let others_allow = times.iter().enumerate().all(|(j, &at)| j == i || at <= now);
             if !others_allow {

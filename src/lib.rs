@@ -93,6 +93,7 @@
 //! | `config` | a shaper declared in TOML or JSON (feature `config`) |
 //! | `middleware` | `reqwest_middleware::Middleware` (feature `middleware`) |
 //! | `layer` | `ShaperLayer`, a tower `Layer` (feature `tower`) |
+//! | `proxy` | the shaper served as a reverse proxy per vendor, for any client that sets a base URL (feature `proxy`) |
 //! | [`store`] | where quotas live: this process, or Redis / Redis Cluster for a fleet (feature `redis`) |
 //! | `testing` | a vendor with a quota, for wiremock tests; a `redis-server` of its own (feature `testing`) |
 //!
@@ -185,6 +186,7 @@
 //! | `middleware` | | `reqwest_middleware::Middleware` for [`Shaper`] |
 //! | `tower` | | `ShaperLayer`: the shaper as a tower `Layer` over hyper's client, reqwest's `Service` or any `http` service |
 //! | `redis` | | `store::RedisStore`: a fleet shares its quotas through Redis or Redis Cluster |
+//! | `proxy` | | `proxy::Proxy`: the shaper served as a reverse proxy per vendor base URL, on hyper's HTTP/1 server (implies `serde`) |
 //! | `testing` | | `testing::Vendor`, a wiremock vendor with a strict quota, and a `redis-server` of the test's own |
 //!
 //! **TLS.** The client callshaper builds when you give none speaks https
@@ -230,6 +232,8 @@ pub mod meters;
 #[cfg(feature = "middleware")]
 pub mod middleware;
 mod observability;
+#[cfg(feature = "proxy")]
+pub mod proxy;
 pub mod retry;
 pub mod route;
 pub mod shaper;

@@ -1,0 +1,219 @@
+//! What the client is answered: the vendor's response as it came, or the
+//! proxy's own when the shaper ended the request or the proxy refused it,
+//! with a `Retry-After` computed from the lane.
+
+use std::time::Duration;
+
+use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use http::{Response, StatusCode};
+
+use super::body::{ProxyBody, full, relay};
+use super::forward::{Refusal, end_to_end};
+use crate::error::Error;
+use crate::lane::LaneSnapshot;
+use crate::shaper::handle::Shaper;
+
+/// The header naming why the proxy answered by itself.
+pub(super) const REASON: &str = "x-callshaper-reason";
+
+/// The vendor's answer, hop-by-hop headers aside, its body relayed.
+pub(super) fn vendor(response: reqwest::Response) -> Response<ProxyBody> {
+    let status = response.status();
+    let headers = end_to_end(response.headers());
+    let mut answer = Response::new(relay(response));
+    *answer.status_mut() = status;
+    *answer.headers_mut() = headers;
+    answer
+}
+
+/// The proxy's answer to a request the shaper ended with `error`: 429
+/// when waiting longer would not help the client (its queue is full, its
+/// deadline too near), 503 when the lane cannot serve now (a store down,
+/// a shutdown, a pause past `max_pause`), the vendor's status when it is
+/// out of credit, and for a request that can never fit its quota, 413.
+pub(super) fn shaper_ended(error: &Error, shaper: &Shaper) -> Response<ProxyBody> {
+    let status = match error {
+        Error::QueueFull { .. }
+        | Error::WouldExceedMaxWait { .. }
+        | Error::MaxWaitElapsed { .. }
+        | Error::RetryBudgetExhausted { .. }
+        | Error::AttemptsSpent { .. } => StatusCode::TOO_MANY_REQUESTS,
+        Error::CostTooHigh { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        Error::OutOfCredit { status, .. } => *status,
+        Error::RetriesExhausted { last_status, .. } => *last_status,
+        Error::Transport { .. } => StatusCode::BAD_GATEWAY,
+        Error::InvalidRequest(_) => StatusCode::BAD_REQUEST,
+        Error::NoQuota { .. } => StatusCode::NOT_FOUND,
+        _ => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    let retry_after = retry_after(error, shaper);
+    own(status, error.reason(), &error.to_string(), retry_after)
+}
+
+/// The proxy's answer to a request it would not forward.
+pub(super) fn refused(refusal: &Refusal, upstreams: &[&str]) -> Response<ProxyBody> {
+    match refusal {
+        Refusal::NotAProxy => own(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "not_a_proxy",
+            "only origin-form requests to a configured upstream are forwarded: /NAME/path",
+            None,
+        ),
+        Refusal::Unknown(name) => own(
+            StatusCode::NOT_FOUND,
+            "unknown_upstream",
+            &format!("no upstream {name:?}; configured: {}", upstreams.join(", ")),
+            None,
+        ),
+        Refusal::DotSegment => own(
+            StatusCode::BAD_REQUEST,
+            "dot_segment",
+            "a path with `.` or `..` segments would leave the upstream's base",
+            None,
+        ),
+        Refusal::Control(name, problem) => own(
+            StatusCode::BAD_REQUEST,
+            "bad_control",
+            &format!("{name}: {problem}"),
+            None,
+        ),
+    }
+}
+
+/// A request body that could not be read whole: over `max_body`, or cut
+/// off.
+pub(super) fn unreadable_body(too_large: Option<usize>) -> Response<ProxyBody> {
+    match too_large {
+        Some(limit) => own(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            &format!("the request body is over {limit} bytes, the most kept to send again"),
+            None,
+        ),
+        None => own(
+            StatusCode::BAD_REQUEST,
+            "body_cut_off",
+            "the request body ended before its end",
+            None,
+        ),
+    }
+}
+
+/// An answer of the proxy's own: `status`, `x-callshaper-reason`, a
+/// `Retry-After` in whole seconds (rounded up) when given, and a JSON
+/// body saying the same.
+fn own(
+    status: StatusCode,
+    reason: &str,
+    message: &str,
+    retry_after: Option<Duration>,
+) -> Response<ProxyBody> {
+    let seconds = retry_after.map(|wait| {
+        wait.as_secs()
+            .saturating_add(u64::from(wait.subsec_nanos() > 0))
+    });
+    let mut body = format!(
+        "{{\"error\":{{\"reason\":{},\"message\":{}",
+        json_string(reason),
+        json_string(message)
+    );
+    if let Some(seconds) = seconds {
+        body.push_str(&format!(",\"retry_after_seconds\":{seconds}"));
+    }
+    body.push_str("}}");
+    let mut answer = Response::new(full(body));
+    *answer.status_mut() = status;
+    let headers = answer.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if let Ok(reason) = HeaderValue::from_str(reason) {
+        headers.insert(REASON, reason);
+    }
+    if let Some(seconds) = seconds {
+        headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
+    }
+    answer
+}
+
+/// When trying again may succeed: the wait the lane predicted, the pause
+/// the vendor asked for, else the lane's pause and queue at its pace; at
+/// least a second. `None` where no wait helps (a request that can never
+/// fit, a bad request).
+fn retry_after(error: &Error, shaper: &Shaper) -> Option<Duration> {
+    let least = Duration::from_secs(1);
+    let wait = match error {
+        Error::WouldExceedMaxWait { predicted, .. } => *predicted,
+        Error::PauseTooLong { requested, .. } => *requested,
+        Error::CostTooHigh { .. } | Error::InvalidRequest(_) | Error::NoQuota { .. } => {
+            return None;
+        }
+        _ => error_lane(error)
+            .and_then(|lane| shaper.lane(lane))
+            .map(|lane| eta(&lane))
+            .unwrap_or(least),
+    };
+    Some(wait.max(least))
+}
+
+/// The lane an error names, if it names one.
+fn error_lane(error: &Error) -> Option<&str> {
+    match error {
+        Error::QueueFull { lane, .. }
+        | Error::MaxWaitElapsed { lane, .. }
+        | Error::OutOfCredit { lane, .. }
+        | Error::AttemptsSpent { lane, .. }
+        | Error::RetryBudgetExhausted { lane, .. }
+        | Error::StoreUnavailable { lane, .. } => Some(lane),
+        _ => None,
+    }
+}
+
+/// When a request joining `lane` now would go, as far as its snapshot
+/// says: after its pause and everyone queued, at its pace.
+fn eta(lane: &LaneSnapshot) -> Duration {
+    let queued = u32::try_from(lane.queued).unwrap_or(u32::MAX);
+    let pause = lane.paused_for.unwrap_or_default();
+    pause.saturating_add(lane.interval.saturating_mul(queued))
+}
+
+/// `text` as a JSON string.
+fn json_string(text: &str) -> String {
+    let mut quoted = String::with_capacity(text.len() + 2);
+    quoted.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => quoted.push_str("\\\""),
+            '\\' => quoted.push_str("\\\\"),
+            c if u32::from(c) < 0x20 => quoted.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c => quoted.push(c),
+        }
+    }
+    quoted.push('"');
+    quoted
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The proxy's own answers are JSON whatever the message holds, and
+    /// `Retry-After` is whole seconds rounded up.
+    #[test]
+    fn own_answers_are_json_with_whole_seconds() {
+        let answer = own(
+            StatusCode::TOO_MANY_REQUESTS,
+            "queue_full",
+            "lane \"a\\b\"\n",
+            Some(Duration::from_millis(1_001)),
+        );
+        assert_eq!(answer.headers()[RETRY_AFTER], "2");
+        assert_eq!(answer.headers()[REASON], "queue_full");
+        assert_eq!(json_string("lane \"a\\b\"\n"), r#""lane \"a\\b\"\u000a""#);
+        let far = own(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "x",
+            "",
+            Some(Duration::MAX),
+        );
+        assert_eq!(far.headers()[RETRY_AFTER], u64::MAX.to_string().as_str());
+    }
+}

@@ -1,0 +1,163 @@
+//! [`Proxy`] and [`ProxyBuilder`]: which upstreams a shaper serves, by
+//! name, and the limits a client is held to.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::Url;
+
+use crate::error::ConfigError;
+use crate::shaper::handle::Shaper;
+
+/// A shaper served as a reverse proxy; see the [module docs](super).
+#[derive(Clone)]
+pub struct Proxy {
+    pub(super) inner: Arc<Served>,
+}
+
+/// What every connection of a [`Proxy`] shares.
+pub(super) struct Served {
+    pub(super) shaper: Shaper,
+    /// Upstream base URLs by name, without a trailing `/`.
+    pub(super) upstreams: BTreeMap<String, Url>,
+    pub(super) limits: Limits,
+}
+
+/// What a client is held to.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Limits {
+    pub(super) max_body: usize,
+    pub(super) max_header_bytes: usize,
+    pub(super) header_read_timeout: Duration,
+}
+
+/// The most a request body may be by default: it is kept to be sent again.
+const MAX_BODY: usize = 4 << 20;
+/// hyper's least buffer for a request's head.
+const LEAST_HEADER_BYTES: usize = 8192;
+
+/// Configures a [`Proxy`]: start with [`Proxy::builder`].
+pub struct ProxyBuilder {
+    shaper: Shaper,
+    upstreams: Vec<(String, String)>,
+    limits: Limits,
+}
+
+impl Proxy {
+    /// A proxy sending through `shaper`; name its upstreams with
+    /// [`ProxyBuilder::upstream`].
+    pub fn builder(shaper: Shaper) -> ProxyBuilder {
+        ProxyBuilder {
+            shaper,
+            upstreams: Vec::new(),
+            limits: Limits {
+                max_body: MAX_BODY,
+                max_header_bytes: 64 << 10,
+                header_read_timeout: Duration::from_secs(10),
+            },
+        }
+    }
+
+    /// The shaper the proxy sends through: its lanes and snapshots are
+    /// the proxy's.
+    pub fn shaper(&self) -> &Shaper {
+        &self.inner.shaper
+    }
+}
+
+impl ProxyBuilder {
+    /// Serve `base` (an `http` or `https` URL, with a path prefix if the
+    /// vendor's API has one) at `/name/`: a request to `/name/rest?query`
+    /// goes to `base/rest?query`.
+    pub fn upstream(mut self, name: impl Into<String>, base: impl Into<String>) -> Self {
+        self.upstreams.push((name.into(), base.into()));
+        self
+    }
+
+    /// The largest request body read, in bytes (default 4 MiB); a larger
+    /// one gets 413. A body is read whole so that a throttled request can
+    /// be sent again.
+    pub fn max_body(mut self, bytes: usize) -> Self {
+        self.limits.max_body = bytes;
+        self
+    }
+
+    /// The largest request head (request line and headers), in bytes
+    /// (default 64 KiB, at least 8 KiB); a larger one gets 431 and the
+    /// connection closes.
+    pub fn max_header_bytes(mut self, bytes: usize) -> Self {
+        self.limits.max_header_bytes = bytes;
+        self
+    }
+
+    /// How long a client may take to send a request's head (default
+    /// 10 s): a slower one is disconnected, and holds nothing meanwhile.
+    pub fn header_read_timeout(mut self, timeout: Duration) -> Self {
+        self.limits.header_read_timeout = timeout;
+        self
+    }
+
+    /// The proxy, or the first setting that cannot work: no upstream, a
+    /// name that is empty or has a `/`, a name given twice, a base that is
+    /// not an `http(s)` URL with a host (or has a query or fragment), a
+    /// zero timeout, or a head limit under 8 KiB.
+    pub fn build(self) -> Result<Proxy, ConfigError> {
+        if self.upstreams.is_empty() {
+            return Err(ConfigError::new(
+                "upstream",
+                "a proxy needs at least one upstream",
+            ));
+        }
+        let mut upstreams = BTreeMap::new();
+        for (name, base) in self.upstreams {
+            let field = format!("upstream.{name}");
+            if name.is_empty() || name.contains('/') || name.contains('%') {
+                return Err(ConfigError::new(
+                    field,
+                    "a name is one path segment: not empty, without `/` or `%`",
+                ));
+            }
+            let url = upstream_url(&base).map_err(|problem| ConfigError::new(&field, problem))?;
+            if upstreams.insert(name, url).is_some() {
+                return Err(ConfigError::new(field, "named twice"));
+            }
+        }
+        if self.limits.header_read_timeout.is_zero() {
+            return Err(ConfigError::new(
+                "header_read_timeout",
+                "must be longer than zero",
+            ));
+        }
+        if self.limits.max_header_bytes < LEAST_HEADER_BYTES {
+            return Err(ConfigError::new(
+                "max_header_bytes",
+                format!("must be at least {LEAST_HEADER_BYTES}"),
+            ));
+        }
+        Ok(Proxy {
+            inner: Arc::new(Served {
+                shaper: self.shaper,
+                upstreams,
+                limits: self.limits,
+            }),
+        })
+    }
+}
+
+/// `base` as an upstream: an `http(s)` URL with a host, no query or
+/// fragment, its path without a trailing `/`.
+fn upstream_url(base: &str) -> Result<Url, String> {
+    let mut url = Url::parse(base).map_err(|e| format!("{base:?} is not a URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+        return Err(format!("{base:?} is not an http or https URL with a host"));
+    }
+    if url.query().is_some() || url.fragment().is_some() || !url.username().is_empty() {
+        return Err(format!(
+            "{base:?} has a query, fragment or user: a base is scheme, host and path"
+        ));
+    }
+    let path = url.path().trim_end_matches('/').to_owned();
+    url.set_path(&path);
+    Ok(url)
+}

@@ -1,0 +1,268 @@
+//! A client's request as the upstream gets it: which upstream its prefix
+//! names, the URL there, the headers without hop-by-hop ones, and the
+//! controls it carried for the shaper.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use http::header::{self, HeaderMap, HeaderName};
+use http::{Method, Uri};
+use reqwest::Url;
+
+use crate::lane::Priority;
+use crate::time::human;
+
+/// The headers a client sets for the shaper, never forwarded.
+pub(super) const MAX_WAIT: &str = "x-callshaper-max-wait";
+pub(super) const COST: &str = "x-callshaper-cost";
+pub(super) const TAG: &str = "x-callshaper-tag";
+pub(super) const PRIORITY: &str = "x-callshaper-priority";
+const CONTROL_PREFIX: &str = "x-callshaper-";
+
+/// Why a request is not forwarded, as the client is told.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Refusal {
+    /// Absolute-form targets and `CONNECT`: not an open proxy.
+    NotAProxy,
+    /// No upstream of that name.
+    Unknown(String),
+    /// A path that would climb out of the upstream's base.
+    DotSegment,
+    /// A control header that does not parse: its name and why.
+    Control(&'static str, String),
+}
+
+/// What the client asked of the shaper for this request.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct Controls {
+    pub(super) max_wait: Option<Duration>,
+    pub(super) cost: Option<u64>,
+    pub(super) tag: Option<String>,
+    pub(super) priority: Option<Priority>,
+}
+
+/// The upstream URL of a request to `uri` (origin-form: `/NAME/rest?q`),
+/// by the `upstreams` it may go to.
+pub(super) fn target(
+    method: &Method,
+    uri: &Uri,
+    upstreams: &BTreeMap<String, Url>,
+) -> Result<Url, Refusal> {
+    if method == Method::CONNECT || uri.scheme().is_some() || uri.authority().is_some() {
+        return Err(Refusal::NotAProxy);
+    }
+    let path = uri.path().strip_prefix('/').unwrap_or(uri.path());
+    let (name, rest) = path.split_once('/').unwrap_or((path, ""));
+    let Some(base) = upstreams.get(name) else {
+        return Err(Refusal::Unknown(name.to_owned()));
+    };
+    if rest.split('/').any(is_dot_segment) {
+        return Err(Refusal::DotSegment);
+    }
+    let mut url = base.clone();
+    let prefix = base.path().trim_end_matches('/');
+    url.set_path(&format!("{prefix}/{rest}"));
+    url.set_query(uri.query());
+    Ok(url)
+}
+
+/// `.` or `..`, written plainly or percent-encoded: a URL parser resolves
+/// either, which would move the path out of the base.
+fn is_dot_segment(segment: &str) -> bool {
+    let decoded = segment.to_ascii_lowercase().replace("%2e", ".");
+    decoded == "." || decoded == ".."
+}
+
+/// The client's controls in `headers`, each checked.
+pub(super) fn controls(headers: &HeaderMap) -> Result<Controls, Refusal> {
+    let text = |name: &'static str| -> Result<Option<&str>, Refusal> {
+        headers
+            .get(name)
+            .map(|value| {
+                value
+                    .to_str()
+                    .map(str::trim)
+                    .map_err(|_| Refusal::Control(name, "is not visible ASCII".to_owned()))
+            })
+            .transpose()
+    };
+    let max_wait = text(MAX_WAIT)?
+        .map(|value| {
+            human::parse(value).ok_or_else(|| {
+                Refusal::Control(
+                    MAX_WAIT,
+                    format!("{value:?} is not a duration (try \"5s\", \"250ms\")"),
+                )
+            })
+        })
+        .transpose()?;
+    let cost = text(COST)?
+        .map(|value| {
+            value.parse::<u64>().map_err(|_| {
+                Refusal::Control(COST, format!("{value:?} is not a whole number of units"))
+            })
+        })
+        .transpose()?;
+    let tag = text(TAG)?.filter(|tag| !tag.is_empty()).map(str::to_owned);
+    let priority = text(PRIORITY)?
+        .map(|value| match value {
+            "interactive" => Ok(Priority::Interactive),
+            "batch" => Ok(Priority::Batch),
+            other => Err(Refusal::Control(
+                PRIORITY,
+                format!("{other:?} is neither \"interactive\" nor \"batch\""),
+            )),
+        })
+        .transpose()?;
+    Ok(Controls {
+        max_wait,
+        cost,
+        tag,
+        priority,
+    })
+}
+
+/// `headers` without the hop-by-hop ones (RFC 9110 §7.6.1: `Connection`
+/// and those it names, `Keep-Alive`, `TE`, `Trailer`,
+/// `Transfer-Encoding`, `Upgrade`, `Proxy-*`), `Host` and the shaper's
+/// controls: what may cross the proxy either way.
+pub(super) fn end_to_end(headers: &HeaderMap) -> HeaderMap {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    let mut kept = HeaderMap::with_capacity(headers.len());
+    for (name, value) in headers {
+        let hop = matches!(
+            *name,
+            header::CONNECTION
+                | header::TE
+                | header::TRAILER
+                | header::TRANSFER_ENCODING
+                | header::UPGRADE
+                | header::HOST
+        ) || name.as_str() == "keep-alive"
+            || name.as_str().starts_with("proxy-")
+            || name.as_str().starts_with(CONTROL_PREFIX)
+            || named.contains(name);
+        if !hop {
+            kept.append(name.clone(), value.clone());
+        }
+    }
+    kept
+}
+
+#[cfg(test)]
+mod tests {
+    use http::HeaderValue;
+
+    use super::*;
+
+    fn upstreams() -> BTreeMap<String, Url> {
+        let base = |url: &str| Url::parse(url).unwrap();
+        BTreeMap::from([
+            ("llm".to_owned(), base("https://api.llm.example/v1")),
+            ("pay".to_owned(), base("http://127.0.0.1:9000/")),
+        ])
+    }
+
+    fn target_of(method: Method, uri: &str) -> Result<String, Refusal> {
+        let uri: Uri = uri.parse().unwrap();
+        target(&method, &uri, &upstreams()).map(String::from)
+    }
+
+    /// The first segment names the upstream; the rest and the query go
+    /// under its base, percent-encoding kept.
+    #[test]
+    fn a_prefix_names_the_upstream_and_the_rest_goes_under_its_base() {
+        let get = |uri| target_of(Method::GET, uri);
+        assert_eq!(
+            get("/llm/chat/completions?stream=true"),
+            Ok("https://api.llm.example/v1/chat/completions?stream=true".to_owned())
+        );
+        assert_eq!(get("/pay"), Ok("http://127.0.0.1:9000/".to_owned()));
+        assert_eq!(
+            get("/pay/a%2Fb"),
+            Ok("http://127.0.0.1:9000/a%2Fb".to_owned())
+        );
+        assert_eq!(get("/nope/x"), Err(Refusal::Unknown("nope".to_owned())));
+        assert_eq!(get("/"), Err(Refusal::Unknown(String::new())));
+    }
+
+    /// Nothing leaves for anywhere but a configured upstream's base: no
+    /// absolute-form target, no `CONNECT`, no dot segment.
+    #[test]
+    fn nothing_is_sent_elsewhere() {
+        let get = |uri| target_of(Method::GET, uri);
+        assert_eq!(get("http://evil.example/x"), Err(Refusal::NotAProxy));
+        let connect: Uri = "evil.example:443".parse().unwrap();
+        let refused = target(&Method::CONNECT, &connect, &upstreams());
+        assert_eq!(refused, Err(Refusal::NotAProxy));
+        for climb in ["/llm/../admin", "/llm/a/%2e%2E/b", "/llm/.%2e", "/llm/./x"] {
+            assert_eq!(get(climb), Err(Refusal::DotSegment), "{climb}");
+        }
+        assert_eq!(
+            get("/llm//evil.example/x"),
+            Ok("https://api.llm.example/v1//evil.example/x".to_owned())
+        );
+    }
+
+    /// Controls parse or name the header at fault.
+    #[test]
+    fn controls_parse_or_name_the_header() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(controls(&headers), Ok(Controls::default()));
+        headers.insert(MAX_WAIT, HeaderValue::from_static("1.5s"));
+        headers.insert(COST, HeaderValue::from_static("18446744073709551615"));
+        headers.insert(TAG, HeaderValue::from_static("acme"));
+        headers.insert(PRIORITY, HeaderValue::from_static("batch"));
+        let parsed = controls(&headers).unwrap();
+        assert_eq!(parsed.max_wait, Some(Duration::from_millis(1500)));
+        assert_eq!(parsed.cost, Some(u64::MAX));
+        assert_eq!(parsed.tag.as_deref(), Some("acme"));
+        assert_eq!(parsed.priority, Some(Priority::Batch));
+        for (name, bad) in [
+            (MAX_WAIT, "soon"),
+            (COST, "-1"),
+            (COST, "18446744073709551616"),
+            (PRIORITY, "urgent"),
+        ] {
+            let mut headers = HeaderMap::new();
+            headers.insert(name, HeaderValue::from_static(bad));
+            assert!(
+                matches!(controls(&headers), Err(Refusal::Control(n, _)) if n == name),
+                "{name}: {bad}"
+            );
+        }
+    }
+
+    /// Hop-by-hop headers, those `Connection` names, `Host` and the
+    /// controls stay behind; the rest crosses, repeated ones too.
+    #[test]
+    fn hop_by_hop_headers_stay_behind() {
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            ("connection", "keep-alive, x-secret-hop"),
+            ("keep-alive", "timeout=5"),
+            ("te", "trailers"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "h2c"),
+            ("proxy-authorization", "Basic Zm9v"),
+            ("host", "127.0.0.1:7777"),
+            ("x-secret-hop", "1"),
+            ("x-callshaper-cost", "3"),
+            ("authorization", "Bearer key"),
+            ("accept", "text/event-stream"),
+        ] {
+            headers.append(name, HeaderValue::from_static(value));
+        }
+        headers.append("accept", HeaderValue::from_static("application/json"));
+        let kept = end_to_end(&headers);
+        let names: Vec<&str> = kept.keys().map(HeaderName::as_str).collect();
+        assert_eq!(names, ["authorization", "accept"]);
+        assert_eq!(kept.get_all("accept").iter().count(), 2);
+    }
+}

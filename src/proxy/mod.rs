@@ -1,0 +1,80 @@
+//! A [`Shaper`](crate::Shaper) served as an HTTP reverse proxy, one prefix
+//! per vendor (feature `proxy`): any client that can set a base URL (a
+//! Python service, a Rust SDK that builds its own `reqwest::Client`) is
+//! shaped by the same lanes, store and metrics as the library's callers.
+//!
+//! `http://LISTEN/NAME/rest?query` goes to `UPSTREAM/rest?query` for the
+//! upstream configured as `NAME`, through the shaper exactly as
+//! [`Shaper::execute`](crate::Shaper::execute) would send it: queued in
+//! FIFO order, released at the vendor's pace, paused by its throttles.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use callshaper::proxy::Proxy;
+//! use callshaper::{Quota, Shaper};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let shaper = Shaper::builder()
+//!     .quota(Quota::leaky_bucket(10, Duration::from_secs(1)))
+//!     .build()?;
+//! let proxy = Proxy::builder(shaper)
+//!     .upstream("vendor", "https://api.vendor.example")
+//!     .build()?;
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:7777").await?;
+//! // A client now calls http://127.0.0.1:7777/vendor/v1/things.
+//! proxy.serve(listener).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # What it forwards, and what it answers itself
+//!
+//! - **Only to configured upstreams.** An unknown prefix gets 404 with a
+//!   JSON body naming the configured ones; an absolute-form target
+//!   (`GET http://elsewhere/`) or `CONNECT` gets 405. Nothing is ever sent
+//!   anywhere else: it is not an open proxy.
+//! - **Hop-by-hop headers** (RFC 9110 §7.6.1: `Connection` and the headers
+//!   it names, `Keep-Alive`, `TE`, `Trailer`, `Transfer-Encoding`,
+//!   `Upgrade`, `Proxy-*`) are dropped both ways, and `Host` is the
+//!   upstream's.
+//! - **Per-request controls** travel as headers and are never forwarded:
+//!   `x-callshaper-max-wait: 5s`, `x-callshaper-cost: 1200`,
+//!   `x-callshaper-tag: acme`, `x-callshaper-priority: batch`. A value that
+//!   does not parse gets 400 naming the header.
+//! - **The vendor's answer** reaches the client as the vendor sent it
+//!   (status, headers, body), hop-by-hop headers aside; the body streams
+//!   chunk by chunk as it arrives, so server-sent events pass through one
+//!   by one.
+//! - **When the shaper ends a request** the proxy answers by itself: 429
+//!   when the queue is full or the wait would pass the client's deadline,
+//!   503 for a store down under a closed policy, a shutdown, or a pause
+//!   longer than `max_pause`, and the vendor's own status when it said it
+//!   is out of credit. Each carries a `Retry-After` computed from the lane
+//!   (the wait it predicted, the pause it was asked for, or its queue at
+//!   its pace) and `x-callshaper-reason` ([`Error::reason`]), with a JSON
+//!   body saying the same.
+//! - **Request bodies** are read whole, up to
+//!   [`ProxyBuilder::max_body`] (so a throttled request can be sent
+//!   again); a larger one gets 413 and is not forwarded.
+//! - **Hostile clients:** a head over [`ProxyBuilder::max_header_bytes`]
+//!   gets 431, a body that stops half-way 400, and a head not sent within
+//!   [`ProxyBuilder::header_read_timeout`] a closed connection. Nothing is
+//!   forwarded for them, and every other connection is served as before.
+//!
+//! # Not yet
+//!
+//! The proxy serves HTTP/1.1 to its clients. A request body is always
+//! read whole (none streams to the vendor), and a request's
+//! `max_in_flight` slot is freed when the vendor's headers arrive, not at
+//! the body's last byte.
+//!
+//! [`Error::reason`]: crate::Error::reason
+
+mod answer;
+mod body;
+mod builder;
+mod forward;
+mod server;
+
+pub use self::builder::{Proxy, ProxyBuilder};

@@ -1,0 +1,307 @@
+//! The shaper served as a reverse proxy (`callshaper::proxy`), driven by
+//! real clients: Python's standard library, raw TCP and reqwest, against
+//! wiremock vendors and a streaming upstream.
+
+use std::process::Command;
+use std::time::Duration;
+
+use callshaper::Shaper;
+use callshaper::proxy::Proxy;
+use callshaper::testing::Vendor;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use wiremock::matchers::any;
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+const SECOND: Duration = Duration::from_secs(1);
+
+/// `shaper` served as a proxy of `upstreams` on a free loopback port; its
+/// address.
+async fn serve(shaper: Shaper, upstreams: &[(&str, &str)]) -> String {
+    let mut builder = Proxy::builder(shaper);
+    for (name, base) in upstreams {
+        builder = builder.upstream(*name, *base);
+    }
+    let proxy = builder.build().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    tokio::spawn(proxy.serve(listener));
+    address
+}
+
+/// Sixty concurrent calls from Python's standard library (a thread each,
+/// `urllib`) through the proxy to a vendor that allows 10 a second in
+/// any window: none refused, none failed, done at the vendor's pace
+/// (59 intervals after the first: 5.9 s, plus the loopback's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_client_is_shaped_by_changing_its_base_url() {
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let shaper = Shaper::builder().rate(10, SECOND).build().unwrap();
+    let address = serve(shaper, &[("vendor", &vendor.uri())]).await;
+    let script = r#"
+import json, sys, threading, time, urllib.request, urllib.error
+base = sys.argv[1]
+statuses = [None] * 60
+def call(i):
+    try:
+        with urllib.request.urlopen(base + "/vendor/v1/things?i=%d" % i, timeout=60) as r:
+            statuses[i] = r.status
+    except urllib.error.HTTPError as e:
+        statuses[i] = e.code
+    except Exception as e:
+        statuses[i] = repr(e)
+start = time.monotonic()
+threads = [threading.Thread(target=call, args=(i,)) for i in range(60)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(json.dumps({"statuses": statuses, "elapsed": time.monotonic() - start}))
+"#;
+    let base = format!("http://{address}");
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new("python3")
+            .args(["-c", script, &base])
+            .output()
+            .expect("python3 runs (scripts/test needs it)")
+    })
+    .await
+    .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let statuses = report["statuses"].as_array().unwrap();
+    let elapsed = report["elapsed"].as_f64().unwrap();
+    eprintln!("60 calls from Python through the proxy: {elapsed:.2} s");
+    assert!(statuses.iter().all(|s| s == 200), "{statuses:?}");
+    assert_eq!(vendor.throttled(), 0);
+    assert_eq!(vendor.arrivals().len(), 60);
+    assert!(vendor.max_in_any_window(SECOND) <= 10);
+    // At the pace, not faster (the vendor's window says so too); a loaded
+    // machine may be slower, but no retry storm takes 20 s.
+    assert!((5.5..20.0).contains(&elapsed), "{elapsed:.2} s");
+}
+
+/// The vendor gets what the client sent, without hop-by-hop headers,
+/// `Host` or the shaper's controls; the client gets the vendor's status,
+/// headers and body.
+#[tokio::test]
+async fn only_end_to_end_headers_cross() {
+    let server = MockServer::start().await;
+    Mock::given(any())
+        .respond_with(
+            ResponseTemplate::new(201)
+                .insert_header("x-vendor", "yes")
+                .set_body_string("made"),
+        )
+        .mount(&server)
+        .await;
+    let shaper = Shaper::builder().rate(100, SECOND).build().unwrap();
+    let address = serve(shaper, &[("v", &format!("{}/api", server.uri()))]).await;
+    let response = reqwest::Client::new()
+        .post(format!("http://{address}/v/items?x=1"))
+        .header("connection", "x-hop")
+        .header("x-hop", "1")
+        .header("proxy-authorization", "Basic Zm9v")
+        .header("x-callshaper-cost", "1")
+        .header("authorization", "Bearer key")
+        .body("payload")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    assert_eq!(response.headers()["x-vendor"], "yes");
+    assert_eq!(response.text().await.unwrap(), "made");
+    let received = server.received_requests().await.unwrap();
+    let request = &received[0];
+    assert_eq!(request.url.path(), "/api/items");
+    assert_eq!(request.url.query(), Some("x=1"));
+    assert_eq!(request.body, b"payload");
+    assert_eq!(request.headers["authorization"], "Bearer key");
+    for hop in ["x-hop", "proxy-authorization", "x-callshaper-cost"] {
+        assert!(!request.headers.contains_key(hop), "{hop} crossed");
+    }
+    let host = server.address().to_string();
+    assert_eq!(request.headers["host"], host.as_str());
+}
+
+/// Nothing goes anywhere but a configured upstream: an unknown prefix
+/// gets 404 naming the configured ones, an absolute-form target 405.
+#[tokio::test]
+async fn nothing_is_forwarded_elsewhere() {
+    let server = MockServer::start().await;
+    let shaper = Shaper::builder().rate(100, SECOND).build().unwrap();
+    let address = serve(shaper, &[("v", &server.uri())]).await;
+    let response = reqwest::get(format!("http://{address}/other/x"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 404);
+    assert_eq!(
+        response.headers()["x-callshaper-reason"],
+        "unknown_upstream"
+    );
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("configured: v")
+    );
+    let mut raw = TcpStream::connect(&address).await.unwrap();
+    let absolute = format!("GET {}/x HTTP/1.1\r\nhost: evil\r\n\r\n", server.uri());
+    raw.write_all(absolute.as_bytes()).await.unwrap();
+    let mut head = [0; 12];
+    raw.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 405");
+    assert!(server.received_requests().await.unwrap().is_empty());
+}
+
+/// A request whose wait would pass the client's deadline is answered by
+/// the proxy at once: 429, the reason, and a `Retry-After` computed from
+/// the lane's predicted wait.
+#[tokio::test]
+async fn a_deadline_the_lane_cannot_meet_is_answered_at_once() {
+    let server = MockServer::start().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&server)
+        .await;
+    let shaper = Shaper::builder().rate(1, 3 * SECOND).build().unwrap();
+    let address = serve(shaper, &[("v", &server.uri())]).await;
+    let client = reqwest::Client::new();
+    let url = format!("http://{address}/v/x");
+    assert_eq!(client.get(&url).send().await.unwrap().status(), 200);
+    let response = client
+        .get(&url)
+        .header("x-callshaper-max-wait", "100ms")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 429);
+    assert_eq!(
+        response.headers()["x-callshaper-reason"],
+        "would_exceed_max_wait"
+    );
+    let retry_after: u64 = response.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // The next slot is 3 s and the headroom after the first, rounded up.
+    assert!((3..=4).contains(&retry_after), "{retry_after}");
+    let bad = client
+        .get(&url)
+        .header("x-callshaper-max-wait", "soon")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+    assert_eq!(server.received_requests().await.unwrap().len(), 1);
+}
+
+/// Server-sent events pass through one by one: the client reads the
+/// first event while the upstream has not sent the second yet (it waits
+/// for the client's word that the first arrived).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_reach_the_client_before_the_upstream_ends() {
+    let upstream = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", upstream.local_addr().unwrap());
+    let (first_read, mut first_seen) = tokio::sync::mpsc::channel::<()>(1);
+    tokio::spawn(async move {
+        let (mut stream, _) = upstream.accept().await.unwrap();
+        let mut request = vec![0; 4096];
+        let _ = stream.read(&mut request).await.unwrap();
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let event = |data: &str| format!("{:x}\r\n{data}\r\n", data.len());
+        stream
+            .write_all(event("data: one\n\n").as_bytes())
+            .await
+            .unwrap();
+        // The second event goes only once the client has the first.
+        first_seen.recv().await;
+        stream
+            .write_all(event("data: two\n\n").as_bytes())
+            .await
+            .unwrap();
+        stream.write_all(b"0\r\n\r\n").await.unwrap();
+    });
+    let shaper = Shaper::builder().rate(10, SECOND).build().unwrap();
+    let address = serve(shaper, &[("sse", &base)]).await;
+    let mut response = reqwest::get(format!("http://{address}/sse/events"))
+        .await
+        .unwrap();
+    let first = tokio::time::timeout(5 * SECOND, response.chunk())
+        .await
+        .expect("the first event arrives while the upstream still holds the second")
+        .unwrap()
+        .unwrap();
+    assert_eq!(&first[..], b"data: one\n\n");
+    first_read.send(()).await.unwrap();
+    let second = response.chunk().await.unwrap().unwrap();
+    assert_eq!(&second[..], b"data: two\n\n");
+    assert!(response.chunk().await.unwrap().is_none());
+}
+
+/// Hostile clients get a clear status or a closed connection, nothing is
+/// forwarded for them, and the proxy goes on serving everyone else: a
+/// head over the limit gets 431, a body cut off half-way 400, a body over
+/// the limit 413, and a client that never finishes its head is
+/// disconnected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_clients_get_a_status_and_others_are_served() {
+    let server = MockServer::start().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&server)
+        .await;
+    let shaper = Shaper::builder().rate(100, SECOND).build().unwrap();
+    let proxy = Proxy::builder(shaper)
+        .upstream("v", server.uri())
+        .max_body(1_000)
+        .header_read_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    tokio::spawn(proxy.serve(listener));
+    let status_of = |request: Vec<u8>, close_write: bool| {
+        let address = address.clone();
+        async move {
+            let mut raw = TcpStream::connect(&address).await.unwrap();
+            raw.write_all(&request).await.unwrap();
+            if close_write {
+                raw.shutdown().await.unwrap();
+            }
+            let mut answer = Vec::new();
+            let _ = tokio::time::timeout(5 * SECOND, raw.read_to_end(&mut answer)).await;
+            String::from_utf8_lossy(&answer)
+                .chars()
+                .take(12)
+                .collect::<String>()
+        }
+    };
+    let huge = format!(
+        "GET /v/x HTTP/1.1\r\nhost: a\r\nx-big: {}\r\n\r\n",
+        "a".repeat(70_000)
+    );
+    assert_eq!(status_of(huge.into_bytes(), false).await, "HTTP/1.1 431");
+    let cut = b"POST /v/x HTTP/1.1\r\nhost: a\r\ncontent-length: 100\r\n\r\nonly ten b".to_vec();
+    assert_eq!(status_of(cut, true).await, "HTTP/1.1 400");
+    let large = format!(
+        "POST /v/x HTTP/1.1\r\nhost: a\r\ncontent-length: 2000\r\nconnection: close\r\n\r\n{}",
+        "b".repeat(2_000)
+    );
+    assert_eq!(status_of(large.into_bytes(), false).await, "HTTP/1.1 413");
+    // Half a head, then nothing: disconnected after the timeout, answered
+    // with nothing.
+    let slow = b"GET /v/x HTTP/1.1\r\nhost: a\r\n".to_vec();
+    let started = std::time::Instant::now();
+    let answer = status_of(slow, false).await;
+    assert!(!answer.starts_with("HTTP/1.1 2"), "{answer}");
+    assert!(started.elapsed() < 4 * SECOND, "{:?}", started.elapsed());
+    assert!(server.received_requests().await.unwrap().is_empty());
+    let served = reqwest::get(format!("http://{address}/v/x")).await.unwrap();
+    assert_eq!(served.status(), 200);
+}

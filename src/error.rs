@@ -193,6 +193,22 @@ impl Error {
         }
     }
 
+    /// The lane that ended the request, when a lane did.
+    pub(crate) fn lane(&self) -> Option<&str> {
+        match self {
+            Self::QueueFull { lane, .. }
+            | Self::CostTooHigh { lane, .. }
+            | Self::WouldExceedMaxWait { lane, .. }
+            | Self::MaxWaitElapsed { lane, .. }
+            | Self::PauseTooLong { lane, .. }
+            | Self::OutOfCredit { lane, .. }
+            | Self::AttemptsSpent { lane, .. }
+            | Self::RetryBudgetExhausted { lane, .. }
+            | Self::StoreUnavailable { lane, .. } => Some(lane),
+            _ => None,
+        }
+    }
+
     /// A stable `snake_case` name for the error's kind: the `reason` label
     /// of `callshaper_refused_total` and the `outcome` of a request's span.
     pub fn reason(&self) -> &'static str {

@@ -6,7 +6,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use callshaper::Shaper;
-use callshaper::proxy::Proxy;
+use callshaper::proxy::{Proxy, ProxyBuilder};
 use callshaper::testing::Vendor;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -15,18 +15,29 @@ use wiremock::{Mock, MockServer, ResponseTemplate};
 
 const SECOND: Duration = Duration::from_secs(1);
 
-/// `shaper` served as a proxy of `upstreams` on a free loopback port; its
+/// The proxy `builder` configures, served on a free loopback port; its
 /// address.
-async fn serve(shaper: Shaper, upstreams: &[(&str, &str)]) -> String {
-    let mut builder = Proxy::builder(shaper);
-    for (name, base) in upstreams {
-        builder = builder.upstream(*name, *base);
-    }
+async fn serve(builder: ProxyBuilder) -> String {
     let proxy = builder.build().unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap().to_string();
     tokio::spawn(proxy.serve(listener));
     address
+}
+
+/// `shaper` as a proxy of one upstream, `name` at `base`.
+fn proxy_of(shaper: Shaper, name: &str, base: &str) -> ProxyBuilder {
+    Proxy::builder(shaper).upstream(name, base)
+}
+
+/// A wiremock vendor answering 200 to everything.
+async fn answering_ok() -> MockServer {
+    let server = MockServer::start().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&server)
+        .await;
+    server
 }
 
 /// Sixty concurrent calls from Python's standard library (a thread each,
@@ -37,7 +48,7 @@ async fn serve(shaper: Shaper, upstreams: &[(&str, &str)]) -> String {
 async fn a_python_client_is_shaped_by_changing_its_base_url() {
     let vendor = Vendor::strict(10, SECOND).start().await;
     let shaper = Shaper::builder().rate(10, SECOND).build().unwrap();
-    let address = serve(shaper, &[("vendor", &vendor.uri())]).await;
+    let address = serve(proxy_of(shaper, "vendor", &vendor.uri())).await;
     let script = r#"
 import json, sys, threading, time, urllib.request, urllib.error
 base = sys.argv[1]
@@ -98,7 +109,7 @@ async fn only_end_to_end_headers_cross() {
         .mount(&server)
         .await;
     let shaper = Shaper::builder().rate(100, SECOND).build().unwrap();
-    let address = serve(shaper, &[("v", &format!("{}/api", server.uri()))]).await;
+    let address = serve(proxy_of(shaper, "v", &format!("{}/api", server.uri()))).await;
     let response = reqwest::Client::new()
         .post(format!("http://{address}/v/items?x=1"))
         .header("connection", "x-hop")
@@ -132,7 +143,7 @@ async fn only_end_to_end_headers_cross() {
 async fn nothing_is_forwarded_elsewhere() {
     let server = MockServer::start().await;
     let shaper = Shaper::builder().rate(100, SECOND).build().unwrap();
-    let address = serve(shaper, &[("v", &server.uri())]).await;
+    let address = serve(proxy_of(shaper, "v", &server.uri())).await;
     let response = reqwest::get(format!("http://{address}/other/x"))
         .await
         .unwrap();
@@ -162,22 +173,17 @@ async fn nothing_is_forwarded_elsewhere() {
 /// the lane's predicted wait.
 #[tokio::test]
 async fn a_deadline_the_lane_cannot_meet_is_answered_at_once() {
-    let server = MockServer::start().await;
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(200))
-        .mount(&server)
-        .await;
+    let server = answering_ok().await;
     let shaper = Shaper::builder().rate(1, 3 * SECOND).build().unwrap();
-    let address = serve(shaper, &[("v", &server.uri())]).await;
+    let address = serve(proxy_of(shaper, "v", &server.uri())).await;
     let client = reqwest::Client::new();
     let url = format!("http://{address}/v/x");
+    let waiting = |max_wait: &'static str| {
+        let request = client.get(&url).header("x-callshaper-max-wait", max_wait);
+        async move { request.send().await.unwrap() }
+    };
     assert_eq!(client.get(&url).send().await.unwrap().status(), 200);
-    let response = client
-        .get(&url)
-        .header("x-callshaper-max-wait", "100ms")
-        .send()
-        .await
-        .unwrap();
+    let response = waiting("100ms").await;
     assert_eq!(response.status(), 429);
     assert_eq!(
         response.headers()["x-callshaper-reason"],
@@ -190,13 +196,7 @@ async fn a_deadline_the_lane_cannot_meet_is_answered_at_once() {
         .unwrap();
     // The next slot is 3 s and the headroom after the first, rounded up.
     assert!((3..=4).contains(&retry_after), "{retry_after}");
-    let bad = client
-        .get(&url)
-        .header("x-callshaper-max-wait", "soon")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(bad.status(), 400);
+    assert_eq!(waiting("soon").await.status(), 400);
     assert_eq!(server.received_requests().await.unwrap().len(), 1);
 }
 
@@ -228,7 +228,7 @@ async fn events_reach_the_client_before_the_upstream_ends() {
         stream.write_all(b"0\r\n\r\n").await.unwrap();
     });
     let shaper = Shaper::builder().rate(10, SECOND).build().unwrap();
-    let address = serve(shaper, &[("sse", &base)]).await;
+    let address = serve(proxy_of(shaper, "sse", &base)).await;
     let mut response = reqwest::get(format!("http://{address}/sse/events"))
         .await
         .unwrap();
@@ -251,21 +251,12 @@ async fn events_reach_the_client_before_the_upstream_ends() {
 /// disconnected.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_clients_get_a_status_and_others_are_served() {
-    let server = MockServer::start().await;
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(200))
-        .mount(&server)
-        .await;
+    let server = answering_ok().await;
     let shaper = Shaper::builder().rate(100, SECOND).build().unwrap();
-    let proxy = Proxy::builder(shaper)
-        .upstream("v", server.uri())
+    let proxy = proxy_of(shaper, "v", &server.uri())
         .max_body(1_000)
-        .header_read_timeout(Duration::from_millis(300))
-        .build()
-        .unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap().to_string();
-    tokio::spawn(proxy.serve(listener));
+        .header_read_timeout(Duration::from_millis(300));
+    let address = serve(proxy).await;
     let status_of = |request: Vec<u8>, close_write: bool| {
         let address = address.clone();
         async move {

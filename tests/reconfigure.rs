@@ -194,3 +194,29 @@ async fn a_shared_store_refuses_a_live_change() {
     let refused = shaper.set_quotas([Quota::leaky_bucket(20, SECOND)]);
     assert_eq!(refused.unwrap_err().field, "levels.vendor.quotas");
 }
+
+/// Adaptive pacing's ceiling follows a live quota change: a lane slowed
+/// by a bare 429 to a share of 10/s keeps that share of 20/s once raised,
+/// so its pace halves (it would stay where it was if the vendor's model
+/// kept the old ceiling).
+#[tokio::test(start_paused = true)]
+async fn a_raised_quota_raises_adaptive_pacings_ceiling() {
+    let server = common::answering_once(wiremock::ResponseTemplate::new(429)).await;
+    let shaper = shaper(10)
+        .adaptive(callshaper::lane::Adaptive::default())
+        .build()
+        .unwrap();
+    let response = shaper.get(server.uri()).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let slowed = shaper.lanes()[0].interval;
+    assert!(
+        slowed > SECOND / 10,
+        "{slowed:?}: cut below the declared 10/s"
+    );
+    shaper
+        .set_quotas([Quota::leaky_bucket(20, SECOND)])
+        .unwrap();
+    let raised = shaper.lanes()[0].interval;
+    let ratio = raised.as_secs_f64() / slowed.as_secs_f64();
+    assert!((0.45..0.55).contains(&ratio), "{slowed:?} then {raised:?}");
+}

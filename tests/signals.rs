@@ -49,22 +49,11 @@ async fn remaining_zero_pauses_the_lane_until_the_reset_without_a_429() {
 }
 
 async fn github_forbidden(headers: &[(&str, &str)]) -> MockServer {
-    let server = MockServer::start().await;
     let mut forbidden = ResponseTemplate::new(403);
     for (name, value) in headers {
         forbidden = forbidden.insert_header(*name, *value);
     }
-    Mock::given(any())
-        .respond_with(forbidden)
-        .up_to_n_times(1)
-        .with_priority(1)
-        .mount(&server)
-        .await;
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(200))
-        .mount(&server)
-        .await;
-    server
+    common::answering_once(forbidden).await
 }
 
 #[tokio::test(start_paused = true)]

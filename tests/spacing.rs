@@ -439,21 +439,9 @@ async fn fleet_against_nginx(
 /// 1 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_strict_fleet_lanes_lone_bare_refusal_pauses_one_interval() {
-    use wiremock::matchers::any;
-    use wiremock::{Mock, MockServer, ResponseTemplate};
-
     let _alone = REAL_CLOCK.lock().await;
     let redis = RedisServer::start();
-    let server = MockServer::start().await;
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(429))
-        .up_to_n_times(1)
-        .mount(&server)
-        .await;
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(200))
-        .mount(&server)
-        .await;
+    let server = common::answering_once(wiremock::ResponseTemplate::new(429)).await;
     let wire = Wire::default();
     let shaper = Shaper::builder()
         .quota(Quota::leaky_bucket(10, SECOND).strict())

@@ -160,22 +160,13 @@ async fn negative_or_past_hints_mean_now_and_end_at_max_throttles() {
 /// once with a typed error; after `max_pause`, one request goes to see.
 #[tokio::test(start_paused = true)]
 async fn an_account_out_of_credit_ends_every_request_at_once() {
-    let server = wiremock::MockServer::start().await;
     let body = r#"{"error":{"message":"You exceeded your current quota, please check your plan and billing details.","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}"#;
-    wiremock::Mock::given(wiremock::matchers::any())
-        .respond_with(
-            wiremock::ResponseTemplate::new(429)
-                .insert_header("content-type", "application/json")
-                .set_body_string(body),
-        )
-        .up_to_n_times(1)
-        .with_priority(1)
-        .mount(&server)
-        .await;
-    wiremock::Mock::given(wiremock::matchers::any())
-        .respond_with(wiremock::ResponseTemplate::new(200))
-        .mount(&server)
-        .await;
+    let server = common::answering_once(
+        wiremock::ResponseTemplate::new(429)
+            .insert_header("content-type", "application/json")
+            .set_body_string(body),
+    )
+    .await;
     let shaper = shaper(1)
         .max_pause(Duration::from_secs(30))
         .build()

@@ -283,8 +283,8 @@ impl Gate {
     /// Hold `quotas` from now on (a live change of the level's quotas):
     /// the meters change as `Meters::requote` says, the pause stays, and
     /// lanes waiting at the gate look again. The vendor's model, which
-    /// paces these meters, follows when the lanes hear of it
-    /// (`VendorModel::requoted`).
+    /// paces these meters, follows (`VendorModel::requoted`, called by the
+    /// registry).
     pub(crate) fn requote(&self, quotas: &[Quota]) {
         *lock(&self.requests) = Requests::of(quotas);
         {

@@ -394,7 +394,10 @@ impl Lane {
         let vendor = self.shared.gates.len().saturating_sub(1);
         let mut levels = self.shared.gates[..vendor].iter().enumerate();
         levels.any(|(i, gate)| explains(gate, None, limit, used, released, self.spending(i, fleet)))
-            || (self.shared.vendor).explains(limit, used, released, self.spending(vendor, fleet))
+            || self
+                .shared
+                .vendor
+                .explains(limit, used, released, self.spending(vendor, fleet))
     }
 
     /// Whether the vendor's "nothing left" on the request released at
@@ -543,11 +546,9 @@ impl Lane {
         self.shared.metrics.refused(reason);
     }
 
-    /// Its gates' quotas changed: the vendor's model follows, the new
-    /// declared rate is reported, and the dispatcher wakes so the next
-    /// release follows them.
+    /// Its gates' quotas changed: report the new declared rate, and wake
+    /// the dispatcher so the next release follows them.
     pub(crate) fn requoted(&self) {
-        self.shared.vendor.requoted();
         self.shared.report_quota();
         self.wake();
     }

@@ -112,15 +112,11 @@ fn own(
         wait.as_secs()
             .saturating_add(u64::from(wait.subsec_nanos() > 0))
     });
-    let mut body = format!(
-        "{{\"error\":{{\"reason\":{},\"message\":{}",
-        json_string(reason),
-        json_string(message)
-    );
+    let mut said = serde_json::json!({ "reason": reason, "message": message });
     if let Some(seconds) = seconds {
-        body.push_str(&format!(",\"retry_after_seconds\":{seconds}"));
+        said["retry_after_seconds"] = seconds.into();
     }
-    body.push_str("}}");
+    let body = serde_json::json!({ "error": said }).to_string();
     let mut answer = Response::new(full(body));
     *answer.status_mut() = status;
     let headers = answer.headers_mut();
@@ -146,25 +142,13 @@ fn retry_after(error: &Error, shaper: &Shaper) -> Option<Duration> {
         Error::CostTooHigh { .. } | Error::InvalidRequest(_) | Error::NoQuota { .. } => {
             return None;
         }
-        _ => error_lane(error)
+        _ => error
+            .lane()
             .and_then(|lane| shaper.lane(lane))
             .map(|lane| eta(&lane))
             .unwrap_or(least),
     };
     Some(wait.max(least))
-}
-
-/// The lane an error names, if it names one.
-fn error_lane(error: &Error) -> Option<&str> {
-    match error {
-        Error::QueueFull { lane, .. }
-        | Error::MaxWaitElapsed { lane, .. }
-        | Error::OutOfCredit { lane, .. }
-        | Error::AttemptsSpent { lane, .. }
-        | Error::RetryBudgetExhausted { lane, .. }
-        | Error::StoreUnavailable { lane, .. } => Some(lane),
-        _ => None,
-    }
 }
 
 /// When a request joining `lane` now would go, as far as its snapshot
@@ -175,30 +159,16 @@ fn eta(lane: &LaneSnapshot) -> Duration {
     pause.saturating_add(lane.interval.saturating_mul(queued))
 }
 
-/// `text` as a JSON string.
-fn json_string(text: &str) -> String {
-    let mut quoted = String::with_capacity(text.len() + 2);
-    quoted.push('"');
-    for c in text.chars() {
-        match c {
-            '"' => quoted.push_str("\\\""),
-            '\\' => quoted.push_str("\\\\"),
-            c if u32::from(c) < 0x20 => quoted.push_str(&format!("\\u{:04x}", u32::from(c))),
-            c => quoted.push(c),
-        }
-    }
-    quoted.push('"');
-    quoted
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// The proxy's own answers are JSON whatever the message holds, and
     /// `Retry-After` is whole seconds rounded up.
-    #[test]
-    fn own_answers_are_json_with_whole_seconds() {
+    #[tokio::test]
+    async fn own_answers_are_json_with_whole_seconds() {
+        use http_body_util::BodyExt;
+
         let answer = own(
             StatusCode::TOO_MANY_REQUESTS,
             "queue_full",
@@ -207,7 +177,10 @@ mod tests {
         );
         assert_eq!(answer.headers()[RETRY_AFTER], "2");
         assert_eq!(answer.headers()[REASON], "queue_full");
-        assert_eq!(json_string("lane \"a\\b\"\n"), r#""lane \"a\\b\"\u000a""#);
+        let body = answer.into_body().collect().await.unwrap().to_bytes();
+        let said: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(said["error"]["message"], "lane \"a\\b\"\n");
+        assert_eq!(said["error"]["retry_after_seconds"], 2);
         let far = own(
             StatusCode::SERVICE_UNAVAILABLE,
             "x",

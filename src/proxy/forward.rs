@@ -69,6 +69,10 @@ pub(super) fn target(
 /// `.` or `..`, written plainly or percent-encoded: a URL parser resolves
 /// either, which would move the path out of the base.
 fn is_dot_segment(segment: &str) -> bool {
+    // `%2e%2e` is the longest: anything longer is a name.
+    if segment.len() > 6 {
+        return false;
+    }
     let decoded = segment.to_ascii_lowercase().replace("%2e", ".");
     decoded == "." || decoded == ".."
 }

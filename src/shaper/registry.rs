@@ -159,6 +159,15 @@ impl Registry {
         for gate in &changed {
             gate.requote(&quotas);
         }
+        // The models beside the changed gates follow once each.
+        let models: Vec<Arc<VendorModel>> = lock(&self.vendors)
+            .values()
+            .filter_map(Weak::upgrade)
+            .filter(|model| model.gate().level() == level)
+            .collect();
+        for model in &models {
+            model.requoted();
+        }
         for lane in lock(&self.lanes).values() {
             if lane.holds_level(level) {
                 lane.requoted();
@@ -197,11 +206,11 @@ impl Registry {
             .iter()
             .map(|level| level.lane_name(request, tag))
             .collect();
-        if levels.is_empty() {
+        let (Some(vendor_level), Some(vendor_key)) = (levels.last(), keys.last()) else {
             return Err(Error::NoQuota {
                 url: request.url().to_string(),
             });
-        }
+        };
         let mut name = keys.join(" | ");
         // A route without levels of its own still has settings of its own
         // (its answers, its store failure): its requests wait in a lane of
@@ -224,19 +233,17 @@ impl Registry {
         // the quota spent and any pause, carry over.
         // Every level's quotas are a shared gate, even when one lane is all
         // that uses it yet: the vendor's quota must be one gate for all.
-        let shared: Vec<Arc<Gate>> = levels
+        let vendor_gate = self.gate_for(vendor_level, vendor_key);
+        let vendor = self.vendor_for(vendor_key, &vendor_gate);
+        let mut shared: Vec<Arc<Gate>> = levels
             .iter()
             .zip(&keys)
+            .take(levels.len() - 1)
             .map(|(level, key)| self.gate_for(level, key))
             .collect();
-        let (Some(key), Some(gate)) = (keys.last(), shared.last()) else {
-            return Err(Error::NoQuota {
-                url: request.url().to_string(),
-            });
-        };
-        let vendor = self.vendor_for(key, gate);
+        shared.push(vendor_gate);
         let labels = Labels {
-            vendor: keys.last().cloned().unwrap_or_default(),
+            vendor: vendor_key.clone(),
             level: match levels[0].name.as_str() {
                 "" => "vendor".to_owned(),
                 name => name.to_owned(),

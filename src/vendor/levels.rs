@@ -26,7 +26,10 @@ impl VendorModel {
     /// that answer counted had been released. `None` without a word, or
     /// without a request pace.
     pub(crate) fn left(&self, now: Instant) -> Option<(u64, Instant)> {
-        let rate = self.learned().or(self.gate.declared())?;
+        // Asked at every release of a fleet lane: without a word (every
+        // vendor but a bucket), one lock.
+        lock(&self.report).left?;
+        let rate = self.learned().or_else(|| self.gate.declared())?;
         lock(&self.report).left(now, rate)
     }
 

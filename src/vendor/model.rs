@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::drain::Drain;
-use super::pace::Pace;
+use super::pace::{Pace, Probe};
 use super::report::Report;
 use super::window::Window;
 use crate::adaptive::{Adaptive, Aimd};
@@ -133,7 +133,7 @@ impl VendorModel {
     }
 
     /// Raise a learned quota a step, once its probe is due (see
-    /// [`Probe`](super::pace::Probe)).
+    /// [`Probe`]).
     fn probe(&self, now: Instant) {
         let mut pace = lock(&self.pace);
         match pace.probe(now, self.gate.declared()) {
@@ -165,12 +165,7 @@ impl VendorModel {
     /// Keep to `rate` from now on, probed back up as `probe` says (see
     /// [`Pace::keep_to`]); `leak`: the rate is that of a vendor's bucket
     /// of this capacity. True when this changed the pace.
-    pub(super) fn keep_to(
-        &self,
-        rate: Rate,
-        probe: Option<super::pace::Probe>,
-        leak: Option<u64>,
-    ) -> bool {
+    pub(super) fn keep_to(&self, rate: Rate, probe: Option<Probe>, leak: Option<u64>) -> bool {
         let mut pace = lock(&self.pace);
         if !pace.keep_to(rate, self.gate.declared(), probe, leak) {
             return false;

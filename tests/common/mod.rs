@@ -32,6 +32,26 @@ pub fn shaper_with(quota: Quota) -> ShaperBuilder {
         .wall_clock(TokioWall)
 }
 
+/// A wiremock vendor that answers its first request with `first`, and
+/// every later one with 200.
+pub async fn answering_once(first: wiremock::ResponseTemplate) -> wiremock::MockServer {
+    use wiremock::matchers::any;
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    let server = MockServer::start().await;
+    Mock::given(any())
+        .respond_with(first)
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&server)
+        .await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&server)
+        .await;
+    server
+}
+
 /// Send `n` GETs to `{base}/r/{i}` from `n` tasks, spawned in order, and
 /// collect their outcomes in the same order.
 pub async fn burst(shaper: &Shaper, base: &str, n: usize) -> Vec<Result<reqwest::Response, Error>> {

@@ -193,8 +193,9 @@ impl Error {
         }
     }
 
-    /// The lane that ended the request, when a lane did.
-    pub(crate) fn lane(&self) -> Option<&str> {
+    /// The lane that ended the request, when a lane did: its key, as
+    /// [`Shaper::lane`](crate::Shaper::lane) finds its snapshot.
+    pub fn lane(&self) -> Option<&str> {
         match self {
             Self::QueueFull { lane, .. }
             | Self::CostTooHigh { lane, .. }

@@ -24,8 +24,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut config = ShaperConfig::from_toml(include_str!("vendors.toml"))?;
     for (name, vendor) in [("llm", &llm), ("payments", &payments), ("sms", &sms)] {
         if let Some(declared) = config.vendors.get_mut(name) {
-            println!("{name:>9}: {} -> {}", declared.host, vendor.uri());
-            declared.host = vendor.uri().trim_start_matches("http://").to_owned();
+            let host = vendor.uri().trim_start_matches("http://").to_owned();
+            let was = declared.host.replace(host).unwrap_or_default();
+            println!("{name:>9}: {was} -> {}", vendor.uri());
         }
     }
     let shaper = config.build()?;

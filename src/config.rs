@@ -20,13 +20,21 @@
 //! quotas = [{ algorithm = "fixed_window", count = 10, per = "1m" }]
 //! ```
 //!
-//! Each vendor is matched by `host`; a request to a host no vendor names
+//! Each vendor is matched by `host`, or by the host (and port) of its
+//! `upstream = "https://api.vendor.example/v1"`, the base URL
+//! `callshaper-proxy` serves it at; a request to a host no vendor names
 //! goes under `[defaults] quotas`, or, without them, ends with
 //! [`Error::NoQuota`](crate::Error::NoQuota). Durations are strings such as
 //! `250ms`, `1.5s`, `1m`, `1 minute`, `1h30m`, `1d`. Algorithms:
 //! `leaky_bucket`, `token_bucket` (with `capacity`), `fixed_window`,
 //! `sliding_log`, `sliding_window`; `unit` is `requests` (default) or
 //! `cost`. Keys: `origin`, `shared`, `tag`, or `{ header = "x-api-key" }`.
+//!
+//! A `[store]` table ([`StoreConfig`]) shares the quotas through Redis
+//! with every process built from the same file: such a file is built with
+//! [`ShaperConfig::connect`], which connects first. A `[proxy]` table
+//! ([`ProxyConfig`]) is `callshaper-proxy`'s, and a library shaper ignores
+//! it, so one file serves both.
 //!
 //! The file is read into the crate's own types ([`Quota`], [`RetryPolicy`],
 //! [`Backoff`], [`Adaptive`], [`StoreFailure`], [`LaneKey`]), which are
@@ -42,6 +50,9 @@ use std::time::Duration;
 use reqwest::Method;
 use serde::Deserialize;
 
+pub use self::proxy::ProxyConfig;
+pub use self::store::StoreConfig;
+
 use crate::Shaper;
 use crate::adaptive::Adaptive;
 use crate::answers::Answers;
@@ -54,6 +65,9 @@ use crate::shaper::ShaperBuilder;
 use crate::store::StoreFailure;
 use crate::time::human;
 
+mod proxy;
+mod store;
+
 /// A whole shaper, as a file declares it.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -64,6 +78,11 @@ pub struct ShaperConfig {
     /// The vendors, by name.
     #[serde(default)]
     pub vendors: BTreeMap<String, VendorConfig>,
+    /// The store a fleet shares its quotas through; without it, each
+    /// process keeps its own.
+    pub store: Option<StoreConfig>,
+    /// `callshaper-proxy`'s own settings (a library shaper ignores them).
+    pub proxy: Option<ProxyConfig>,
 }
 
 /// How every lane behaves: each field is optional and, when given, does
@@ -117,8 +136,12 @@ pub struct Defaults {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct VendorConfig {
-    /// Requests to this host are this vendor's.
-    pub host: String,
+    /// Requests to this host (`name` or `name:port`) are this vendor's.
+    pub host: Option<String>,
+    /// The vendor's base URL, in place of `host`: requests to its host
+    /// (and port) are this vendor's, and `callshaper-proxy` serves it at
+    /// `/NAME/`.
+    pub upstream: Option<String>,
     /// The vendor's quotas, per key (one lane per origin unless `key` says
     /// otherwise).
     pub quotas: Vec<Quota>,
@@ -186,8 +209,42 @@ impl ShaperConfig {
     }
 
     /// A builder with everything the file says; add a client or transport,
-    /// then build.
+    /// then build. A file with a `[store]` needs [`connect`](Self::connect)
+    /// instead: it is an error here, since a fleet member that quietly
+    /// kept its own quotas would spend the fleet's N times over.
     pub fn builder(&self) -> Result<ShaperBuilder, ConfigError> {
+        if self.store.is_some() {
+            return Err(ConfigError::new(
+                "store",
+                "a file with a `[store]` is built with `ShaperConfig::connect`, which connects it first",
+            ));
+        }
+        self.local_builder()
+    }
+
+    /// [`builder`](Self::builder) with the file's `[store]` connected (or
+    /// without a store, the same builder): a store that cannot be reached
+    /// now fails here, naming the field. Connecting needs the `redis`
+    /// feature.
+    pub async fn connect(&self) -> Result<ShaperBuilder, ConfigError> {
+        let builder = self.local_builder()?;
+        let Some(store) = &self.store else {
+            return Ok(builder);
+        };
+        #[cfg(feature = "redis")]
+        return Ok(builder.store(store.connect().await?));
+        #[cfg(not(feature = "redis"))]
+        {
+            store.check()?;
+            Err(ConfigError::new(
+                "store",
+                "a shared store needs callshaper's `redis` feature",
+            ))
+        }
+    }
+
+    /// Everything but the store.
+    fn local_builder(&self) -> Result<ShaperBuilder, ConfigError> {
         let d = &self.defaults;
         let mut builder = Shaper::builder()
             .policy(d.policy())
@@ -289,6 +346,7 @@ impl VendorConfig {
     /// the host; each goes through the endpoint's quotas (if any), the
     /// levels, then the vendor's quotas, and nothing shaper-wide.
     fn routes(&self, name: &str) -> Result<Vec<Route>, ConfigError> {
+        let host = self.host()?;
         let quotas = quotas_of(&self.quotas)?;
         if let Some(answers) = &self.answers {
             answers.validate()?;
@@ -316,9 +374,7 @@ impl VendorConfig {
                     route.path.as_deref().unwrap_or("*")
                 )
             });
-            let mut shaped = Route::new(format!("{name}.{label}"))
-                .host(&self.host)
-                .alone();
+            let mut shaped = Route::new(format!("{name}.{label}")).host(&host).alone();
             if let Some(method) = &route.method {
                 let method =
                     Method::from_bytes(method.to_ascii_uppercase().as_bytes()).map_err(|_| {
@@ -343,7 +399,7 @@ impl VendorConfig {
             }
             routes.push(levels.iter().cloned().fold(shaped, Route::level));
         }
-        let mut rest = Route::new(name).host(&self.host).alone();
+        let mut rest = Route::new(name).host(&host).alone();
         if let Some(failure) = self.on_store_failure {
             rest = rest.on_store_failure(failure);
         }
@@ -352,6 +408,38 @@ impl VendorConfig {
         }
         routes.push(levels.into_iter().fold(rest, Route::level));
         Ok(routes)
+    }
+
+    /// The host its requests go to: `host`, or `upstream`'s host and
+    /// explicit port.
+    fn host(&self) -> Result<String, ConfigError> {
+        match (&self.host, &self.upstream) {
+            (Some(host), None) => Ok(host.clone()),
+            (None, Some(upstream)) => {
+                let url = reqwest::Url::parse(upstream)
+                    .ok()
+                    .filter(|url| matches!(url.scheme(), "http" | "https"));
+                let host = url
+                    .as_ref()
+                    .and_then(|url| Some((url.host_str()?, url.port())));
+                match host {
+                    Some((host, Some(port))) => Ok(format!("{host}:{port}")),
+                    Some((host, None)) => Ok(host.to_owned()),
+                    None => Err(ConfigError::new(
+                        "upstream",
+                        format!("{upstream:?} is not an http or https URL with a host"),
+                    )),
+                }
+            }
+            (Some(_), Some(_)) => Err(ConfigError::new(
+                "upstream",
+                "give `host` or `upstream`, not both: `upstream` names the host",
+            )),
+            (None, None) => Err(ConfigError::new(
+                "host",
+                "a vendor needs `host = \"api.vendor.example\"` or `upstream = \"https://…\"`",
+            )),
+        }
     }
 }
 

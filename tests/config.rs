@@ -29,7 +29,7 @@ async fn the_shipped_config_holds_every_vendors_quotas() {
     let sms = Vendor::strict(10, SECOND).start().await;
     let mut config = ShaperConfig::from_toml(VENDORS).unwrap();
     for (name, vendor) in [("llm", &llm), ("payments", &payments), ("sms", &sms)] {
-        config.vendors.get_mut(name).unwrap().host = host_of(vendor);
+        config.vendors.get_mut(name).unwrap().host = Some(host_of(vendor));
     }
     let shaper = config
         .builder()
@@ -325,5 +325,194 @@ fn a_custom_meter_does_not_serialize() {
     assert!(
         error.to_string().contains("`mine` is a custom meter"),
         "{error}"
+    );
+}
+
+/// A vendor named by its base URL is matched by that URL's host and port,
+/// and `host` with `upstream`, or neither, or an upstream that is not an
+/// http(s) URL, is refused naming the field.
+#[tokio::test(start_paused = true)]
+async fn an_upstream_stands_in_for_the_vendors_host() {
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let other = Vendor::strict(10, SECOND).start().await;
+    let file = format!(
+        r#"
+        [vendors.near]
+        upstream = "{}/v1"
+        quotas = [{{ algorithm = "leaky_bucket", count = 10, per = "1s" }}]
+        "#,
+        vendor.uri()
+    );
+    let shaper = ShaperConfig::from_toml(&file).unwrap().build().unwrap();
+    shaper
+        .get(format!("{}/v1/things", vendor.uri()))
+        .send()
+        .await
+        .unwrap();
+    // Same host, another port: not this vendor's, and nothing else is.
+    let elsewhere = shaper.get(other.uri()).send().await;
+    assert!(
+        matches!(elsewhere, Err(Error::NoQuota { .. })),
+        "{elsewhere:?}"
+    );
+    let lanes = shaper.lanes();
+    assert_eq!(lanes.len(), 1);
+    assert_eq!(lanes[0].released, 1);
+
+    let quotas = r#"quotas = [{ algorithm = "leaky_bucket", count = 10, per = "1s" }]"#;
+    let cases = [
+        (
+            format!("host = \"a.example\"\nupstream = \"https://a.example\"\n{quotas}"),
+            "vendors.x.upstream",
+            "not both",
+        ),
+        (quotas.to_owned(), "vendors.x.host", "needs `host"),
+        (
+            format!("upstream = \"ftp://a.example\"\n{quotas}"),
+            "vendors.x.upstream",
+            "not an http or https URL",
+        ),
+        (
+            format!("upstream = \"a.example\"\n{quotas}"),
+            "vendors.x.upstream",
+            "not an http or https URL",
+        ),
+    ];
+    for (vendor, field, problem) in cases {
+        let file = format!("[vendors.x]\n{vendor}");
+        let error = ShaperConfig::from_toml(&file)
+            .and_then(|c| c.build())
+            .expect_err(&file);
+        assert_eq!(error.field, field, "{error}");
+        assert!(error.problem.contains(problem), "{error}");
+    }
+}
+
+/// A `[store]` that cannot work is refused naming its field, before any
+/// connection; a file with a store is not built without it.
+#[tokio::test]
+async fn a_store_table_is_checked_before_it_connects() {
+    let quotas = r#"quotas = [{ algorithm = "leaky_bucket", count = 10, per = "1s" }]"#;
+    let cases = [
+        ("", "store.redis", "needs `redis"),
+        (
+            "redis = \"redis://127.0.0.1:1\"\ncluster = [\"redis://127.0.0.1:2\"]",
+            "store.cluster",
+            "not both",
+        ),
+        (
+            "redis = \"redis://a\"\nfleet_size = 0",
+            "store.fleet_size",
+            "at least one",
+        ),
+        (
+            "redis = \"redis://a\"\nfleet_size = -3",
+            "store.fleet_size",
+            "expected u32",
+        ),
+        (
+            "redis = \"redis://a\"\nbatch = 0",
+            "store.batch",
+            "between 1 and 1024",
+        ),
+        (
+            "redis = \"redis://a\"\nbatch = 18446744073709551615",
+            "store.batch",
+            "is not between 1 and 1024",
+        ),
+        (
+            "redis = \"redis://a\"\ntimeout = \"0s\"",
+            "store.timeout",
+            "longer than zero",
+        ),
+        (
+            "redis = \"redis://a\"\ntimeout = \"100000000d\"",
+            "store.timeout",
+            "at most 1m",
+        ),
+        (
+            "redis = \"redis://a\"\nhorizon = \"2h\"",
+            "store.horizon",
+            "at most 1h",
+        ),
+        (
+            "redis = \"redis://a\"\nprobe_every = \"0ms\"",
+            "store.probe_every",
+            "longer than zero",
+        ),
+        (
+            "redis = \"redis://a\"\npassword = \"x\"",
+            "store.password",
+            "unknown field",
+        ),
+    ];
+    for (store, field, problem) in cases {
+        let file = format!("[defaults]\n{quotas}\n[store]\n{store}");
+        let error = match ShaperConfig::from_toml(&file) {
+            Ok(config) => config.connect().await.map(|_| ()).expect_err(&file),
+            Err(error) => error,
+        };
+        assert_eq!(error.field, field, "{file}: {error}");
+        assert!(error.problem.contains(problem), "{file}: {error}");
+    }
+
+    let file = format!("[defaults]\n{quotas}\n[store]\nredis = \"redis://127.0.0.1:1\"");
+    let config = ShaperConfig::from_toml(&file).unwrap();
+    let error = config
+        .build()
+        .map(|_| ())
+        .expect_err("a store needs connect");
+    assert_eq!(error.field, "store", "{error}");
+    assert!(error.problem.contains("ShaperConfig::connect"), "{error}");
+    // Nothing listens on port 1: the failure names the field, at startup.
+    let error = config.connect().await.map(|_| ()).expect_err("unreachable");
+    assert_eq!(error.field, "store.redis", "{error}");
+    assert!(error.problem.contains("cannot connect"), "{error}");
+}
+
+/// Two shapers built from one file with a `[store]` share its quotas: the
+/// second finds the first one's releases in Redis.
+#[tokio::test]
+async fn a_store_table_shares_the_quota_between_shapers() {
+    let redis = callshaper::testing::RedisServer::start();
+    let vendor = Vendor::strict(2, SECOND).start().await;
+    let file = format!(
+        r#"
+        [vendors.v]
+        host = "{}"
+        quotas = [{{ algorithm = "leaky_bucket", count = 2, per = "1s" }}]
+        [store]
+        redis = "{}"
+        fleet_size = 2
+        prefix = "config-test:"
+        "#,
+        host_of(&vendor),
+        redis.url()
+    );
+    let config = ShaperConfig::from_toml(&file).unwrap();
+    let first = config.connect().await.unwrap().build().unwrap();
+    let second = config.connect().await.unwrap().build().unwrap();
+    let started = std::time::Instant::now();
+    let calls: Vec<_> = [&first, &second, &first, &second]
+        .into_iter()
+        .map(|shaper| {
+            let call = shaper.get(vendor.uri());
+            tokio::spawn(async move { call.send().await.map(|r| r.status().as_u16()) })
+        })
+        .collect();
+    for outcome in join_all(calls).await {
+        assert_eq!(outcome.unwrap(), 200);
+    }
+    // Four requests at 2/s from one quota: the last leaves ≥ 1.5 s in
+    // (alone, each shaper's two would be done in 0.5 s).
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(1400), "{took:?}");
+    assert_eq!(vendor.throttled(), 0);
+    let lane = &first.lanes()[0];
+    assert_eq!(lane.store, Some(callshaper::store::StoreMode::Shared));
+    assert!(
+        redis
+            .cli(&["KEYS", "config-test:*"])
+            .contains("config-test:")
     );
 }

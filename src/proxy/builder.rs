@@ -34,6 +34,8 @@ pub(super) struct Limits {
 
 /// The most a request body may be by default: it is kept to be sent again.
 const MAX_BODY: usize = 4 << 20;
+/// The longest a client may be given to send a request's head.
+const MOST_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(3600);
 /// hyper's least buffer for a request's head.
 const LEAST_HEADER_BYTES: usize = 8192;
 
@@ -92,7 +94,7 @@ impl ProxyBuilder {
     }
 
     /// How long a client may take to send a request's head (default
-    /// 10 s): a slower one is disconnected, and holds nothing meanwhile.
+    /// 10 s, at most 1 h): a slower one is disconnected, and holds nothing meanwhile.
     pub fn header_read_timeout(mut self, timeout: Duration) -> Self {
         self.limits.header_read_timeout = timeout;
         self
@@ -101,7 +103,7 @@ impl ProxyBuilder {
     /// The proxy, or the first setting that cannot work: no upstream, a
     /// name that is empty or has a `/`, a name given twice, a base that is
     /// not an `http(s)` URL with a host (or has a query or fragment), a
-    /// zero timeout, or a head limit under 8 KiB.
+    /// zero timeout or one over 1 h, or a head limit under 8 KiB.
     pub fn build(self) -> Result<Proxy, ConfigError> {
         if self.upstreams.is_empty() {
             return Err(ConfigError::new(
@@ -123,10 +125,13 @@ impl ProxyBuilder {
                 return Err(ConfigError::new(field, "named twice"));
             }
         }
-        if self.limits.header_read_timeout.is_zero() {
+        let timeout = self.limits.header_read_timeout;
+        if timeout.is_zero() || timeout > MOST_HEADER_READ_TIMEOUT {
+            // hyper adds the timeout to the clock's now: a bound keeps
+            // that sum from overflowing.
             return Err(ConfigError::new(
                 "header_read_timeout",
-                "must be longer than zero",
+                "must be longer than zero and at most 1h",
             ));
         }
         if self.limits.max_header_bytes < LEAST_HEADER_BYTES {

@@ -90,6 +90,9 @@ async fn handle(served: &Served, request: Request<Incoming>) -> Response<ProxyBo
             return answer::unreadable_body(too_large);
         }
     };
+    // The log names the upstream path only: a query, like the headers,
+    // often carries a key.
+    let (method, path) = (parts.method.clone(), url.path().to_owned());
     let mut send = served
         .shaper
         .request(parts.method, url)
@@ -108,7 +111,13 @@ async fn handle(served: &Served, request: Request<Incoming>) -> Response<ProxyBo
         send = send.priority(priority);
     }
     match send.send().await {
-        Ok(response) => answer::vendor(response),
-        Err(error) => answer::shaper_ended(&error, &served.shaper),
+        Ok(response) => {
+            tracing::debug!(%method, path, status = response.status().as_u16(), "callshaper proxy: answered");
+            answer::vendor(response)
+        }
+        Err(error) => {
+            tracing::debug!(%method, path, %error, "callshaper proxy: ended by the shaper");
+            answer::shaper_ended(&error, &served.shaper)
+        }
     }
 }

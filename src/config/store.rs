@@ -1,0 +1,152 @@
+//! The file's `[store]` table: the Redis a fleet shares its quotas through.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::error::ConfigError;
+use crate::time::human;
+
+/// The store a fleet shares its quotas through, as a file declares it:
+///
+/// ```toml
+/// [store]
+/// redis = "redis://10.0.0.5:6379"       # one node, or:
+/// # cluster = ["redis://10.0.0.5:7000", "redis://10.0.0.6:7000"]
+/// fleet_size = 3                         # what a fail-open lane divides by
+/// prefix = "callshaper:"                 # keys and the pause channel
+/// timeout = "250ms"
+/// ```
+///
+/// What a lane does while the store is down is `[defaults]
+/// on_store_failure` (and each vendor's own). Each field does what the
+/// `RedisOptions` method of the same name does (feature `redis`);
+/// `instance_clock = true` is `Clock::Instances`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreConfig {
+    /// One Redis (or Valkey) node.
+    pub redis: Option<String>,
+    /// A Redis Cluster, through any of its nodes.
+    #[serde(default)]
+    pub cluster: Vec<String>,
+    /// How many instances share the quotas (default 1).
+    pub fleet_size: Option<u32>,
+    /// Prefix of every key and of the pause channel (default `callshaper:`).
+    pub prefix: Option<String>,
+    /// The longest one Redis call may take (default 250 ms, at most 1 min).
+    #[serde(default, with = "human::option")]
+    pub timeout: Option<Duration>,
+    /// Most slots one round trip reserves (default 16, at most 1,024).
+    pub batch: Option<usize>,
+    /// No slot is reserved further ahead than this (default 1 s, at most
+    /// 1 h).
+    #[serde(default, with = "human::option")]
+    pub horizon: Option<Duration>,
+    /// While Redis is down, how often a lane tries it again (default 1 s,
+    /// at most 1 h).
+    #[serde(default, with = "human::option")]
+    pub probe_every: Option<Duration>,
+    /// The scripts read each instance's clock instead of Redis's `TIME`.
+    #[serde(default)]
+    pub instance_clock: bool,
+}
+
+/// The largest batch a file may ask for: more slots per round trip than
+/// this only reserves ahead what a crash would strand.
+const MOST_BATCH: usize = 1024;
+const MOST_TIMEOUT: Duration = Duration::from_secs(60);
+const MOST_INTERVAL: Duration = Duration::from_secs(3600);
+
+impl StoreConfig {
+    /// Every field that cannot work, as the first [`ConfigError`] (under
+    /// `store.`): neither or both of `redis` and `cluster`, a zero or
+    /// outsized duration or batch, a zero fleet.
+    pub(super) fn check(&self) -> Result<(), ConfigError> {
+        let within = |e: ConfigError| e.within("store");
+        match (&self.redis, self.cluster.is_empty()) {
+            (None, true) => Err(ConfigError::new(
+                "redis",
+                "a store needs `redis = \"redis://…\"` or `cluster = [\"redis://…\", …]`",
+            )),
+            (Some(_), false) => Err(ConfigError::new(
+                "cluster",
+                "give `redis` (one node) or `cluster`, not both",
+            )),
+            _ => Ok(()),
+        }
+        .map_err(within)?;
+        if self.fleet_size == Some(0) {
+            return Err(within(ConfigError::new(
+                "fleet_size",
+                "a fleet has at least one instance",
+            )));
+        }
+        if let Some(batch) = self.batch
+            && !(1..=MOST_BATCH).contains(&batch)
+        {
+            return Err(within(ConfigError::new(
+                "batch",
+                format!("{batch} is not between 1 and {MOST_BATCH}"),
+            )));
+        }
+        let durations = [
+            ("timeout", self.timeout, MOST_TIMEOUT),
+            ("horizon", self.horizon, MOST_INTERVAL),
+            ("probe_every", self.probe_every, MOST_INTERVAL),
+        ];
+        for (field, duration, most) in durations {
+            if let Some(duration) = duration
+                && (duration.is_zero() || duration > most)
+            {
+                return Err(within(ConfigError::new(
+                    field,
+                    format!(
+                        "must be longer than zero and at most {}, not {}",
+                        human::format(most),
+                        human::format(duration)
+                    ),
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Connect to the store the table declares; a node that cannot be
+    /// reached now fails here, naming the field.
+    #[cfg(feature = "redis")]
+    pub(super) async fn connect(&self) -> Result<crate::store::Store, ConfigError> {
+        use crate::store::{Clock, RedisStore};
+
+        self.check()?;
+        let mut options = RedisStore::options();
+        if let Some(size) = self.fleet_size {
+            options = options.fleet_size(size);
+        }
+        if let Some(prefix) = &self.prefix {
+            options = options.prefix(prefix.clone());
+        }
+        if let Some(timeout) = self.timeout {
+            options = options.timeout(timeout);
+        }
+        if let Some(batch) = self.batch {
+            options = options.batch(batch);
+        }
+        if let Some(horizon) = self.horizon {
+            options = options.horizon(horizon);
+        }
+        if let Some(every) = self.probe_every {
+            options = options.probe_every(every);
+        }
+        if self.instance_clock {
+            options = options.clock(Clock::Instances);
+        }
+        let (field, connected) = match &self.redis {
+            Some(url) => ("store.redis", options.connect(url).await),
+            None => ("store.cluster", options.cluster(&self.cluster).await),
+        };
+        connected
+            .map(Into::into)
+            .map_err(|e| ConfigError::new(field, format!("cannot connect: {e}")))
+    }
+}

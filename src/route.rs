@@ -104,8 +104,10 @@ pub type KeyFn = dyn Fn(&Request, Option<&Tag>) -> String + Send + Sync;
 pub enum LaneKey {
     /// The request's origin, `scheme://host:port`.
     Origin,
-    /// A request header's value (an API key); requests without it share one
-    /// lane.
+    /// A request header's value (an API key), by its fingerprint (`#` and
+    /// 16 hex digits of its SHA-1): the value itself is never in a lane's
+    /// name, snapshot, spans, metrics or Redis keys. Requests without the
+    /// header share one lane.
     Header(HeaderName),
     /// The request's [`Tag`]; untagged requests share one lane.
     Tag,
@@ -122,13 +124,29 @@ impl LaneKey {
             Self::Header(name) => request
                 .headers()
                 .get(name)
-                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                .map(|v| fingerprint(v.as_bytes()))
                 .unwrap_or_default(),
             Self::Tag => tag.map(|t| t.0.clone()).unwrap_or_default(),
             Self::Shared => String::new(),
             Self::Custom(key) => key(request, tag),
         }
     }
+}
+
+/// A header's value as a lane key. The value is often a secret, and a
+/// lane's key travels far (snapshots, logs, metrics, the fleet's Redis):
+/// 64 bits of a digest keep keys apart (finding another value with the
+/// same fingerprint takes about 2^64 tries) and say nothing of the value.
+fn fingerprint(value: &[u8]) -> String {
+    use std::fmt::Write;
+
+    let digest = sha1_smol::Sha1::from(value).digest().bytes();
+    let mut key = String::with_capacity(17);
+    key.push('#');
+    for byte in &digest[..8] {
+        let _ = write!(key, "{byte:02x}");
+    }
+    key
 }
 
 /// In a file: `"origin"`, `"shared"`, `"tag"`, or `{ header = "x-api-key" }`
@@ -411,10 +429,9 @@ mod tests {
             LaneKey::Origin.of(&req, None),
             "https://api.example.com:8443"
         );
-        assert_eq!(
-            LaneKey::Header(HeaderName::from_static("x-api-key")).of(&req, None),
-            "k1"
-        );
+        // SHA-1("k1") begins a2ab1959c1c3bfa2.
+        let by_header = LaneKey::Header(HeaderName::from_static("x-api-key")).of(&req, None);
+        assert_eq!(by_header, "#a2ab1959c1c3bfa2");
         assert_eq!(LaneKey::Tag.of(&req, Some(&tag)), "acme");
         assert_eq!(LaneKey::Tag.of(&req, None), "");
         let quota = Quota::leaky_bucket(1, std::time::Duration::from_secs(1));

@@ -282,12 +282,17 @@ async fn a_reload_under_load_applies_and_a_bad_file_changes_nothing() {
     assert_eq!(vendor.throttled(), 0);
 }
 
-/// Even at `trace`, the log has the request's path but not its query,
-/// its `Authorization` or its API key header.
+/// Even at `trace`, with lanes keyed by API key and metrics per lane,
+/// neither the log, `/lanes` nor `/metrics` has the request's query, its
+/// `Authorization` or its API key; the log has its path, and the lane the
+/// key's fingerprint.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_log_never_holds_a_secret() {
+async fn no_secret_reaches_the_log_the_lanes_or_the_metrics() {
     let vendor = Vendor::strict(10, SECOND).start().await;
-    let file = File::new("secrets.toml", &serving(&vendor, 10, ""));
+    let keyed = r#"levels = [{ name = "key", key = { header = "x-api-key" }, quotas = [{ algorithm = "leaky_bucket", count = 5, per = "1s" }] }]
+        [defaults]
+        metrics_per_lane = true"#;
+    let file = File::new("secrets.toml", &serving(&vendor, 10, keyed));
     let proxy = Running::start(&file.0, &[("CALLSHAPER_LOG", "trace")]);
     let response = reqwest::Client::new()
         .get(proxy.url("/v/v1/charges?api_key=SECRET-QUERY"))
@@ -301,6 +306,12 @@ async fn the_log_never_holds_a_secret() {
     let log = proxy.log();
     assert!(log.contains("/v1/charges"), "{log}");
     assert!(!log.contains("SECRET"), "{log}");
+    let (_, lanes) = get(proxy.admin_url("/lanes")).await;
+    assert!(lanes.contains(r#""v.key/#"#), "{lanes}");
+    assert!(!lanes.contains("SECRET"), "{lanes}");
+    let (_, metrics) = get(proxy.admin_url("/metrics")).await;
+    assert!(metrics.contains("v.key/#"), "{metrics}");
+    assert!(!metrics.contains("SECRET"), "{metrics}");
 }
 
 /// A file or an address that cannot work stops the binary at startup,
@@ -399,4 +410,18 @@ async fn two_proxies_and_a_library_shaper_share_one_quota() {
     // Alone, each of the three would send its ten in 0.9 s.
     assert!(took >= Duration::from_millis(2800), "{took:?}");
     assert!(took < 20 * SECOND, "{took:?}");
+}
+
+/// The README's file starts as shipped (on free ports here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_file_serves() {
+    let text = include_str!("../example.toml")
+        .replace("127.0.0.1:7777", "127.0.0.1:0")
+        .replace("127.0.0.1:7778", "127.0.0.1:0");
+    let file = File::new("example.toml", &text);
+    let proxy = Running::start(&file.0, &[]);
+    let (status, body) = get(proxy.url("/nope")).await;
+    assert_eq!(status, 404);
+    assert!(body.contains("configured: llm, sms"), "{body}");
+    assert_eq!(get(proxy.admin_url("/healthz")).await.0, 200);
 }

@@ -285,3 +285,56 @@ async fn a_request_backing_off_waits_in_its_lane() {
     );
     assert_eq!(sent(&server).await, 1);
 }
+
+/// A response asked to hold its lane's in-flight slot until its body ends
+/// does (without asking, `max_in_flight_caps_requests_on_the_wire` holds
+/// six unread responses under a cap of two): with
+/// `max_in_flight(1)` a second request waits while the first's body is
+/// unread and goes once it is read; a third goes once the second's
+/// response is dropped unread. The held response keeps its URL and length.
+/// Real time: each "still waiting" check can only pass late, never fail
+/// early, on a loaded machine.
+#[tokio::test]
+async fn the_in_flight_slot_is_held_until_the_body_ends() {
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .respond_with(ResponseTemplate::new(200).set_body_string("hello"))
+        .mount(&server)
+        .await;
+    let shaper = callshaper::Shaper::builder()
+        .rate(1_000, SECOND)
+        .max_in_flight(1)
+        .build()
+        .unwrap();
+    let arrived = || async { server.received_requests().await.unwrap().len() };
+    let send = || {
+        let call = shaper
+            .get(format!("{}/held", server.uri()))
+            .in_flight_through_body();
+        tokio::spawn(async move { call.send().await.unwrap() })
+    };
+
+    let first = send().await.unwrap();
+    assert_eq!(first.url().as_str(), format!("{}/held", server.uri()));
+    assert_eq!(first.content_length(), Some(5));
+    let second = send();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(arrived().await, 1, "the first body holds the slot");
+    assert_eq!(first.text().await.unwrap(), "hello");
+    let second = tokio::time::timeout(10 * SECOND, second)
+        .await
+        .expect("the slot is free once the body is read")
+        .unwrap();
+    assert_eq!(arrived().await, 2);
+
+    let third = send();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(arrived().await, 2, "the second, unread, holds the slot");
+    drop(second);
+    let third = tokio::time::timeout(10 * SECOND, third)
+        .await
+        .expect("the slot is free once the response is dropped")
+        .unwrap();
+    assert_eq!(third.text().await.unwrap(), "hello");
+    assert_eq!(arrived().await, 3);
+}

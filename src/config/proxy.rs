@@ -16,7 +16,7 @@ use crate::time::human;
 /// [proxy]
 /// listen = "127.0.0.1:7777"      # clients call http://LISTEN/VENDOR/…
 /// admin = "127.0.0.1:7778"       # /metrics, /lanes, /healthz
-/// max_body = 4194304             # bytes
+/// replay_body = 4194304          # bytes kept whole to send again
 /// max_header_bytes = 65536
 /// header_read_timeout = "10s"
 /// ```
@@ -29,8 +29,8 @@ pub struct ProxyConfig {
     /// Where the admin endpoints are served (default `127.0.0.1:7778`).
     #[serde(default = "default_admin")]
     pub admin: SocketAddr,
-    /// See `ProxyBuilder::max_body` (feature `proxy`).
-    pub max_body: Option<usize>,
+    /// See `ProxyBuilder::replay_body` (feature `proxy`).
+    pub replay_body: Option<usize>,
     /// See `ProxyBuilder::max_header_bytes`.
     pub max_header_bytes: Option<usize>,
     /// See `ProxyBuilder::header_read_timeout`.
@@ -43,7 +43,7 @@ impl Default for ProxyConfig {
         Self {
             listen: default_listen(),
             admin: default_admin(),
-            max_body: None,
+            replay_body: None,
             max_header_bytes: None,
             header_read_timeout: None,
         }
@@ -72,8 +72,8 @@ impl super::ShaperConfig {
             }
         }
         let settings = self.proxy.clone().unwrap_or_default();
-        if let Some(bytes) = settings.max_body {
-            builder = builder.max_body(bytes);
+        if let Some(bytes) = settings.replay_body {
+            builder = builder.replay_body(bytes);
         }
         if let Some(bytes) = settings.max_header_bytes {
             builder = builder.max_header_bytes(bytes);

@@ -153,7 +153,7 @@ impl Lane {
         shared.released.fetch_add(1, Ordering::Relaxed);
         shared.metrics.released();
         Some(Turn {
-            _in_flight: permit,
+            in_flight: permit,
             at: charged_at,
             fleet: None,
             transit,

@@ -44,7 +44,10 @@ pub struct LanePolicy {
     /// time on the wire). `None` (the default) waits as long as it takes.
     pub max_wait: Option<Duration>,
     /// Requests of this lane on the wire at once. `None` (the default): no
-    /// cap beyond the rate. Values past tokio's semaphore limit
+    /// cap beyond the rate. A request holds its slot until its response's
+    /// headers arrive, or with
+    /// [`in_flight_through_body`](crate::shaper::RequestBuilder::in_flight_through_body)
+    /// until its body ends. Values past tokio's semaphore limit
     /// (`usize::MAX >> 3`) are capped there.
     pub max_in_flight: Option<usize>,
     /// The longest pause a vendor may impose. A longer `Retry-After` pauses

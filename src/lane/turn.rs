@@ -31,7 +31,7 @@ use crate::time::later;
 #[derive(Debug)]
 #[must_use = "the turn is the permission to send: send while holding it"]
 pub struct Turn {
-    pub(super) _in_flight: Option<OwnedSemaphorePermit>,
+    pub(super) in_flight: Option<OwnedSemaphorePermit>,
     /// When the meters were charged, to settle the charge later.
     pub(super) at: Instant,
     /// On a shared store, what the fleet had booked in each gate's window
@@ -113,6 +113,12 @@ impl Turn {
         if let Some(transit) = self.transit.take() {
             transit.went(Some(Instant::now()));
         }
+    }
+
+    /// The lane's in-flight slot, for the response to hold until its body
+    /// ends (`None` on a lane without a cap); the turn no longer frees it.
+    pub(crate) fn keep_in_flight(&mut self) -> Option<OwnedSemaphorePermit> {
+        self.in_flight.take()
     }
 
     /// When the lane's meters were charged for this turn.

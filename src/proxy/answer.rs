@@ -80,23 +80,14 @@ pub(super) fn refused(refusal: &Refusal, upstreams: &[&str]) -> Response<ProxyBo
     }
 }
 
-/// A request body that could not be read whole: over `max_body`, or cut
-/// off.
-pub(super) fn unreadable_body(too_large: Option<usize>) -> Response<ProxyBody> {
-    match too_large {
-        Some(limit) => own(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body_too_large",
-            &format!("the request body is over {limit} bytes, the most kept to send again"),
-            None,
-        ),
-        None => own(
-            StatusCode::BAD_REQUEST,
-            "body_cut_off",
-            "the request body ended before its end",
-            None,
-        ),
-    }
+/// A request body that ended before its end: nothing was sent.
+pub(super) fn cut_off_body() -> Response<ProxyBody> {
+    own(
+        StatusCode::BAD_REQUEST,
+        "body_cut_off",
+        "the request body ended before its end",
+        None,
+    )
 }
 
 /// An answer of the proxy's own: `status`, `x-callshaper-reason`, a

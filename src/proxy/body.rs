@@ -23,14 +23,19 @@ pub(super) fn full(bytes: impl Into<Bytes>) -> ProxyBody {
 
 /// The vendor's body, relayed as it arrives: server-sent events reach
 /// the client one by one. A task reads the vendor's response and hands
-/// each chunk over; when the client goes away, the hand-over fails, the
-/// task ends and drops the response, which ends the upstream call. One
-/// chunk is buffered: a slow client slows the read from the vendor.
+/// each chunk over; when the client goes away, even while the vendor is
+/// silent, the task ends and drops the response, which ends the upstream
+/// call and frees its in-flight slot. One chunk is buffered: a slow
+/// client slows the read from the vendor.
 pub(super) fn relay(mut response: reqwest::Response) -> ProxyBody {
     let (chunks, relay) = mpsc::channel(1);
     tokio::spawn(async move {
         loop {
-            let chunk = match response.chunk().await {
+            let read = tokio::select! {
+                read = response.chunk() => read,
+                () = chunks.closed() => break,
+            };
+            let chunk = match read {
                 Ok(Some(chunk)) => Ok(chunk),
                 Ok(None) => break,
                 Err(error) => Err(io::Error::other(error)),

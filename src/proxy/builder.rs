@@ -27,13 +27,13 @@ pub(super) struct Served {
 /// What a client is held to.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Limits {
-    pub(super) max_body: usize,
+    pub(super) replay_body: usize,
     pub(super) max_header_bytes: usize,
     pub(super) header_read_timeout: Duration,
 }
 
-/// The most a request body may be by default: it is kept to be sent again.
-const MAX_BODY: usize = 4 << 20;
+/// The largest request body kept whole by default, to be sent again.
+const REPLAY_BODY: usize = 4 << 20;
 /// The longest a client may be given to send a request's head.
 const MOST_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(3600);
 /// hyper's least buffer for a request's head.
@@ -54,7 +54,7 @@ impl Proxy {
             shaper,
             upstreams: Vec::new(),
             limits: Limits {
-                max_body: MAX_BODY,
+                replay_body: REPLAY_BODY,
                 max_header_bytes: 64 << 10,
                 header_read_timeout: Duration::from_secs(10),
             },
@@ -77,11 +77,11 @@ impl ProxyBuilder {
         self
     }
 
-    /// The largest request body read, in bytes (default 4 MiB); a larger
-    /// one gets 413. A body is read whole so that a throttled request can
-    /// be sent again.
-    pub fn max_body(mut self, bytes: usize) -> Self {
-        self.limits.max_body = bytes;
+    /// The largest request body kept whole, in bytes (default 4 MiB), so
+    /// that a throttled request can be sent again. A larger body streams
+    /// to the vendor as the client sends it, and is sent once.
+    pub fn replay_body(mut self, bytes: usize) -> Self {
+        self.limits.replay_body = bytes;
         self
     }
 

@@ -45,7 +45,9 @@
 //! - **The vendor's answer** reaches the client as the vendor sent it
 //!   (status, headers, body), hop-by-hop headers aside; the body streams
 //!   chunk by chunk as it arrives, so server-sent events pass through one
-//!   by one.
+//!   by one. A request holds its lane's `max_in_flight` slot until that
+//!   body's last byte, and a client that goes away mid-stream ends the
+//!   upstream call and frees the slot, even while the vendor is silent.
 //! - **When the shaper ends a request** the proxy answers by itself: 429
 //!   when the queue is full or the wait would pass the client's deadline,
 //!   503 for a store down under a closed policy, a shutdown, or a pause
@@ -54,9 +56,11 @@
 //!   (the wait it predicted, the pause it was asked for, or its queue at
 //!   its pace) and `x-callshaper-reason` ([`Error::reason`]), with a JSON
 //!   body saying the same.
-//! - **Request bodies** are read whole, up to
-//!   [`ProxyBuilder::max_body`] (so a throttled request can be sent
-//!   again); a larger one gets 413 and is not forwarded.
+//! - **Request bodies** up to [`ProxyBuilder::replay_body`] (4 MiB by
+//!   default) are read whole before the request queues, so a throttled
+//!   request is sent again from the copy. A larger body streams to the
+//!   vendor as the client sends it and is **sent once**: a throttle or a
+//!   failure on it reaches the client as the vendor answered.
 //! - **Hostile clients:** a head over [`ProxyBuilder::max_header_bytes`]
 //!   gets 431, a body that stops half-way 400, and a head not sent within
 //!   [`ProxyBuilder::header_read_timeout`] a closed connection. Nothing is
@@ -64,10 +68,8 @@
 //!
 //! # Not yet
 //!
-//! The proxy serves HTTP/1.1 to its clients. A request body is always
-//! read whole (none streams to the vendor), and a request's
-//! `max_in_flight` slot is freed when the vendor's headers arrive, not at
-//! the body's last byte.
+//! The proxy serves HTTP/1.1 to its clients, and sends no request
+//! trailers on.
 //!
 //! [`Error::reason`]: crate::Error::reason
 
@@ -76,5 +78,6 @@ mod body;
 mod builder;
 mod forward;
 mod server;
+mod upload;
 
 pub use self::builder::{Proxy, ProxyBuilder};

@@ -6,7 +6,6 @@ use std::io;
 use std::time::Duration;
 
 use http::{Request, Response};
-use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -17,6 +16,7 @@ use super::answer;
 use super::body::ProxyBody;
 use super::builder::{Proxy, Served};
 use super::forward::{controls, end_to_end, target};
+use super::upload;
 
 impl Proxy {
     /// Serve clients from `listener` until the returned future is dropped
@@ -82,13 +82,9 @@ async fn handle(served: &Served, request: Request<Incoming>) -> Response<ProxyBo
         Ok(controls) => controls,
         Err(refusal) => return answer::refused(&refusal, &[]),
     };
-    let max_body = served.limits.max_body;
-    let body = match Limited::new(body, max_body).collect().await {
-        Ok(body) => body.to_bytes(),
-        Err(error) => {
-            let too_large = error.downcast_ref::<LengthLimitError>().map(|_| max_body);
-            return answer::unreadable_body(too_large);
-        }
+    let body = match upload::read(body, served.limits.replay_body).await {
+        Ok(body) => body,
+        Err(_) => return answer::cut_off_body(),
     };
     // The log names the upstream path only: a query, like the headers,
     // often carries a key.
@@ -97,7 +93,10 @@ async fn handle(served: &Served, request: Request<Incoming>) -> Response<ProxyBo
         .shaper
         .request(parts.method, url)
         .headers(end_to_end(&parts.headers))
-        .body(body);
+        .body(body)
+        // The body relays to the client as it arrives: on the wire until
+        // its last byte, or until the client goes.
+        .in_flight_through_body();
     if let Some(max_wait) = controls.max_wait {
         send = send.max_wait(max_wait);
     }

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::handle::Shaper;
+use super::held;
 use super::settle::Settle;
 use crate::error::{Answer, Error};
 use crate::lane::{Lane, Place, Priority};
@@ -28,6 +29,8 @@ pub(crate) struct Options {
     pub(crate) cost: Option<u64>,
     pub(crate) priority: Priority,
     pub(crate) tag: Option<Tag>,
+    /// The response's body holds the in-flight slot until it ends.
+    pub(crate) in_flight_through_body: bool,
     /// The request as a layer above sees it, across that layer's retries.
     pub(crate) logical: Option<Logical>,
 }
@@ -87,6 +90,7 @@ impl Options {
             cost: extensions.get::<Cost>().map(|c| c.0),
             priority: extensions.get::<Priority>().copied().unwrap_or_default(),
             tag: extensions.get::<Tag>().cloned(),
+            in_flight_through_body: false,
             logical: None,
         }
     }
@@ -270,6 +274,9 @@ impl Shaper {
             }
             let charged_at = turn.at();
             let fleet = turn.fleet();
+            let slot = turn
+                .keep_in_flight()
+                .filter(|_| options.in_flight_through_body);
             drop(turn);
 
             let (signals, verdict) = self.heard(&lane, &mut outcome, cost, charged_at);
@@ -279,7 +286,12 @@ impl Shaper {
                     let fleet = fleet.as_deref().map(Vec::as_slice);
                     let headers = outcome.as_ref().ok().map(|r| (r.status(), r.headers()));
                     throttle::final_answer(&lane, &signals, charged_at, fleet, headers);
-                    return outcome.map_err(|source| Failure::Send { attempts, source });
+                    return match (outcome, slot) {
+                        (Ok(response), Some(slot)) => Ok(held::until_body_ends(response, slot)),
+                        (outcome, _) => {
+                            outcome.map_err(|source| Failure::Send { attempts, source })
+                        }
+                    };
                 }
                 (Verdict::Throttled, Ok(response)) => {
                     tally.throttles = tally.throttles.saturating_add(1);

@@ -12,10 +12,12 @@
 //! | `registry.rs` | the `Registry`: lanes and gates by key, created on first use, evicted when idle, and live quota changes |
 //! | `call.rs` | one request's life (`Shaper::execute`): wait, send, let the crate's `throttle` module judge the answer, go again or finish; the options a request carries ([`MaxWait`]) |
 //! | `settle.rs` | [`Settle`]: a request's real cost, reported after the answer |
+//! | `held.rs` | a response that holds its lane's in-flight slot until its body ends |
 
 mod builder;
 pub(crate) mod call;
 pub(crate) mod handle;
+mod held;
 mod registry;
 mod request;
 mod settle;

@@ -205,6 +205,20 @@ impl RequestBuilder {
         self
     }
 
+    /// Hold the lane's in-flight slot ([`max_in_flight`]) until the
+    /// response's body ends (read to its last byte, failed, or dropped),
+    /// not only until its headers arrive: a streamed answer (server-sent
+    /// events, a download) is on the wire until then. Read or drop such a
+    /// body promptly: one kept unread holds its slot, and with
+    /// `max_in_flight(n)` the lane sends nothing more while `n` are held.
+    /// The proxy sets this on every request it forwards.
+    ///
+    /// [`max_in_flight`]: crate::lane::LanePolicy::max_in_flight
+    pub fn in_flight_through_body(mut self) -> Self {
+        self.options.in_flight_through_body = true;
+        self
+    }
+
     /// A tenant or user, for [`LaneKey::Tag`](crate::route::LaneKey::Tag) levels.
     pub fn tag(mut self, tag: impl Into<String>) -> Self {
         self.options.tag = Some(Tag(tag.into()));

@@ -90,7 +90,7 @@ impl<'a> Ready<'a> {
             self.shared.handed_fleet(fleet);
         }
         let turn = Turn {
-            _in_flight: self.permit.take(),
+            in_flight: self.permit.take(),
             at: now,
             fleet,
             transit: strict.then(|| Transit::leave(self.shared)),

@@ -47,6 +47,7 @@ pub(crate) async fn serve(listener: TcpListener, shaper: Shaper, metrics: Promet
                 continue;
             }
         };
+        let _ = stream.set_nodelay(true);
         let (shaper, metrics) = (shaper.clone(), metrics.clone());
         tokio::spawn(async move {
             let service = service_fn(move |request| {

@@ -1,0 +1,378 @@
+//! What the proxy adds: latency and throughput through `callshaper::proxy`
+//! side by side with direct reqwest and nginx `proxy_pass` (the anchor for
+//! a proxy on this machine), against a loopback origin that answers at
+//! once, with a quota far above the load; and the proxy's memory with
+//! 10,000 open client connections.
+//!
+//! ```text
+//! cargo bench --bench proxy
+//! ```
+//!
+//! Each side runs alike for all three: the origin on a runtime thread of
+//! its own, the client on the main thread, and each proxy in a process of
+//! its own on one thread (the library's `Proxy`, the code the
+//! `callshaper-proxy` binary serves, in a child of this benchmark; nginx
+//! with one worker). Needs nginx (`scripts/test` installs it).
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use callshaper::Shaper;
+use callshaper::proxy::Proxy;
+use http_body_util::Full;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const SEQUENTIAL: usize = 5_000;
+const CONCURRENT: usize = 64;
+const THROUGHPUT_FOR: Duration = Duration::from_secs(3);
+const CONNECTIONS: usize = 10_000;
+
+/// Set in the child that serves the proxy: the origin's address.
+const SERVE_PROXY: &str = "CALLSHAPER_BENCH_PROXY_OF";
+const ROUNDS: usize = 3;
+
+fn main() {
+    if let Ok(origin) = std::env::var(SERVE_PROXY) {
+        return serve_proxy(origin.parse().expect("the origin's address"));
+    }
+    let origin = on_own_thread(origin);
+    let proxy = ProxyProcess::start(origin);
+    let nginx = Nginx::start(origin);
+    let client = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let targets = [
+        ("direct reqwest", format!("http://{origin}/ok")),
+        (
+            "callshaper proxy",
+            format!("http://{}/origin/ok", proxy.address),
+        ),
+        (
+            "nginx proxy_pass",
+            format!("http://127.0.0.1:{}/ok", nginx.port),
+        ),
+    ];
+    client.block_on(async {
+        println!(
+            "loopback origin answering at once; quota 10,000,000/s; \
+             median of {ROUNDS} rounds, the paths taken in turn\n"
+        );
+        let mut figures = vec![Vec::new(); targets.len()];
+        for _ in 0..ROUNDS {
+            for (i, (_, url)) in targets.iter().enumerate() {
+                let (p50, p99) = latency(url).await;
+                figures[i].push((p50, p99, throughput(url).await));
+            }
+        }
+        println!("| path | p50 | p99 | added p50 | added p99 | {CONCURRENT} clients, req/s |");
+        println!("|---|---|---|---|---|---|");
+        let median = |i: usize| {
+            let mut p50: Vec<_> = figures[i].iter().map(|f| f.0).collect();
+            let mut p99: Vec<_> = figures[i].iter().map(|f| f.1).collect();
+            let mut rate: Vec<_> = figures[i].iter().map(|f| f.2).collect();
+            p50.sort();
+            p99.sort();
+            rate.sort_by(f64::total_cmp);
+            (p50[ROUNDS / 2], p99[ROUNDS / 2], rate[ROUNDS / 2])
+        };
+        let (base50, base99, _) = median(0);
+        for (i, (name, _)) in targets.iter().enumerate() {
+            let (p50, p99, rate) = median(i);
+            println!(
+                "| {name} | {} | {} | {} | {} | {rate:.0} |",
+                micros(p50),
+                micros(p99),
+                signed_micros(p50, base50),
+                signed_micros(p99, base99),
+            );
+        }
+        println!();
+        connections(
+            "callshaper proxy",
+            proxy.address,
+            proxy.child.id(),
+            "/origin/ok",
+        )
+        .await;
+        let nginx_address = SocketAddr::from(([127, 0, 0, 1], nginx.port));
+        connections("nginx", nginx_address, nginx.child.id(), "/ok").await;
+    });
+}
+
+/// `d - base`, with its sign.
+fn signed_micros(d: Duration, base: Duration) -> String {
+    let us = (d.as_secs_f64() - base.as_secs_f64()) * 1e6;
+    format!("{us:+.0} µs")
+}
+
+fn micros(d: Duration) -> String {
+    format!("{:.0} µs", d.as_secs_f64() * 1e6)
+}
+
+/// p50 and p99 of one client's requests, one at a time.
+async fn latency(url: &str) -> (Duration, Duration) {
+    let client = reqwest::Client::new();
+    for _ in 0..500 {
+        send(&client, url).await;
+    }
+    let mut took: Vec<Duration> = Vec::with_capacity(SEQUENTIAL);
+    for _ in 0..SEQUENTIAL {
+        let started = Instant::now();
+        send(&client, url).await;
+        took.push(started.elapsed());
+    }
+    took.sort();
+    (took[SEQUENTIAL / 2], took[SEQUENTIAL * 99 / 100])
+}
+
+/// Requests a second from `CONCURRENT` clients sending back to back.
+async fn throughput(url: &str) -> f64 {
+    let client = reqwest::Client::new();
+    let started = Instant::now();
+    let workers: Vec<_> = (0..CONCURRENT)
+        .map(|_| {
+            let (client, url) = (client.clone(), url.to_owned());
+            tokio::spawn(async move {
+                let mut done = 0u64;
+                while started.elapsed() < THROUGHPUT_FOR {
+                    send(&client, &url).await;
+                    done += 1;
+                }
+                done
+            })
+        })
+        .collect();
+    let mut done = 0;
+    for worker in workers {
+        done += worker.await.unwrap();
+    }
+    done as f64 / started.elapsed().as_secs_f64()
+}
+
+async fn send(client: &reqwest::Client, url: &str) {
+    let response = client.get(url).send().await.expect("a request");
+    assert!(
+        response.status().is_success(),
+        "{url}: {}",
+        response.status()
+    );
+    response.bytes().await.expect("a body");
+}
+
+/// A process's resident memory.
+fn rss(pid: u32) -> u64 {
+    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+/// Open `CONNECTIONS` connections to the proxy at `address` (process
+/// `pid`), one request for `path` each (kept alive, then idle), and read
+/// what its process grew by.
+async fn connections(name: &str, address: SocketAddr, pid: u32, path: &str) {
+    let before = rss(pid);
+    let request = format!("GET {path} HTTP/1.1\r\nhost: proxy\r\n\r\n");
+    let mut open = Vec::with_capacity(CONNECTIONS);
+    let mut buf = vec![0u8; 4096];
+    for i in 0..CONNECTIONS {
+        let mut stream = match TcpStream::connect(address).await {
+            Ok(stream) => stream,
+            Err(error) => {
+                println!("connection {i}: {error} (raise `ulimit -n` above {CONNECTIONS})");
+                return;
+            }
+        };
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let n = stream.read(&mut buf).await.unwrap();
+        assert!(
+            buf[..n].starts_with(b"HTTP/1.1 200"),
+            "{:?}",
+            String::from_utf8_lossy(&buf[..n])
+        );
+        open.push(stream);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = rss(pid);
+    let grew = after.saturating_sub(before);
+    drop(open);
+    println!(
+        "{name}: {:.1} MiB resident before, {:.1} MiB with {CONNECTIONS} open client \
+         connections (one request each, then idle): {:.1} KiB a connection",
+        before as f64 / (1 << 20) as f64,
+        after as f64 / (1 << 20) as f64,
+        grew as f64 / 1024.0 / CONNECTIONS as f64
+    );
+}
+
+/// Bind a loopback listener on a thread and runtime of its own, and
+/// `serve` it there; its address.
+fn on_own_thread<F, Fut>(serve: F) -> SocketAddr
+where
+    F: FnOnce(TcpListener) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + 'static,
+{
+    let (bound, address) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            bound.send(listener.local_addr().unwrap()).unwrap();
+            serve(listener).await;
+        });
+    });
+    address.recv().unwrap()
+}
+
+/// A loopback origin: `200 ok` at once, keep-alive.
+async fn origin(listener: TcpListener) {
+    loop {
+        let (stream, _) = listener.accept().await.unwrap();
+        tokio::spawn(async move {
+            let service = service_fn(|_| async {
+                Ok::<_, Infallible>(hyper::Response::new(Full::new(Bytes::from_static(b"ok"))))
+            });
+            let _ = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+/// The child's job: the proxy in front of `origin` on one runtime
+/// thread, with a quota far above the load; its address on stdout.
+fn serve_proxy(origin: SocketAddr) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let shaper = Shaper::builder()
+            .rate(10_000_000, Duration::from_secs(1))
+            .build()
+            .unwrap();
+        let proxy = Proxy::builder(shaper)
+            .upstream("origin", format!("http://{origin}"))
+            .build()
+            .unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        println!("{}", listener.local_addr().unwrap());
+        proxy.serve(listener).await.unwrap();
+    });
+}
+
+/// This benchmark again, serving the proxy (a process of its own, as
+/// nginx is); killed when dropped.
+struct ProxyProcess {
+    child: Child,
+    address: SocketAddr,
+}
+
+impl ProxyProcess {
+    fn start(origin: SocketAddr) -> Self {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .env(SERVE_PROXY, origin.to_string())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("the proxy process starts");
+        let mut line = String::new();
+        let stdout = child.stdout.take().unwrap();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).unwrap();
+        let address = line.trim().parse().expect("the proxy's address");
+        Self { child, address }
+    }
+}
+
+impl Drop for ProxyProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// nginx with one worker, `proxy_pass` to the origin over kept-alive
+/// connections; stopped when dropped.
+struct Nginx {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl Nginx {
+    fn start(origin: SocketAddr) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = std::env::temp_dir().join(format!("callshaper-bench-nginx-{port}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let d = dir.display();
+        let config = format!(
+            "daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx.pid;\n\
+             error_log {d}/error.log;\nevents {{ worker_connections 16384; }}\n\
+             http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  \
+             proxy_temp_path {d}/proxy;\n  fastcgi_temp_path {d}/fastcgi;\n  \
+             uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n  \
+             upstream origin {{ server {origin}; keepalive 128; }}\n  \
+             server {{\n    listen 127.0.0.1:{port};\n    \
+             location / {{ proxy_pass http://origin; proxy_http_version 1.1; \
+             proxy_set_header Connection \"\"; }}\n  }}\n}}\n"
+        );
+        let conf = dir.join("nginx.conf");
+        std::fs::write(&conf, config).unwrap();
+        let binary = ["nginx", "/usr/sbin/nginx"]
+            .into_iter()
+            .find(|b| {
+                Command::new(b)
+                    .arg("-v")
+                    .stderr(Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success())
+            })
+            .expect("nginx is missing: scripts/test installs it");
+        let child = Command::new(binary)
+            .arg("-p")
+            .arg(&dir)
+            .arg("-e")
+            .arg(dir.join("error.log"))
+            .arg("-c")
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("nginx starts");
+        let started = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "nginx did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Self { child, port, dir }
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

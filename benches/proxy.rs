@@ -17,7 +17,6 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -30,6 +29,12 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+// The tests' nginx, whose limit_req page this benchmark does not use.
+#[allow(dead_code)]
+#[path = "../tests/common/nginx.rs"]
+mod nginx;
+use nginx::Nginx;
 
 const SEQUENTIAL: usize = 5_000;
 const CONCURRENT: usize = 64;
@@ -46,7 +51,15 @@ fn main() {
     }
     let origin = on_own_thread(origin);
     let proxy = ProxyProcess::start(origin);
-    let nginx = Nginx::start(origin);
+    // One worker, like the proxy's one thread, to the origin over
+    // kept-alive connections.
+    let nginx = Nginx::serving(|port, _| {
+        format!(
+            "upstream origin {{ server {origin}; keepalive 128; }}\n  \
+             server {{ listen 127.0.0.1:{port}; location / {{ proxy_pass http://origin; \
+             proxy_http_version 1.1; proxy_set_header Connection \"\"; }} }}"
+        )
+    });
     let client = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -105,7 +118,7 @@ fn main() {
         )
         .await;
         let nginx_address = SocketAddr::from(([127, 0, 0, 1], nginx.port));
-        connections("nginx", nginx_address, nginx.child.id(), "/ok").await;
+        connections("nginx", nginx_address, nginx.pid(), "/ok").await;
     });
 }
 
@@ -303,76 +316,5 @@ impl Drop for ProxyProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-/// nginx with one worker, `proxy_pass` to the origin over kept-alive
-/// connections; stopped when dropped.
-struct Nginx {
-    child: Child,
-    port: u16,
-    dir: PathBuf,
-}
-
-impl Nginx {
-    fn start(origin: SocketAddr) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let dir = std::env::temp_dir().join(format!("callshaper-bench-nginx-{port}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let d = dir.display();
-        let config = format!(
-            "daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx.pid;\n\
-             error_log {d}/error.log;\nevents {{ worker_connections 16384; }}\n\
-             http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  \
-             proxy_temp_path {d}/proxy;\n  fastcgi_temp_path {d}/fastcgi;\n  \
-             uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n  \
-             upstream origin {{ server {origin}; keepalive 128; }}\n  \
-             server {{\n    listen 127.0.0.1:{port};\n    \
-             location / {{ proxy_pass http://origin; proxy_http_version 1.1; \
-             proxy_set_header Connection \"\"; }}\n  }}\n}}\n"
-        );
-        let conf = dir.join("nginx.conf");
-        std::fs::write(&conf, config).unwrap();
-        let binary = ["nginx", "/usr/sbin/nginx"]
-            .into_iter()
-            .find(|b| {
-                Command::new(b)
-                    .arg("-v")
-                    .stderr(Stdio::null())
-                    .status()
-                    .is_ok_and(|s| s.success())
-            })
-            .expect("nginx is missing: scripts/test installs it");
-        let child = Command::new(binary)
-            .arg("-p")
-            .arg(&dir)
-            .arg("-e")
-            .arg(dir.join("error.log"))
-            .arg("-c")
-            .arg(&conf)
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("nginx starts");
-        let started = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "nginx did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Self { child, port, dir }
-    }
-}
-
-impl Drop for Nginx {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -60,7 +60,7 @@ use crate::error::ConfigError;
 use crate::lane::LanePolicy;
 use crate::meters::Quota;
 use crate::retry::{Backoff, RetryPolicy};
-use crate::route::{LaneKey, Level, Route};
+use crate::route::{LaneKey, Level, Route, upstream_base};
 use crate::shaper::ShaperBuilder;
 use crate::store::StoreFailure;
 use crate::time::human;
@@ -416,20 +416,13 @@ impl VendorConfig {
         match (&self.host, &self.upstream) {
             (Some(host), None) => Ok(host.clone()),
             (None, Some(upstream)) => {
-                let url = reqwest::Url::parse(upstream)
-                    .ok()
-                    .filter(|url| matches!(url.scheme(), "http" | "https"));
-                let host = url
-                    .as_ref()
-                    .and_then(|url| Some((url.host_str()?, url.port())));
-                match host {
-                    Some((host, Some(port))) => Ok(format!("{host}:{port}")),
-                    Some((host, None)) => Ok(host.to_owned()),
-                    None => Err(ConfigError::new(
-                        "upstream",
-                        format!("{upstream:?} is not an http or https URL with a host"),
-                    )),
-                }
+                let url = upstream_base(upstream).map_err(|e| ConfigError::new("upstream", e))?;
+                // `upstream_base` keeps only URLs with a host.
+                let host = url.host_str().unwrap_or_default();
+                Ok(match url.port() {
+                    Some(port) => format!("{host}:{port}"),
+                    None => host.to_owned(),
+                })
             }
             (Some(_), Some(_)) => Err(ConfigError::new(
                 "upstream",

@@ -345,6 +345,27 @@ impl Route {
     }
 }
 
+/// `base` as a vendor's base URL, the one rule for the file's `upstream`
+/// and the proxy's upstreams: an `http(s)` URL with a host, without query,
+/// fragment or credentials, its path without a trailing `/`.
+#[cfg(any(feature = "config", feature = "proxy"))]
+pub(crate) fn upstream_base(base: &str) -> Result<reqwest::Url, String> {
+    let mut url = reqwest::Url::parse(base)
+        .map_err(|e| format!("{base:?} is not an http or https URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+        return Err(format!("{base:?} is not an http or https URL with a host"));
+    }
+    let credentials = !url.username().is_empty() || url.password().is_some();
+    if url.query().is_some() || url.fragment().is_some() || credentials {
+        return Err(format!(
+            "{base:?} has a query, fragment or user: a base is scheme, host and path"
+        ));
+    }
+    let path = url.path().trim_end_matches('/').to_owned();
+    url.set_path(&path);
+    Ok(url)
+}
+
 fn host_matches(host: &str, url: &reqwest::Url) -> bool {
     match host.rsplit_once(':') {
         Some((name, port)) if !name.is_empty() && !name.ends_with(':') => {

@@ -2,18 +2,19 @@
 //! real clients: Python's standard library, raw TCP and reqwest, against
 //! wiremock vendors and a streaming upstream.
 
+mod common;
+
 use std::process::Command;
 use std::time::Duration;
 
 use callshaper::Shaper;
 use callshaper::proxy::{Proxy, ProxyBuilder};
 use callshaper::testing::Vendor;
+use common::{SECOND, answering_once};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use wiremock::matchers::any;
 use wiremock::{Mock, MockServer, ResponseTemplate};
-
-const SECOND: Duration = Duration::from_secs(1);
 
 /// The proxy `builder` configures, served on a free loopback port; its
 /// address.
@@ -296,26 +297,21 @@ async fn hostile_clients_get_a_status_and_others_are_served() {
 /// is kept, sent again after the same 429, and succeeds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_body_streams_once_and_a_small_one_is_sent_again() {
-    let server = MockServer::start().await;
-    for route in ["/large", "/small"] {
-        Mock::given(wiremock::matchers::path(route))
-            .respond_with(ResponseTemplate::new(429).insert_header("retry-after", "1"))
-            .up_to_n_times(1)
-            .with_priority(1)
-            .mount(&server)
-            .await;
-    }
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(200))
-        .mount(&server)
-        .await;
+    let throttle = || ResponseTemplate::new(429).insert_header("retry-after", "1");
+    let (large_vendor, small_vendor) = (
+        answering_once(throttle()).await,
+        answering_once(throttle()).await,
+    );
     let shaper = Shaper::builder().rate(100, SECOND).build().unwrap();
-    let address = serve(proxy_of(shaper, "v", &server.uri()).replay_body(1_000)).await;
+    let proxy = proxy_of(shaper, "large", &large_vendor.uri())
+        .upstream("small", small_vendor.uri())
+        .replay_body(1_000);
+    let address = serve(proxy).await;
     let client = reqwest::Client::new();
     let large: Vec<u8> = (0..256 * 1024).map(|i| (i % 251) as u8).collect();
 
     let answer = client
-        .post(format!("http://{address}/v/large"))
+        .post(format!("http://{address}/large/large"))
         .body(large.clone())
         .send()
         .await
@@ -323,23 +319,30 @@ async fn a_large_body_streams_once_and_a_small_one_is_sent_again() {
     assert_eq!(answer.status(), 429);
     assert_eq!(answer.headers()["retry-after"], "1");
     let small = client
-        .post(format!("http://{address}/v/small"))
+        .post(format!("http://{address}/small/small"))
         .body("a small body")
         .send()
         .await
         .unwrap();
     assert_eq!(small.status(), 200);
 
-    let received = server.received_requests().await.unwrap();
-    let bodies = |route: &str| -> Vec<Vec<u8>> {
+    let bodies = |vendor: MockServer, route: &'static str| async move {
+        let received = vendor.received_requests().await.unwrap();
         received
-            .iter()
+            .into_iter()
             .filter(|r| r.url.path() == route)
-            .map(|r| r.body.clone())
-            .collect()
+            .map(|r| r.body)
+            .collect::<Vec<_>>()
     };
-    assert_eq!(bodies("/large"), vec![large], "streamed whole, once");
-    assert_eq!(bodies("/small"), vec![b"a small body".to_vec(); 2]);
+    assert_eq!(
+        bodies(large_vendor, "/large").await,
+        vec![large],
+        "streamed whole, once"
+    );
+    assert_eq!(
+        bodies(small_vendor, "/small").await,
+        vec![b"a small body".to_vec(); 2]
+    );
 }
 
 /// A streamed answer holds its lane's in-flight slot until the client
@@ -402,4 +405,61 @@ async fn a_stream_holds_its_slot_until_the_client_goes() {
         .unwrap();
     assert_eq!(second.status(), 200);
     assert_eq!(arrived(), 2);
+}
+
+/// A body over `replay_body` streams: the upstream has its first part
+/// while the client still holds the rest back, and then gets it all.
+/// Kept whole before sending, the first part would never arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_body_reaches_the_vendor_before_the_client_finishes_it() {
+    const LENGTH: usize = 20_000;
+    let upstream = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", upstream.local_addr().unwrap());
+    let (begun, mut upstream_begun) = tokio::sync::mpsc::channel::<()>(1);
+    tokio::spawn(async move {
+        let (mut stream, _) = upstream.accept().await.unwrap();
+        let mut read = Vec::new();
+        let mut buf = vec![0; 8192];
+        let mut told = false;
+        loop {
+            let n = stream.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the proxy closed before the body's end");
+            read.extend_from_slice(&buf[..n]);
+            let Some(head) = read.windows(4).position(|w| w == b"\r\n\r\n") else {
+                continue;
+            };
+            let body = read.len() - head - 4;
+            if body > 1_000 && !told {
+                begun.send(()).await.unwrap();
+                told = true;
+            }
+            if body >= LENGTH {
+                let answer = format!("HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n{body:05}");
+                stream.write_all(answer.as_bytes()).await.unwrap();
+                return;
+            }
+        }
+    });
+    let shaper = Shaper::builder().rate(100, SECOND).build().unwrap();
+    let address = serve(proxy_of(shaper, "up", &base).replay_body(1_000)).await;
+
+    let mut client = TcpStream::connect(&address).await.unwrap();
+    let head = format!("POST /up/x HTTP/1.1\r\nhost: a\r\ncontent-length: {LENGTH}\r\n\r\n");
+    client.write_all(head.as_bytes()).await.unwrap();
+    client.write_all(&[b'x'; 5_000]).await.unwrap();
+    tokio::time::timeout(10 * SECOND, upstream_begun.recv())
+        .await
+        .expect("the upstream has the body's first part before its end is sent");
+    client.write_all(&[b'x'; LENGTH - 5_000]).await.unwrap();
+    let mut answer = Vec::new();
+    let mut buf = vec![0; 1024];
+    while !String::from_utf8_lossy(&answer).ends_with(&format!("{LENGTH:05}")) {
+        let n = tokio::time::timeout(10 * SECOND, client.read(&mut buf))
+            .await
+            .expect("the answer")
+            .unwrap();
+        assert!(n > 0, "{}", String::from_utf8_lossy(&answer));
+        answer.extend_from_slice(&buf[..n]);
+    }
+    assert!(answer.starts_with(b"HTTP/1.1 200"));
 }

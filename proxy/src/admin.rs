@@ -100,7 +100,7 @@ fn answer<B>(
             ),
         },
         _ => {
-            let body = format!(r#"{{"status":"ok","lanes":{}}}"#, shaper.lanes().len());
+            let body = format!(r#"{{"status":"ok","lanes":{}}}"#, shaper.live_lanes());
             respond(StatusCode::OK, "application/json", body.into())
         }
     }

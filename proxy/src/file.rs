@@ -17,12 +17,11 @@ pub(crate) async fn bytes(path: &Path) -> Result<Vec<u8>, String> {
     let owned = path.to_owned();
     // A config file is small, but a read can still block (a network
     // mount): off the runtime's workers.
-    let read = tokio::task::spawn_blocking(move || std::fs::read(owned)).await;
-    match read {
-        Ok(Ok(text)) => Ok(text),
-        Ok(Err(e)) => Err(format!("{}: cannot read: {e}", path.display())),
-        Err(e) => Err(format!("{}: cannot read: {e}", path.display())),
-    }
+    tokio::task::spawn_blocking(move || std::fs::read(owned))
+        .await
+        .map_err(std::io::Error::other)
+        .and_then(|read| read)
+        .map_err(|e| format!("{}: cannot read: {e}", path.display()))
 }
 
 /// `text` read as `path`'s format.

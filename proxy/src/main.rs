@@ -119,7 +119,7 @@ async fn run(path: PathBuf) -> Result<(), Failure> {
         .build()
         .map_err(named)?;
     let proxy = config.proxy(shaper.clone()).build().map_err(named)?;
-    let settings = config.proxy.clone().unwrap_or_default();
+    let settings = config.proxy.unwrap_or_default();
     let listener = bind(settings.listen, "listen").await?;
     let admin = bind(settings.admin, "admin").await?;
     for (name, vendor) in &config.vendors {

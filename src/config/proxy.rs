@@ -20,7 +20,7 @@ use crate::time::human;
 /// max_header_bytes = 65536
 /// header_read_timeout = "10s"
 /// ```
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProxyConfig {
     /// Where clients connect (default `127.0.0.1:7777`).
@@ -71,7 +71,7 @@ impl super::ShaperConfig {
                 builder = builder.upstream(name, upstream);
             }
         }
-        let settings = self.proxy.clone().unwrap_or_default();
+        let settings = self.proxy.unwrap_or_default();
         if let Some(bytes) = settings.replay_body {
             builder = builder.replay_body(bytes);
         }

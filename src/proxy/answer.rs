@@ -18,11 +18,11 @@ pub(super) const REASON: &str = "x-callshaper-reason";
 
 /// The vendor's answer, hop-by-hop headers aside, its body relayed.
 pub(super) fn vendor(response: reqwest::Response) -> Response<ProxyBody> {
-    let status = response.status();
-    let headers = end_to_end(response.headers());
-    let mut answer = Response::new(relay(response));
-    *answer.status_mut() = status;
-    *answer.headers_mut() = headers;
+    let (parts, body) = http::Response::<reqwest::Body>::from(response).into_parts();
+    // Status and headers only: the version is the client's connection's.
+    let mut answer = Response::new(relay(body));
+    *answer.status_mut() = parts.status;
+    *answer.headers_mut() = end_to_end(&parts.headers);
     answer
 }
 

@@ -17,16 +17,13 @@ pub(super) fn full(bytes: impl Into<Bytes>) -> ProxyBody {
         .boxed()
 }
 
-/// The vendor's body, relayed as it arrives: server-sent events reach
+/// The vendor's body (its response's own), relayed as it arrives: server-sent events reach
 /// the client one by one. hyper polls it as it writes to the client, so
 /// nothing is buffered beyond the chunk in hand and a slow client slows
 /// the read from the vendor. When the client goes away, even while the
 /// vendor is silent, hyper drops it with the connection, and with it the
 /// vendor's response: the upstream call ends and frees its in-flight
 /// slot.
-pub(super) fn relay(response: reqwest::Response) -> ProxyBody {
-    http::Response::<reqwest::Body>::from(response)
-        .into_body()
-        .map_err(io::Error::other)
-        .boxed()
+pub(super) fn relay(body: reqwest::Body) -> ProxyBody {
+    body.map_err(io::Error::other).boxed()
 }

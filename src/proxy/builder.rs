@@ -8,6 +8,7 @@ use std::time::Duration;
 use reqwest::Url;
 
 use crate::error::ConfigError;
+use crate::route::upstream_base;
 use crate::shaper::handle::Shaper;
 
 /// A shaper served as a reverse proxy; see the [module docs](super).
@@ -120,7 +121,7 @@ impl ProxyBuilder {
                     "a name is one path segment: not empty, without `/` or `%`",
                 ));
             }
-            let url = upstream_url(&base).map_err(|problem| ConfigError::new(&field, problem))?;
+            let url = upstream_base(&base).map_err(|problem| ConfigError::new(&field, problem))?;
             if upstreams.insert(name, url).is_some() {
                 return Err(ConfigError::new(field, "named twice"));
             }
@@ -148,21 +149,4 @@ impl ProxyBuilder {
             }),
         })
     }
-}
-
-/// `base` as an upstream: an `http(s)` URL with a host, no query or
-/// fragment, its path without a trailing `/`.
-fn upstream_url(base: &str) -> Result<Url, String> {
-    let mut url = Url::parse(base).map_err(|e| format!("{base:?} is not a URL: {e}"))?;
-    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
-        return Err(format!("{base:?} is not an http or https URL with a host"));
-    }
-    if url.query().is_some() || url.fragment().is_some() || !url.username().is_empty() {
-        return Err(format!(
-            "{base:?} has a query, fragment or user: a base is scheme, host and path"
-        ));
-    }
-    let path = url.path().trim_end_matches('/').to_owned();
-    url.set_path(&path);
-    Ok(url)
 }

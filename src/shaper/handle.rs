@@ -139,6 +139,12 @@ impl Shaper {
         self.inner.registry.snapshot(key)
     }
 
+    /// How many lanes are live: [`lanes`](Self::lanes)`().len()` without
+    /// taking a snapshot of each.
+    pub fn live_lanes(&self) -> usize {
+        self.inner.registry.live()
+    }
+
     /// Every live lane.
     pub fn lanes(&self) -> Vec<LaneSnapshot> {
         self.inner.registry.snapshots()

@@ -87,6 +87,11 @@ impl Registry {
         lock(&self.lanes).get(key).map(|lane| lane.snapshot())
     }
 
+    /// How many lanes are live.
+    pub(super) fn live(&self) -> usize {
+        lock(&self.lanes).len()
+    }
+
     /// What every live lane is doing.
     pub(super) fn snapshots(&self) -> Vec<LaneSnapshot> {
         lock(&self.lanes)

@@ -29,6 +29,9 @@
 //! `leaky_bucket`, `token_bucket` (with `capacity`), `fixed_window`,
 //! `sliding_log`, `sliding_window`; `unit` is `requests` (default) or
 //! `cost`. Keys: `origin`, `shared`, `tag`, or `{ header = "x-api-key" }`.
+//! An LLM vendor's `tokens = "openai"` (or `"anthropic"`) costs each
+//! request in tokens from its body and settles it from the answer's usage
+//! ([`TokenCost`]).
 //!
 //! A `[store]` table ([`StoreConfig`]) shares the quotas through Redis
 //! with every process built from the same file: such a file is built with
@@ -64,6 +67,7 @@ use crate::route::{LaneKey, Level, Route, upstream_base};
 use crate::shaper::ShaperBuilder;
 use crate::store::StoreFailure;
 use crate::time::human;
+use crate::tokens::TokenCost;
 
 mod proxy;
 mod store;
@@ -121,6 +125,9 @@ pub struct Defaults {
     /// What answers mean, e.g. `{ throttles = [429, 420] }`; see
     /// [`Answers`].
     pub answers: Option<Answers>,
+    /// How requests cost tokens, `"openai"` or `"anthropic"`, or e.g.
+    /// `{ style = "openai", default_output = 1024 }`; see [`TokenCost`].
+    pub tokens: Option<TokenCost>,
     /// Retry limits, backoff and budget; fields left out keep
     /// [`RetryPolicy`]'s defaults.
     pub retry: Option<RetryPolicy>,
@@ -158,6 +165,9 @@ pub struct VendorConfig {
     pub on_store_failure: Option<StoreFailure>,
     /// What this vendor's answers mean, instead of `[defaults] answers`.
     pub answers: Option<Answers>,
+    /// How this vendor's requests cost tokens, instead of `[defaults]
+    /// tokens`: `"openai"`, `"anthropic"`, or a table (see [`TokenCost`]).
+    pub tokens: Option<TokenCost>,
 }
 
 /// A family of quotas, one set per key.
@@ -324,6 +334,7 @@ impl Defaults {
             adaptive,
             batch_share,
             answers,
+            tokens,
         } = &mut policy;
         *headroom = self.headroom.unwrap_or(*headroom);
         *queue_capacity = self.queue_capacity.unwrap_or(*queue_capacity);
@@ -337,6 +348,7 @@ impl Defaults {
         if let Some(read) = &self.answers {
             answers.clone_from(read);
         }
+        *tokens = self.tokens.or(*tokens);
         policy
     }
 }
@@ -397,6 +409,9 @@ impl VendorConfig {
             if let Some(answers) = &self.answers {
                 shaped = shaped.answers(answers.clone());
             }
+            if let Some(tokens) = self.tokens {
+                shaped = shaped.tokens(tokens);
+            }
             routes.push(levels.iter().cloned().fold(shaped, Route::level));
         }
         let mut rest = Route::new(name).host(&host).alone();
@@ -405,6 +420,9 @@ impl VendorConfig {
         }
         if let Some(answers) = &self.answers {
             rest = rest.answers(answers.clone());
+        }
+        if let Some(tokens) = self.tokens {
+            rest = rest.tokens(tokens);
         }
         routes.push(levels.into_iter().fold(rest, Route::level));
         Ok(routes)

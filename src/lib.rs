@@ -94,6 +94,7 @@
 //! | `middleware` | `reqwest_middleware::Middleware` (feature `middleware`) |
 //! | `layer` | `ShaperLayer`, a tower `Layer` (feature `tower`) |
 //! | `proxy` | the shaper served as a reverse proxy per vendor, for any client that sets a base URL (feature `proxy`) |
+//! | `tokens` | an LLM call's tokens, estimated from its body and settled from the usage its answer reports (feature `tokens`) |
 //! | [`store`] | where quotas live: this process, or Redis / Redis Cluster for a fleet (feature `redis`) |
 //! | `testing` | a vendor with a quota, for wiremock tests; a `redis-server` of its own (feature `testing`) |
 //!
@@ -159,8 +160,6 @@
 //!
 //! [`ShaperBuilder::metrics_per_lane`]: crate::shaper::ShaperBuilder::metrics_per_lane
 //!
-//! | `callshaper_store_mode` | `mode` | state set: `shared`, `fallback`, `unavailable` |
-//!
 //! `cargo run --example prometheus` serves them on `/metrics` with
 //! metrics-exporter-prometheus while a burst runs (`-- --serve` keeps it
 //! running for a scraper), and `dashboards/callshaper.json` is a Grafana
@@ -181,7 +180,8 @@
 //! | `native-tls` | | https through the platform's TLS instead of rustls |
 //! | `json`, `query`, `form`, `multipart` | | reqwest's request helpers of the same names on [`RequestBuilder`](shaper::RequestBuilder) |
 //! | `serde` | | serde for the settings types and [`LaneSnapshot`](lane::LaneSnapshot) |
-//! | `config` | | `ShaperConfig`: a shaper declared in TOML or JSON (implies `serde`) |
+//! | `config` | | `ShaperConfig`: a shaper declared in TOML or JSON (implies `serde` and `tokens`) |
+//! | `tokens` | | `tokens::TokenCost`: an LLM call's tokens estimated from its JSON body, settled from the usage in its answer or its stream |
 //! | `metrics` | | the series of [observability](#observability) through the `metrics` facade |
 //! | `middleware` | | `reqwest_middleware::Middleware` for [`Shaper`] |
 //! | `tower` | | `ShaperLayer`: the shaper as a tower `Layer` over hyper's client, reqwest's `Service` or any `http` service |
@@ -245,6 +245,8 @@ mod sync;
 pub mod testing;
 mod throttle;
 mod time;
+#[cfg(feature = "tokens")]
+pub mod tokens;
 mod vendor;
 
 pub use self::answers::Answers;

@@ -242,6 +242,8 @@ pub struct Route {
     pub(crate) alone: bool,
     pub(crate) store_failure: Option<StoreFailure>,
     pub(crate) answers: Option<Answers>,
+    #[cfg(feature = "tokens")]
+    pub(crate) tokens: Option<crate::tokens::TokenCost>,
 }
 
 impl Route {
@@ -256,6 +258,8 @@ impl Route {
             alone: false,
             store_failure: None,
             answers: None,
+            #[cfg(feature = "tokens")]
+            tokens: None,
         }
     }
 
@@ -281,6 +285,16 @@ impl Route {
     /// the same gates), so its settings never reach other requests.
     pub fn answers(mut self, answers: Answers) -> Self {
         self.answers = Some(answers);
+        self
+    }
+
+    /// How this route's requests cost tokens, instead of the shaper's
+    /// choice (see [`TokenCost`](crate::tokens::TokenCost); feature
+    /// `tokens`): an LLM vendor's requests are estimated from their body
+    /// and settled from the usage their answers report.
+    #[cfg(feature = "tokens")]
+    pub fn tokens(mut self, tokens: crate::tokens::TokenCost) -> Self {
+        self.tokens = Some(tokens);
         self
     }
 

@@ -14,6 +14,11 @@
 //! throttle everything for a while. Its arrival log answers the question a
 //! quota test asks: "were there ever more than N arrivals in a window W?".
 //!
+//! [`LlmVendor`] is an LLM's API (OpenAI's or Anthropic's JSON, and their
+//! streams) under a tokens-per-window quota, charging `max_tokens` when a
+//! request starts and what it used when it ends, for the tests of
+//! [`TokenCost`](crate::tokens::TokenCost).
+//!
 //! # Virtual time
 //!
 //! The vendor reads tokio's clock of the runtime it was created on, so a
@@ -58,11 +63,13 @@
 //! the real clock.
 
 mod counting;
+mod llm;
 #[cfg(feature = "redis")]
 mod redis;
 mod style;
 
 use self::counting::{Counting, Limiter, Nginx};
+pub use self::llm::LlmVendor;
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisCluster, RedisServer};
 pub use self::style::Style;

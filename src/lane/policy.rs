@@ -73,6 +73,12 @@ pub struct LanePolicy {
     /// which fail one request, which bodies say the account is out of
     /// credit. Default: [`Answers::default`].
     pub answers: Answers,
+    /// How the lane's requests cost tokens (feature `tokens`): estimated
+    /// from each request's body and settled from the usage its answer
+    /// reports. Default none: a request costs what its caller, or else the
+    /// shaper's estimate, says.
+    #[cfg(feature = "tokens")]
+    pub tokens: Option<crate::tokens::TokenCost>,
 }
 
 impl Default for LanePolicy {
@@ -89,6 +95,8 @@ impl Default for LanePolicy {
             adaptive: None,
             batch_share: 5,
             answers: Answers::default(),
+            #[cfg(feature = "tokens")]
+            tokens: None,
         }
     }
 }

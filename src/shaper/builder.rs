@@ -203,6 +203,14 @@ impl ShaperBuilder {
         self.edit(move |p| p.answers = answers.clone())
     }
 
+    /// How every lane's requests cost tokens (see
+    /// [`TokenCost`](crate::tokens::TokenCost); feature `tokens`); a route
+    /// can say its own ([`Route::tokens`]).
+    #[cfg(feature = "tokens")]
+    pub fn tokens(self, tokens: crate::tokens::TokenCost) -> Self {
+        self.edit(move |p| p.tokens = Some(tokens))
+    }
+
     /// Label every metric series with its lane as well (`lane`), besides
     /// its vendor, level and route. Off by default: with a lane per tenant
     /// or API key, that is a series per key, and the series outlive their

@@ -103,6 +103,9 @@ struct Entered {
     cost: u64,
     /// Sends a layer above already made, counted as failures.
     failures: u32,
+    /// What its body said, for a lane that costs tokens.
+    #[cfg(feature = "tokens")]
+    prepared: Option<crate::tokens::Prepared>,
 }
 
 /// What a request's end reports: how far it got.
@@ -183,9 +186,10 @@ impl Shaper {
 
     /// Find `request`'s lane and take a place in it: the lane, the place,
     /// the request's cost, and the failures a layer above already spent.
+    /// A lane that costs tokens reads (and may add to) the request's body.
     fn enter(
         &self,
-        request: &Request,
+        request: &mut Request,
         options: &Options,
         span: &RequestSpan,
         tally: &mut Tally,
@@ -203,7 +207,13 @@ impl Shaper {
         if failures >= self.inner.retry.max_attempts {
             return Err(attempts_spent(&lane, failures));
         }
-        let cost = self.cost_of(request, options.cost);
+        #[cfg(feature = "tokens")]
+        let prepared = lane.policy().tokens.map(|tokens| tokens.prepare(request));
+        #[cfg(feature = "tokens")]
+        let estimate = prepared.and_then(|p| p.estimate);
+        #[cfg(not(feature = "tokens"))]
+        let estimate = None;
+        let cost = self.cost_of(request, options.cost.or(estimate));
         span.entered(lane.key(), lane.labels(), cost, options.priority.label());
         let max_wait = options.max_wait.or(lane.policy().max_wait);
         let kept = logical.and_then(Logical::place);
@@ -216,6 +226,8 @@ impl Shaper {
             place,
             cost,
             failures,
+            #[cfg(feature = "tokens")]
+            prepared,
         })
     }
 
@@ -240,7 +252,9 @@ impl Shaper {
             mut place,
             cost,
             mut failures,
-        } = self.enter(&request, &options, span, tally)?;
+            #[cfg(feature = "tokens")]
+            prepared,
+        } = self.enter(&mut request, &options, span, tally)?;
         let policy = &self.inner.retry;
         let logical = options.logical.as_ref();
         let may_retry_failure =
@@ -286,6 +300,13 @@ impl Shaper {
                     let fleet = fleet.as_deref().map(Vec::as_slice);
                     let headers = outcome.as_ref().ok().map(|r| (r.status(), r.headers()));
                     throttle::final_answer(&lane, &signals, charged_at, fleet, headers);
+                    #[cfg(feature = "tokens")]
+                    let outcome = match (outcome, prepared) {
+                        (Ok(response), Some(prepared)) => {
+                            Ok(super::usage::settle_from_usage(response, prepared))
+                        }
+                        (outcome, _) => outcome,
+                    };
                     return match (outcome, slot) {
                         (Ok(response), Some(slot)) => Ok(held::until_body_ends(response, slot)),
                         (outcome, _) => {
@@ -319,7 +340,8 @@ impl Shaper {
         }
     }
 
-    /// What a request costs: what its caller said, else the shaper's
+    /// What a request costs: what its caller (or its lane's
+    /// [`TokenCost`](crate::tokens::TokenCost)) said, else the shaper's
     /// estimate, else one unit.
     fn cost_of(&self, request: &Request, said: Option<u64>) -> u64 {
         said.or_else(|| self.inner.cost.as_ref().map(|estimate| estimate(request)))

@@ -7,26 +7,21 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use reqwest::ResponseBuilderExt;
 use tokio::sync::OwnedSemaphorePermit;
+
+use super::body::wrap_body;
 
 /// `response`, its body holding `slot` until it ends, fails or is dropped.
 pub(super) fn until_body_ends(
     response: reqwest::Response,
     slot: OwnedSemaphorePermit,
 ) -> reqwest::Response {
-    let url = response.url().clone();
-    let (mut parts, body) = http::Response::<reqwest::Body>::from(response).into_parts();
-    // reqwest keeps a response's URL in an extension only its builder
-    // sets, and the conversion above leaves it behind.
-    if let Ok(carrier) = http::Response::builder().url(url).body(()) {
-        parts.extensions.extend(carrier.into_parts().0.extensions);
-    }
-    let body = reqwest::Body::wrap(Holding {
-        body,
-        slot: Some(slot),
-    });
-    reqwest::Response::from(http::Response::from_parts(parts, body))
+    wrap_body(response, |body| {
+        reqwest::Body::wrap(Holding {
+            body,
+            slot: Some(slot),
+        })
+    })
 }
 
 /// A body and the slot it holds.

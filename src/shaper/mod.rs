@@ -12,8 +12,11 @@
 //! | `registry.rs` | the `Registry`: lanes and gates by key, created on first use, evicted when idle, and live quota changes |
 //! | `call.rs` | one request's life (`Shaper::execute`): wait, send, let the crate's `throttle` module judge the answer, go again or finish; the options a request carries ([`MaxWait`]) |
 //! | `settle.rs` | [`Settle`]: a request's real cost, reported after the answer |
+//! | `body.rs` | a response with its body wrapped: the one place that takes a reqwest response apart, for the two below |
 //! | `held.rs` | a response that holds its lane's in-flight slot until its body ends |
+//! | `usage.rs` | a response that settles its cost from the usage it reports (feature `tokens`) |
 
+mod body;
 mod builder;
 pub(crate) mod call;
 pub(crate) mod handle;
@@ -22,6 +25,8 @@ mod registry;
 mod request;
 mod settle;
 mod transport;
+#[cfg(feature = "tokens")]
+mod usage;
 
 pub use self::builder::ShaperBuilder;
 pub use self::call::MaxWait;

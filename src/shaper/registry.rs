@@ -218,7 +218,7 @@ impl Registry {
         };
         let mut name = keys.join(" | ");
         // A route without levels of its own still has settings of its own
-        // (its answers, its store failure): its requests wait in a lane of
+        // (its answers, its store failure, its tokens): its requests wait in a lane of
         // their own, under the same gates.
         if let Some(route) = route.filter(|r| r.levels.is_empty()) {
             name = format!("{} | {name}", route.name);
@@ -270,6 +270,10 @@ impl Registry {
         let mut policy = self.policy.clone();
         if let Some(answers) = route.and_then(|r| r.answers.clone()) {
             policy.answers = answers;
+        }
+        #[cfg(feature = "tokens")]
+        if let Some(tokens) = route.and_then(|r| r.tokens) {
+            policy.tokens = Some(tokens);
         }
         let on_idle = evict_when_idle(Arc::downgrade(&self.lanes), name.clone());
         let metrics = LaneMetrics::new(&labels, per_lane);

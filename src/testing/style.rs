@@ -244,7 +244,7 @@ fn epoch_millis_after(wall: SystemTime, after: Duration) -> String {
 }
 
 /// A Go duration as OpenAI writes it: `20ms`, `1s`, `1.5s`, `6m0s`.
-fn go_duration(d: Duration) -> String {
+pub(super) fn go_duration(d: Duration) -> String {
     let millis = d.as_millis() + u128::from(!d.subsec_nanos().is_multiple_of(1_000_000));
     if millis < 1_000 {
         return format!("{millis}ms");
@@ -265,7 +265,7 @@ fn go_duration(d: Duration) -> String {
 
 /// An RFC 3339 instant `after` from now, in whole seconds (rounded up) and
 /// UTC, as Anthropic sends its resets.
-fn rfc3339_after(wall: SystemTime, after: Duration) -> String {
+pub(super) fn rfc3339_after(wall: SystemTime, after: Duration) -> String {
     let secs = epoch_secs_after(wall, after);
     let days = i64::try_from(secs / 86_400).unwrap_or(0);
     let rest = secs % 86_400;

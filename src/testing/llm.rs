@@ -1,0 +1,334 @@
+//! An LLM vendor on wiremock, with a tokens-per-window quota counted as
+//! the vendors count it.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::runtime::Handle;
+use tokio::time::Instant;
+use wiremock::{MockServer, Respond, ResponseTemplate};
+
+use super::style::{go_duration, rfc3339_after, whole_secs_up};
+use super::{now, wall_at};
+
+/// An LLM vendor: OpenAI's chat completions or Anthropic's messages, as
+/// JSON or as server-sent events (`"stream": true`), under a quota of
+/// `tokens` per sliding window of `per`.
+///
+/// It counts as Anthropic documents it: a request is charged its prompt
+/// (a token per 3 characters of its messages, its own tokenizer, not the
+/// client's) and its `max_tokens` (4,096 when it names none) when it
+/// starts, refused with 429 when that does not fit, and its charge is
+/// corrected to what it used when it ends. Every answer carries the
+/// vendor's token headers (`x-ratelimit-*-tokens`, or
+/// `anthropic-ratelimit-tokens-*`); an OpenAI stream reports its usage only
+/// when asked (`stream_options.include_usage`), in a last chunk with no
+/// choices.
+///
+/// ```
+/// use std::time::Duration;
+/// use callshaper::testing::LlmVendor;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let vendor = LlmVendor::openai(10_000, Duration::from_secs(60)).start().await;
+/// let answer: serde_json::Value = reqwest::Client::new()
+///     .post(format!("{}/v1/chat/completions", vendor.uri()))
+///     .body(r#"{"max_tokens":100,"messages":[{"role":"user","content":"Hello"}]}"#)
+///     .send()
+///     .await
+///     .unwrap()
+///     .json()
+///     .await
+///     .unwrap();
+/// assert_eq!(answer["usage"]["total_tokens"], 2 + 20);
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct LlmVendor {
+    inner: Arc<Inner>,
+    server: Option<Arc<MockServer>>,
+}
+
+struct Inner {
+    clock: Option<Handle>,
+    anthropic: bool,
+    limit: u64,
+    per: Duration,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// What each accepted request used, and when.
+    charges: VecDeque<(Instant, u64)>,
+    /// Tokens an answer uses past its prompt (at most its `max_tokens`).
+    answer: u64,
+    /// Answers say nothing of their usage (a server that reports none).
+    silent: bool,
+    bodies: Vec<Value>,
+    throttled: usize,
+}
+
+/// What a request with no `max_tokens` is charged for its answer.
+const DEFAULT_MAX_TOKENS: u64 = 4_096;
+
+impl LlmVendor {
+    /// OpenAI's chat completions API, `tokens` per `per`.
+    pub fn openai(tokens: u64, per: Duration) -> Self {
+        Self::new(false, tokens, per)
+    }
+
+    /// Anthropic's messages API, `tokens` per `per`.
+    pub fn anthropic(tokens: u64, per: Duration) -> Self {
+        Self::new(true, tokens, per)
+    }
+
+    fn new(anthropic: bool, limit: u64, per: Duration) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                clock: Handle::try_current().ok(),
+                anthropic,
+                limit,
+                per: per.max(Duration::from_nanos(1)),
+                state: Mutex::new(State {
+                    answer: 20,
+                    ..State::default()
+                }),
+            }),
+            server: None,
+        }
+    }
+
+    /// Each answer uses `tokens` (default 20), or its `max_tokens` if less.
+    pub fn answering(self, tokens: u64) -> Self {
+        self.state().answer = tokens;
+        self
+    }
+
+    /// Answers carry no usage at all, as some OpenAI-compatible servers.
+    pub fn without_usage(self) -> Self {
+        self.state().silent = true;
+        self
+    }
+
+    /// Serve on a wiremock server of its own.
+    pub async fn start(mut self) -> Self {
+        let server = MockServer::start().await;
+        wiremock::Mock::given(wiremock::matchers::any())
+            .respond_with(self.clone())
+            .mount(&server)
+            .await;
+        self.server = Some(Arc::new(server));
+        self
+    }
+
+    /// The base URL of the server [`start`](Self::start) launched.
+    ///
+    /// # Panics
+    ///
+    /// If the vendor was not started with [`start`](Self::start).
+    pub fn uri(&self) -> String {
+        self.server.as_ref().expect("LlmVendor::start first").uri()
+    }
+
+    /// Every request body as the vendor read it, in arrival order (`null`
+    /// for one that was not JSON).
+    pub fn bodies(&self) -> Vec<Value> {
+        self.state().bodies.clone()
+    }
+
+    /// How many requests it refused with 429.
+    pub fn throttled(&self) -> usize {
+        self.state().throttled
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Drop for LlmVendor {
+    /// As [`Vendor`](super::Vendor)'s: the last handle takes the server
+    /// down on a thread of its own.
+    fn drop(&mut self) {
+        if let Some(server) = self.server.take().and_then(Arc::into_inner) {
+            let _ = std::thread::spawn(move || drop(server)).join();
+        }
+    }
+}
+
+impl Respond for LlmVendor {
+    fn respond(&self, request: &wiremock::Request) -> ResponseTemplate {
+        let inner = &self.inner;
+        let now = now(inner.clock.as_ref());
+        let body: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
+        let mut state = self.state();
+        state.bodies.push(body.clone());
+        while state
+            .charges
+            .front()
+            .is_some_and(|(at, _)| now.saturating_duration_since(*at) >= inner.per)
+        {
+            state.charges.pop_front();
+        }
+        let used: u64 = state.charges.iter().map(|(_, n)| n).sum();
+        let prompt = prompt_tokens(&body);
+        let max = body
+            .get("max_tokens")
+            .or_else(|| body.get("max_completion_tokens"))
+            .and_then(Value::as_u64)
+            .unwrap_or(DEFAULT_MAX_TOKENS);
+        let fits = used.saturating_add(prompt).saturating_add(max) <= inner.limit;
+        let output = state.answer.min(max);
+        if fits {
+            state.charges.push_back((now, prompt + output));
+        } else {
+            state.throttled += 1;
+        }
+        let used: u64 = state.charges.iter().map(|(_, n)| n).sum();
+        // Full again when the newest charge leaves the window.
+        let full_in = state.charges.back().map_or(Duration::ZERO, |(at, _)| {
+            (*at + inner.per).saturating_duration_since(now)
+        });
+        let remaining = inner.limit.saturating_sub(used);
+        let mut template = if fits {
+            let stream = body.get("stream") == Some(&Value::Bool(true));
+            let usage = !state.silent;
+            match (inner.anthropic, stream) {
+                (false, false) => ResponseTemplate::new(200)
+                    .set_body_raw(openai_json(prompt, output, usage), "application/json"),
+                (false, true) => {
+                    let asked = body["stream_options"]["include_usage"] == Value::Bool(true);
+                    ResponseTemplate::new(200).set_body_raw(
+                        openai_events(prompt, output, usage && asked),
+                        "text/event-stream",
+                    )
+                }
+                (true, false) => ResponseTemplate::new(200)
+                    .set_body_raw(anthropic_json(prompt, output, usage), "application/json"),
+                (true, true) => ResponseTemplate::new(200)
+                    .set_body_raw(anthropic_events(prompt, output, usage), "text/event-stream"),
+            }
+        } else {
+            let error = json!({"error": {
+                "message": format!("Rate limit reached for tokens per min: Limit {}, Used {used}, Requested {}.", inner.limit, prompt + max),
+                "type": "tokens", "code": "rate_limit_exceeded"}});
+            ResponseTemplate::new(429).set_body_raw(error.to_string(), "application/json")
+        };
+        if inner.anthropic {
+            let wall = wall_at(now);
+            template = template
+                .insert_header("anthropic-ratelimit-tokens-limit", inner.limit.to_string())
+                .insert_header(
+                    "anthropic-ratelimit-tokens-remaining",
+                    remaining.to_string(),
+                )
+                .insert_header(
+                    "anthropic-ratelimit-tokens-reset",
+                    rfc3339_after(wall, full_in),
+                );
+            if !fits {
+                template =
+                    template.insert_header("retry-after", whole_secs_up(full_in).to_string());
+            }
+        } else {
+            template = template
+                .insert_header("x-ratelimit-limit-tokens", inner.limit.to_string())
+                .insert_header("x-ratelimit-remaining-tokens", remaining.to_string())
+                .insert_header("x-ratelimit-reset-tokens", go_duration(full_in));
+        }
+        template
+    }
+}
+
+/// The vendor's own count of a prompt: a token per 3 characters of each
+/// message's text, the system prompt and a bare prompt.
+fn prompt_tokens(body: &Value) -> u64 {
+    fn text(value: &Value) -> u64 {
+        match value {
+            Value::String(s) => (s.chars().count() as u64).div_ceil(3),
+            Value::Array(items) => items.iter().map(text).sum(),
+            Value::Object(fields) => fields.get("text").map_or(0, text),
+            _ => 0,
+        }
+    }
+    let messages = body["messages"].as_array().map_or(0, |messages| {
+        messages.iter().map(|m| text(&m["content"])).sum()
+    });
+    messages + text(&body["system"]) + text(&body["prompt"])
+}
+
+fn openai_json(prompt: u64, output: u64, usage: bool) -> String {
+    let mut answer = json!({
+        "id": "chatcmpl-1", "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "word ".repeat(output as usize)}, "finish_reason": "stop"}],
+    });
+    if usage {
+        answer["usage"] = json!({"prompt_tokens": prompt, "completion_tokens": output, "total_tokens": prompt + output});
+    }
+    answer.to_string()
+}
+
+fn openai_events(prompt: u64, output: u64, usage: bool) -> String {
+    let chunk = |choices: Value| {
+        let mut chunk =
+            json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": choices});
+        if usage {
+            chunk["usage"] = Value::Null;
+        }
+        format!("data: {chunk}\n\n")
+    };
+    let mut events = chunk(json!([{"index": 0, "delta": {"role": "assistant", "content": ""}}]));
+    for _ in 0..output.min(3) {
+        events += &chunk(json!([{"index": 0, "delta": {"content": "word "}}]));
+    }
+    events += &chunk(json!([{"index": 0, "delta": {}, "finish_reason": "stop"}]));
+    if usage {
+        let last = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": output, "total_tokens": prompt + output}});
+        events += &format!("data: {last}\n\n");
+    }
+    events + "data: [DONE]\n\n"
+}
+
+fn anthropic_json(prompt: u64, output: u64, usage: bool) -> String {
+    let mut answer = json!({
+        "id": "msg_1", "type": "message", "role": "assistant",
+        "content": [{"type": "text", "text": "word ".repeat(output as usize)}], "stop_reason": "end_turn",
+    });
+    if usage {
+        answer["usage"] = json!({"input_tokens": prompt, "output_tokens": output});
+    }
+    answer.to_string()
+}
+
+fn anthropic_events(prompt: u64, output: u64, usage: bool) -> String {
+    let event = |name: &str, data: Value| format!("event: {name}\ndata: {data}\n\n");
+    let mut start = json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant", "content": []}});
+    let mut delta = json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}});
+    if usage {
+        start["message"]["usage"] = json!({"input_tokens": prompt, "output_tokens": 1});
+        delta["usage"] = json!({"output_tokens": output});
+    }
+    let mut events = event("message_start", start);
+    events += &event(
+        "content_block_start",
+        json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+    );
+    events += &event(
+        "content_block_delta",
+        json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "word"}}),
+    );
+    events += &event(
+        "content_block_stop",
+        json!({"type": "content_block_stop", "index": 0}),
+    );
+    events += &event("message_delta", delta);
+    events + &event("message_stop", json!({"type": "message_stop"}))
+}

@@ -64,7 +64,7 @@ use crate::lane::LanePolicy;
 use crate::meters::Quota;
 use crate::retry::{Backoff, RetryPolicy};
 use crate::route::{LaneKey, Level, Route, upstream_base};
-use crate::shaper::ShaperBuilder;
+use crate::shaper::{RequestOptions, ShaperBuilder};
 use crate::store::StoreFailure;
 use crate::time::human;
 use crate::tokens::TokenCost;
@@ -168,6 +168,10 @@ pub struct VendorConfig {
     /// How this vendor's requests cost tokens, instead of `[defaults]
     /// tokens`: `"openai"`, `"anthropic"`, or a table (see [`TokenCost`]).
     pub tokens: Option<TokenCost>,
+    /// What `callshaper-proxy` gives this vendor's requests for the
+    /// `x-callshaper-*` headers their clients did not send, e.g.
+    /// `{ max_wait = "10m", priority = "batch" }` (needs `upstream`).
+    pub proxy: Option<RequestOptions>,
 }
 
 /// A family of quotas, one set per key.
@@ -359,6 +363,12 @@ impl VendorConfig {
     /// levels, then the vendor's quotas, and nothing shaper-wide.
     fn routes(&self, name: &str) -> Result<Vec<Route>, ConfigError> {
         let host = self.host()?;
+        if self.proxy.is_some() && self.upstream.is_none() {
+            return Err(ConfigError::new(
+                "proxy",
+                "the proxy's defaults for a vendor it serves: give the vendor an `upstream`",
+            ));
+        }
         let quotas = quotas_of(&self.quotas)?;
         if let Some(answers) = &self.answers {
             answers.validate()?;

@@ -201,6 +201,61 @@ async fn a_deadline_the_lane_cannot_meet_is_answered_at_once() {
     assert_eq!(server.received_requests().await.unwrap().len(), 1);
 }
 
+/// A vendor's defaults in the file stand in for the headers a client did
+/// not send, and a header the client did send wins.
+#[tokio::test]
+async fn a_vendors_defaults_stand_in_for_headers_not_sent() {
+    let server = answering_ok().await;
+    let file = format!(
+        r#"
+        [vendors.v]
+        upstream = "{}"
+        quotas = [{{ algorithm = "leaky_bucket", count = 1, per = "3s" }}]
+        proxy = {{ max_wait = "100ms", priority = "batch" }}
+        "#,
+        server.uri()
+    );
+    let config = callshaper::config::ShaperConfig::from_toml(&file).unwrap();
+    let address = serve(config.proxy(config.build().unwrap())).await;
+    let client = reqwest::Client::new();
+    let url = format!("http://{address}/v/x");
+    assert_eq!(client.get(&url).send().await.unwrap().status(), 200);
+    let defaulted = client.get(&url).send().await.unwrap();
+    assert_eq!(defaulted.status(), 429);
+    assert_eq!(
+        defaulted.headers()["x-callshaper-reason"],
+        "would_exceed_max_wait"
+    );
+    let said = client
+        .get(&url)
+        .header("x-callshaper-max-wait", "10s")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(said.status(), 200);
+    assert_eq!(server.received_requests().await.unwrap().len(), 2);
+
+    let unserved = r#"
+        [vendors.v]
+        host = "api.v.example"
+        quotas = [{ algorithm = "leaky_bucket", count = 1, per = "3s" }]
+        proxy = { max_wait = "100ms" }
+    "#;
+    let config = callshaper::config::ShaperConfig::from_toml(unserved).unwrap();
+    let error = config.build().unwrap_err().to_string();
+    assert!(error.contains("vendors.v.proxy"), "{error}");
+    let garbage = r#"
+        [vendors.v]
+        upstream = "http://127.0.0.1:1"
+        quotas = [{ algorithm = "leaky_bucket", count = 1, per = "3s" }]
+        proxy = { max_wait = "soon", priority = "urgent" }
+    "#;
+    let error = callshaper::config::ShaperConfig::from_toml(garbage)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("vendors.v.proxy.max_wait"), "{error}");
+}
+
 /// Server-sent events pass through one by one: the client reads the
 /// first event while the upstream has not sent the second yet (it waits
 /// for the client's word that the first arrived).

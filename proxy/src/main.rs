@@ -20,6 +20,7 @@ mod reload;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 
@@ -119,7 +120,8 @@ async fn run(path: PathBuf) -> Result<(), Failure> {
         .build()
         .map_err(named)?;
     let proxy = config.proxy(shaper.clone()).build().map_err(named)?;
-    let settings = config.proxy.unwrap_or_default();
+    let settings = config.proxy.clone().unwrap_or_default();
+    let drain = settings.drain().map_err(named)?;
     let listener = bind(settings.listen, "listen").await?;
     let admin = bind(settings.admin, "admin").await?;
     for (name, vendor) in &config.vendors {
@@ -136,14 +138,41 @@ async fn run(path: PathBuf) -> Result<(), Failure> {
     );
     tokio::spawn(admin::serve(admin, shaper.clone(), metrics));
     tokio::spawn(reload::watch(path, text, shaper.clone()));
-    tokio::select! {
-        served = proxy.serve(listener) => served.map_err(|e| Failure::io(format!("serving failed: {e}"))),
-        signal = stop_signal() => {
-            tracing::info!(%signal, "callshaper-proxy: stopping; queued requests end with 503");
-            shaper.shutdown();
-            Ok(())
+    let (stopping, stopped) = tokio::sync::oneshot::channel();
+    let stop = async move {
+        let signal = stop_signal().await;
+        tracing::info!(
+            %signal,
+            ?drain,
+            "callshaper-proxy: stopping; the listener is closed and the requests taken may finish"
+        );
+        let _ = stopping.send(());
+    };
+    let serving = proxy.serve_until(listener, stop);
+    tokio::pin!(serving);
+    let drained = tokio::select! {
+        served = &mut serving => Some(served),
+        () = async {
+            let _ = stopped.await;
+            tokio::select! {
+                () = tokio::time::sleep(drain) => {}
+                signal = stop_signal() => tracing::info!(%signal, "callshaper-proxy: asked again; not draining"),
+            }
+        } => {
+            tracing::info!("callshaper-proxy: the drain is over; requests still waiting end with 503");
+            None
         }
-    }
+    };
+    shaper.shutdown();
+    let served = match drained {
+        Some(served) => served,
+        // The requests the shutdown ended are answered before the process
+        // goes.
+        None => tokio::time::timeout(Duration::from_secs(1), serving)
+            .await
+            .unwrap_or(Ok(())),
+    };
+    served.map_err(|e| Failure::io(format!("serving failed: {e}")))
 }
 
 async fn bind(address: SocketAddr, what: &str) -> Result<TcpListener, Failure> {

@@ -425,3 +425,118 @@ async fn the_example_file_serves() {
     assert!(body.contains("configured: llm, sms"), "{body}");
     assert_eq!(get(proxy.admin_url("/healthz")).await.0, 200);
 }
+
+/// `file`'s `[proxy]` table with `lines` added.
+fn with_proxy_lines(file: &str, lines: &str) -> String {
+    file.replacen(
+        "admin = \"127.0.0.1:0\"",
+        &format!("admin = \"127.0.0.1:0\"\n{lines}"),
+        1,
+    )
+}
+
+/// SIGTERM closes the listener and lets the requests already taken
+/// finish within `drain`; past it, what still waits ends with 503. The
+/// process then exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_drains_the_requests_taken_and_refuses_new_ones() {
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    // Two a second: four requests take 1.5 s, within a drain of 10 s.
+    let file = File::new(
+        "drain.toml",
+        &with_proxy_lines(&serving(&vendor, 2, ""), "drain = \"10s\""),
+    );
+    let mut proxy = Running::start(&file.0, &[]);
+    let calls: Vec<_> = (0..4)
+        .map(|i| tokio::spawn(get(proxy.url(&format!("/v/r/{i}")))))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.signal("-TERM");
+    proxy.await_log("stopping", 1);
+    let refused = reqwest::get(proxy.url("/v/late")).await;
+    assert!(refused.is_err(), "a connection after the stop: {refused:?}");
+    for call in calls {
+        assert_eq!(call.await.unwrap().0, 200, "{}", proxy.log());
+    }
+    assert_eq!(
+        proxy.child.wait().unwrap().code(),
+        Some(0),
+        "{}",
+        proxy.log()
+    );
+    assert_eq!(vendor.arrivals().len(), 4);
+
+    // One every 3 s and a drain of 1 s: the second request is still
+    // waiting when the drain ends, and is answered 503 for the shutdown.
+    let file = File::new(
+        "short.toml",
+        &with_proxy_lines(
+            &serving(&vendor, 1, "").replace("per = \"1s\"", "per = \"3s\""),
+            "drain = \"1s\"",
+        ),
+    );
+    let mut proxy = Running::start(&file.0, &[]);
+    let first = tokio::spawn(get(proxy.url("/v/first")));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = tokio::spawn(reqwest::get(proxy.url("/v/second")));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stopped = Instant::now();
+    proxy.signal("-TERM");
+    assert_eq!(first.await.unwrap().0, 200);
+    let second = second.await.unwrap().unwrap();
+    assert_eq!(second.status(), 503);
+    assert_eq!(second.headers()["x-callshaper-reason"], "shutdown");
+    assert_eq!(
+        proxy.child.wait().unwrap().code(),
+        Some(0),
+        "{}",
+        proxy.log()
+    );
+    let took = stopped.elapsed();
+    assert!(took < 5 * SECOND, "{took:?}");
+    assert!(proxy.log().contains("the drain is over"), "{}", proxy.log());
+}
+
+/// With `client_token_env`, only requests carrying that token in
+/// `x-callshaper-token` are forwarded, and the token goes no further; a
+/// token the environment lacks stops the start, naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_token_admits_only_its_holders() {
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let file = File::new(
+        "token.toml",
+        &with_proxy_lines(
+            &serving(&vendor, 10, ""),
+            "client_token_env = \"CALLSHAPER_TEST_CLIENT_TOKEN\"",
+        ),
+    );
+    let proxy = Running::start(&file.0, &[("CALLSHAPER_TEST_CLIENT_TOKEN", "s3cret-token")]);
+    let client = reqwest::Client::new();
+    let call = |token: Option<&'static str>| {
+        let mut request = client.get(proxy.url("/v/x"));
+        if let Some(token) = token {
+            request = request.header("x-callshaper-token", token);
+        }
+        async move { request.send().await.unwrap() }
+    };
+    for wrong in [None, Some("s3cret"), Some("s3cret-token2"), Some("")] {
+        let refused = call(wrong).await;
+        assert_eq!(refused.status(), 401, "{wrong:?}");
+        assert_eq!(refused.headers()["x-callshaper-reason"], "unauthorized");
+    }
+    // An unknown vendor is not even named to a client without the token.
+    let probe = client.get(proxy.url("/nope/x")).send().await.unwrap();
+    assert_eq!(probe.status(), 401);
+    assert_eq!(call(Some("s3cret-token")).await.status(), 200);
+    assert_eq!(vendor.arrivals().len(), 1);
+    assert!(!proxy.log().contains("s3cret"), "{}", proxy.log());
+
+    let (mut child, log) = spawn(&file.0, &[]);
+    assert_eq!(child.wait().unwrap().code(), Some(2));
+    std::thread::sleep(Duration::from_millis(100));
+    let log = log.lock().unwrap().clone();
+    assert!(
+        log.contains("proxy.client_token_env") && log.contains("CALLSHAPER_TEST_CLIENT_TOKEN"),
+        "{log}"
+    );
+}

@@ -19,8 +19,10 @@ use crate::time::human;
 /// replay_body = 4194304          # bytes kept whole to send again
 /// max_header_bytes = 65536
 /// header_read_timeout = "10s"
+/// client_token_env = "CALLSHAPER_CLIENT_TOKEN"  # clients send it in x-callshaper-token
+/// drain = "30s"                  # on SIGTERM, how long requests may finish
 /// ```
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProxyConfig {
     /// Where clients connect (default `127.0.0.1:7777`).
@@ -36,6 +38,34 @@ pub struct ProxyConfig {
     /// See `ProxyBuilder::header_read_timeout`.
     #[serde(default, with = "human::option")]
     pub header_read_timeout: Option<Duration>,
+    /// The environment variable holding the client token (see
+    /// `ProxyBuilder::client_token`): a secret stays out of the file, which
+    /// is often committed or world-readable. Unset, or empty, when the
+    /// proxy starts: the start fails, naming this field.
+    pub client_token_env: Option<String>,
+    /// On SIGTERM, how long the requests already taken may take to finish
+    /// before the rest end with 503 (default 30 s, at most 1 h): the
+    /// listener closes first, so a load balancer moves new clients on.
+    #[serde(default, with = "human::option")]
+    pub drain: Option<Duration>,
+}
+
+/// The longest a drain may be given.
+const MOST_DRAIN: Duration = Duration::from_secs(3600);
+
+impl ProxyConfig {
+    /// How long a stop may drain: the file's `drain`, or 30 s; over an
+    /// hour is an error naming the field.
+    pub fn drain(&self) -> Result<Duration, crate::ConfigError> {
+        match self.drain {
+            None => Ok(Duration::from_secs(30)),
+            Some(drain) if drain <= MOST_DRAIN => Ok(drain),
+            Some(drain) => Err(crate::ConfigError::new(
+                "proxy.drain",
+                format!("{drain:?} is more than an hour"),
+            )),
+        }
+    }
 }
 
 impl Default for ProxyConfig {
@@ -46,6 +76,8 @@ impl Default for ProxyConfig {
             replay_body: None,
             max_header_bytes: None,
             header_read_timeout: None,
+            client_token_env: None,
+            drain: None,
         }
     }
 }
@@ -70,8 +102,11 @@ impl super::ShaperConfig {
             if let Some(upstream) = &vendor.upstream {
                 builder = builder.upstream(name, upstream);
             }
+            if let Some(defaults) = &vendor.proxy {
+                builder = builder.defaults(name, defaults.clone());
+            }
         }
-        let settings = self.proxy.unwrap_or_default();
+        let settings = self.proxy.clone().unwrap_or_default();
         if let Some(bytes) = settings.replay_body {
             builder = builder.replay_body(bytes);
         }
@@ -80,6 +115,15 @@ impl super::ShaperConfig {
         }
         if let Some(timeout) = settings.header_read_timeout {
             builder = builder.header_read_timeout(timeout);
+        }
+        if let Some(name) = &settings.client_token_env {
+            builder = match std::env::var(name) {
+                Ok(token) if !token.is_empty() => builder.client_token(token),
+                _ => builder.refuse(crate::ConfigError::new(
+                    "proxy.client_token_env",
+                    format!("the environment variable {name} is not set, or empty"),
+                )),
+            };
         }
         builder
     }

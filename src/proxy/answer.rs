@@ -77,6 +77,19 @@ pub(super) fn refused(refusal: &Refusal, upstreams: &[&str]) -> Response<ProxyBo
             &format!("{name}: {problem}"),
             None,
         ),
+        Refusal::Unauthorized => {
+            let mut answer = own(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "this proxy admits requests with its client token in x-callshaper-token",
+                None,
+            );
+            answer.headers_mut().insert(
+                http::header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("x-callshaper-token"),
+            );
+            answer
+        }
     }
 }
 

@@ -9,6 +9,7 @@ use reqwest::Url;
 
 use crate::error::ConfigError;
 use crate::route::upstream_base;
+use crate::shaper::RequestOptions;
 use crate::shaper::handle::Shaper;
 
 /// A shaper served as a reverse proxy; see the [module docs](super).
@@ -22,6 +23,10 @@ pub(super) struct Served {
     pub(super) shaper: Shaper,
     /// Upstream base URLs by name, without a trailing `/`.
     pub(super) upstreams: BTreeMap<String, Url>,
+    /// What an upstream's requests carry when their client does not say.
+    pub(super) defaults: BTreeMap<String, RequestOptions>,
+    /// What a client must send in `x-callshaper-token`, if anything.
+    pub(super) client_token: Option<String>,
     pub(super) limits: Limits,
 }
 
@@ -44,7 +49,11 @@ const LEAST_HEADER_BYTES: usize = 8192;
 pub struct ProxyBuilder {
     shaper: Shaper,
     upstreams: Vec<(String, String)>,
+    defaults: BTreeMap<String, RequestOptions>,
+    client_token: Option<String>,
     limits: Limits,
+    /// A setting found wrong before `build` (the file's), reported there.
+    refused: Option<ConfigError>,
 }
 
 impl Proxy {
@@ -54,6 +63,9 @@ impl Proxy {
         ProxyBuilder {
             shaper,
             upstreams: Vec::new(),
+            defaults: BTreeMap::new(),
+            client_token: None,
+            refused: None,
             limits: Limits {
                 replay_body: REPLAY_BODY,
                 max_header_bytes: 64 << 10,
@@ -75,6 +87,32 @@ impl ProxyBuilder {
     /// goes to `base/rest?query`.
     pub fn upstream(mut self, name: impl Into<String>, base: impl Into<String>) -> Self {
         self.upstreams.push((name.into(), base.into()));
+        self
+    }
+
+    /// What requests to the upstream `name` carry when their client sends
+    /// no `x-callshaper-*` header of the kind: e.g. a batch vendor's
+    /// requests wait as batch, and give up after ten minutes.
+    pub fn defaults(mut self, name: impl Into<String>, options: RequestOptions) -> Self {
+        self.defaults.insert(name.into(), options);
+        self
+    }
+
+    /// Admit only requests that carry `token` in `x-callshaper-token`
+    /// (never forwarded); any other gets 401, before its upstream is even
+    /// looked up. For a proxy other hosts can reach: without it, anyone
+    /// who reaches the listener spends the quota (the vendor's key is the
+    /// client's, or the proxy adds none). An empty token is refused.
+    pub fn client_token(mut self, token: impl Into<String>) -> Self {
+        self.client_token = Some(token.into());
+        self
+    }
+
+    /// Make `build` fail with `error`: the file's settings are read before
+    /// it, into this builder.
+    #[cfg(feature = "config")]
+    pub(crate) fn refuse(mut self, error: ConfigError) -> Self {
+        self.refused.get_or_insert(error);
         self
     }
 
@@ -102,10 +140,14 @@ impl ProxyBuilder {
     }
 
     /// The proxy, or the first setting that cannot work: no upstream, a
-    /// name that is empty or has a `/`, a name given twice, a base that is
+    /// name that is empty or has a `/`, a name given twice, defaults for a
+    /// name no upstream has, a base that is
     /// not an `http(s)` URL with a host (or has a query or fragment), a
     /// zero timeout or one over 1 h, or a head limit under 8 KiB.
     pub fn build(self) -> Result<Proxy, ConfigError> {
+        if let Some(error) = self.refused {
+            return Err(error);
+        }
         if self.upstreams.is_empty() {
             return Err(ConfigError::new(
                 "upstream",
@@ -126,6 +168,22 @@ impl ProxyBuilder {
                 return Err(ConfigError::new(field, "named twice"));
             }
         }
+        if let Some(name) = self.defaults.keys().find(|n| !upstreams.contains_key(*n)) {
+            return Err(ConfigError::new(
+                format!("defaults.{name}"),
+                "names no upstream",
+            ));
+        }
+        if self
+            .client_token
+            .as_deref()
+            .is_some_and(|t| t.is_empty() || http::HeaderValue::from_str(t).is_err())
+        {
+            return Err(ConfigError::new(
+                "client_token",
+                "must be visible ASCII and not empty",
+            ));
+        }
         let timeout = self.limits.header_read_timeout;
         if timeout.is_zero() || timeout > MOST_HEADER_READ_TIMEOUT {
             // hyper adds the timeout to the clock's now: a bound keeps
@@ -145,6 +203,8 @@ impl ProxyBuilder {
             inner: Arc::new(Served {
                 shaper: self.shaper,
                 upstreams,
+                defaults: self.defaults,
+                client_token: self.client_token,
                 limits: self.limits,
             }),
         })

@@ -3,13 +3,13 @@
 //! controls it carried for the shaper.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderName};
 use http::{Method, Uri};
 use reqwest::Url;
 
 use crate::lane::Priority;
+use crate::shaper::RequestOptions;
 use crate::time::human;
 
 /// The headers a client sets for the shaper, never forwarded.
@@ -17,6 +17,8 @@ pub(super) const MAX_WAIT: &str = "x-callshaper-max-wait";
 pub(super) const COST: &str = "x-callshaper-cost";
 pub(super) const TAG: &str = "x-callshaper-tag";
 pub(super) const PRIORITY: &str = "x-callshaper-priority";
+/// The proxy's client token, when it has one.
+pub(super) const TOKEN: &str = "x-callshaper-token";
 const CONTROL_PREFIX: &str = "x-callshaper-";
 
 /// Why a request is not forwarded, as the client is told.
@@ -30,30 +32,43 @@ pub(super) enum Refusal {
     DotSegment,
     /// A control header that does not parse: its name and why.
     Control(&'static str, String),
+    /// The proxy has a client token, and the request did not carry it.
+    Unauthorized,
 }
 
-/// What the client asked of the shaper for this request.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub(super) struct Controls {
-    pub(super) max_wait: Option<Duration>,
-    pub(super) cost: Option<u64>,
-    pub(super) tag: Option<String>,
-    pub(super) priority: Option<Priority>,
+/// The request carries the proxy's client `token`, if it has one. The
+/// comparison takes as long whatever the bytes, so timing tells a client
+/// nothing of how much of a guess was right.
+pub(super) fn admitted(headers: &HeaderMap, token: Option<&str>) -> Result<(), Refusal> {
+    let Some(token) = token else {
+        return Ok(());
+    };
+    let given = headers.get(TOKEN).map_or(&[][..], |v| v.as_bytes());
+    let differs = given.len() != token.len()
+        || given
+            .iter()
+            .zip(token.as_bytes())
+            .fold(0, |acc, (a, b)| acc | (a ^ b))
+            != 0;
+    if differs {
+        return Err(Refusal::Unauthorized);
+    }
+    Ok(())
 }
 
-/// The upstream URL of a request to `uri` (origin-form: `/NAME/rest?q`),
-/// by the `upstreams` it may go to.
-pub(super) fn target(
+/// The upstream a request to `uri` (origin-form: `/NAME/rest?q`) names,
+/// and its URL there, by the `upstreams` it may go to.
+pub(super) fn target<'a>(
     method: &Method,
     uri: &Uri,
-    upstreams: &BTreeMap<String, Url>,
-) -> Result<Url, Refusal> {
+    upstreams: &'a BTreeMap<String, Url>,
+) -> Result<(&'a str, Url), Refusal> {
     if method == Method::CONNECT || uri.scheme().is_some() || uri.authority().is_some() {
         return Err(Refusal::NotAProxy);
     }
     let path = uri.path().strip_prefix('/').unwrap_or(uri.path());
     let (name, rest) = path.split_once('/').unwrap_or((path, ""));
-    let Some(base) = upstreams.get(name) else {
+    let Some((name, base)) = upstreams.get_key_value(name) else {
         return Err(Refusal::Unknown(name.to_owned()));
     };
     if rest.split('/').any(is_dot_segment) {
@@ -63,7 +78,7 @@ pub(super) fn target(
     let prefix = base.path().trim_end_matches('/');
     url.set_path(&format!("{prefix}/{rest}"));
     url.set_query(uri.query());
-    Ok(url)
+    Ok((name, url))
 }
 
 /// `.` or `..`, written plainly or percent-encoded: a URL parser resolves
@@ -77,8 +92,8 @@ fn is_dot_segment(segment: &str) -> bool {
     decoded == "." || decoded == ".."
 }
 
-/// The client's controls in `headers`, each checked.
-pub(super) fn controls(headers: &HeaderMap) -> Result<Controls, Refusal> {
+/// What the client asked of the shaper in `headers`, each control checked.
+pub(super) fn controls(headers: &HeaderMap) -> Result<RequestOptions, Refusal> {
     let text = |name: &'static str| -> Result<Option<&str>, Refusal> {
         headers
             .get(name)
@@ -118,7 +133,7 @@ pub(super) fn controls(headers: &HeaderMap) -> Result<Controls, Refusal> {
             )),
         })
         .transpose()?;
-    Ok(Controls {
+    Ok(RequestOptions {
         max_wait,
         cost,
         tag,
@@ -161,6 +176,8 @@ pub(super) fn end_to_end(headers: &HeaderMap) -> HeaderMap {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use http::HeaderValue;
 
     use super::*;
@@ -175,7 +192,7 @@ mod tests {
 
     fn target_of(method: Method, uri: &str) -> Result<String, Refusal> {
         let uri: Uri = uri.parse().unwrap();
-        target(&method, &uri, &upstreams()).map(String::from)
+        target(&method, &uri, &upstreams()).map(|(_, url)| String::from(url))
     }
 
     /// The first segment names the upstream; the rest and the query go
@@ -203,7 +220,8 @@ mod tests {
         let get = |uri| target_of(Method::GET, uri);
         assert_eq!(get("http://evil.example/x"), Err(Refusal::NotAProxy));
         let connect: Uri = "evil.example:443".parse().unwrap();
-        let refused = target(&Method::CONNECT, &connect, &upstreams());
+        let upstreams = upstreams();
+        let refused = target(&Method::CONNECT, &connect, &upstreams);
         assert_eq!(refused, Err(Refusal::NotAProxy));
         for climb in ["/llm/../admin", "/llm/a/%2e%2E/b", "/llm/.%2e", "/llm/./x"] {
             assert_eq!(get(climb), Err(Refusal::DotSegment), "{climb}");
@@ -218,7 +236,7 @@ mod tests {
     #[test]
     fn controls_parse_or_name_the_header() {
         let mut headers = HeaderMap::new();
-        assert_eq!(controls(&headers), Ok(Controls::default()));
+        assert_eq!(controls(&headers), Ok(RequestOptions::default()));
         headers.insert(MAX_WAIT, HeaderValue::from_static("1.5s"));
         headers.insert(COST, HeaderValue::from_static("18446744073709551615"));
         headers.insert(TAG, HeaderValue::from_static("acme"));
@@ -240,6 +258,26 @@ mod tests {
                 matches!(controls(&headers), Err(Refusal::Control(n, _)) if n == name),
                 "{name}: {bad}"
             );
+        }
+    }
+
+    #[test]
+    fn only_the_client_token_admits() {
+        let with = |token: &'static str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(TOKEN, HeaderValue::from_static(token));
+            headers
+        };
+        assert_eq!(admitted(&HeaderMap::new(), None), Ok(()));
+        assert_eq!(admitted(&with("anything"), None), Ok(()));
+        assert_eq!(admitted(&with("s3cret"), Some("s3cret")), Ok(()));
+        for wrong in [
+            with("s3cre"),
+            with("s3cret!"),
+            with("S3cret"),
+            HeaderMap::new(),
+        ] {
+            assert_eq!(admitted(&wrong, Some("s3cret")), Err(Refusal::Unauthorized));
         }
     }
 

@@ -10,12 +10,13 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 
 use super::answer;
 use super::body::ProxyBody;
 use super::builder::{Proxy, Served};
-use super::forward::{controls, end_to_end, target};
+use super::forward::{admitted, controls, end_to_end, target};
 use super::upload;
 
 impl Proxy {
@@ -24,8 +25,29 @@ impl Proxy {
     /// client gone, too many open files for a moment) ends only that
     /// connection.
     pub async fn serve(self, listener: TcpListener) -> io::Result<()> {
+        self.serve_until(listener, std::future::pending()).await
+    }
+
+    /// [`serve`](Self::serve) until `stop` completes, then drain: the
+    /// listener closes, so no new client connects (a load balancer moves
+    /// them on), and each connection finishes the request it is serving,
+    /// its answer's last byte included, then closes; idle ones close at
+    /// once. Returns when the last has closed. Bound the drain with a
+    /// timeout of your own, then [`Shaper::shutdown`](crate::Shaper::shutdown)
+    /// ends what still waits in the lanes.
+    pub async fn serve_until(
+        self,
+        listener: TcpListener,
+        stop: impl Future<Output = ()>,
+    ) -> io::Result<()> {
+        let connections = GracefulShutdown::new();
+        tokio::pin!(stop);
         loop {
-            let stream = match listener.accept().await {
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                () = &mut stop => break,
+            };
+            let stream = match accepted {
                 Ok((stream, _)) => stream,
                 Err(error) if passes(&error) => {
                     tracing::warn!(%error, "callshaper proxy: accepting a connection failed");
@@ -38,22 +60,26 @@ impl Proxy {
             // write for the client's delayed ACK: 40 ms a request.
             let _ = stream.set_nodelay(true);
             let served = self.inner.clone();
+            let limits = served.limits;
+            let service = service_fn(move |request| {
+                let served = served.clone();
+                async move { Ok::<_, Infallible>(handle(&served, request).await) }
+            });
+            let connection = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_read_timeout)
+                .max_header_size(limits.max_header_bytes)
+                .serve_connection(TokioIo::new(stream), service);
+            let connection = connections.watch(connection);
+            // A connection that fails (a client gone mid-request, a head
+            // too large or too slow) concerns that client alone.
             tokio::spawn(async move {
-                let limits = served.limits;
-                let service = service_fn(move |request| {
-                    let served = served.clone();
-                    async move { Ok::<_, Infallible>(handle(&served, request).await) }
-                });
-                // A connection that fails (a client gone mid-request, a
-                // head too large or too slow) concerns that client alone.
-                let _ = http1::Builder::new()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(limits.header_read_timeout)
-                    .max_header_size(limits.max_header_bytes)
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
+                let _ = connection.await;
             });
         }
+        drop(listener);
+        connections.shutdown().await;
+        Ok(())
     }
 }
 
@@ -74,15 +100,21 @@ fn passes(error: &io::Error) -> bool {
 /// answer.
 async fn handle(served: &Served, request: Request<Incoming>) -> Response<ProxyBody> {
     let (parts, body) = request.into_parts();
-    let url = match target(&parts.method, &parts.uri, &served.upstreams) {
-        Ok(url) => url,
+    if let Err(refusal) = admitted(&parts.headers, served.client_token.as_deref()) {
+        return answer::refused(&refusal, &[]);
+    }
+    let (name, url) = match target(&parts.method, &parts.uri, &served.upstreams) {
+        Ok(target) => target,
         Err(refusal) => {
             let names: Vec<&str> = served.upstreams.keys().map(String::as_str).collect();
             return answer::refused(&refusal, &names);
         }
     };
-    let controls = match controls(&parts.headers) {
-        Ok(controls) => controls,
+    let options = match controls(&parts.headers) {
+        Ok(asked) => match served.defaults.get(name) {
+            Some(defaults) => asked.or(defaults),
+            None => asked,
+        },
         Err(refusal) => return answer::refused(&refusal, &[]),
     };
     let body = match upload::read(body, served.limits.replay_body).await {
@@ -92,26 +124,15 @@ async fn handle(served: &Served, request: Request<Incoming>) -> Response<ProxyBo
     // The log names the upstream path only: a query, like the headers,
     // often carries a key.
     let (method, path) = (parts.method.clone(), url.path().to_owned());
-    let mut send = served
+    let send = served
         .shaper
         .request(parts.method, url)
         .headers(end_to_end(&parts.headers))
         .body(body)
+        .options(&options)
         // The body relays to the client as it arrives: on the wire until
         // its last byte, or until the client goes.
         .in_flight_through_body();
-    if let Some(max_wait) = controls.max_wait {
-        send = send.max_wait(max_wait);
-    }
-    if let Some(cost) = controls.cost {
-        send = send.cost(cost);
-    }
-    if let Some(tag) = controls.tag {
-        send = send.tag(tag);
-    }
-    if let Some(priority) = controls.priority {
-        send = send.priority(priority);
-    }
     match send.send().await {
         Ok(response) => {
             tracing::debug!(%method, path, status = response.status().as_u16(), "callshaper proxy: answered");

@@ -30,6 +30,6 @@ mod usage;
 
 pub use self::builder::ShaperBuilder;
 pub use self::call::MaxWait;
-pub use self::request::RequestBuilder;
+pub use self::request::{RequestBuilder, RequestOptions};
 pub use self::settle::Settle;
 pub use self::transport::{BoxFuture, Transport};

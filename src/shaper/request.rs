@@ -225,6 +225,23 @@ impl RequestBuilder {
         self
     }
 
+    /// Each option `options` gives, as its own method would set it.
+    pub fn options(mut self, options: &RequestOptions) -> Self {
+        if let Some(max_wait) = options.max_wait {
+            self = self.max_wait(max_wait);
+        }
+        if let Some(cost) = options.cost {
+            self = self.cost(cost);
+        }
+        if let Some(tag) = options.tag.as_ref().filter(|t| !t.is_empty()) {
+            self = self.tag(tag.clone());
+        }
+        if let Some(priority) = options.priority {
+            self = self.priority(priority);
+        }
+        self
+    }
+
     /// A copy of this builder, or `None` when its body is a stream.
     pub fn try_clone(&self) -> Option<Self> {
         Some(Self {
@@ -243,5 +260,53 @@ impl RequestBuilder {
     pub async fn send(self) -> Result<Response, Error> {
         let request = self.inner.build().map_err(Error::InvalidRequest)?;
         self.shaper.execute_with(request, self.options).await
+    }
+}
+
+/// What a request asks of the shaper besides itself, each part optional:
+/// what [`RequestBuilder::max_wait`], [`cost`](RequestBuilder::cost),
+/// [`tag`](RequestBuilder::tag) and [`priority`](RequestBuilder::priority)
+/// set, as one value ([`RequestBuilder::options`]). `callshaper-proxy`
+/// gives each request a vendor's (`[vendors.NAME] proxy = { max_wait =
+/// "5s", priority = "batch" }`) for the `x-callshaper-*` headers its
+/// client did not send.
+///
+/// ```
+/// use std::time::Duration;
+/// use callshaper::lane::Priority;
+/// use callshaper::shaper::RequestOptions;
+///
+/// let mut batch = RequestOptions::default();
+/// batch.priority = Some(Priority::Batch);
+/// batch.max_wait = Some(Duration::from_secs(600));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
+#[non_exhaustive]
+pub struct RequestOptions {
+    /// See [`RequestBuilder::max_wait`].
+    #[cfg_attr(feature = "serde", serde(default, with = "crate::time::human::option"))]
+    pub max_wait: Option<Duration>,
+    /// See [`RequestBuilder::cost`].
+    pub cost: Option<u64>,
+    /// See [`RequestBuilder::tag`]; an empty tag is none.
+    pub tag: Option<String>,
+    /// See [`RequestBuilder::priority`].
+    pub priority: Option<Priority>,
+}
+
+impl RequestOptions {
+    /// These options, and `defaults`'s where these say nothing.
+    pub fn or(self, defaults: &RequestOptions) -> RequestOptions {
+        RequestOptions {
+            max_wait: self.max_wait.or(defaults.max_wait),
+            cost: self.cost.or(defaults.cost),
+            tag: self
+                .tag
+                .filter(|t| !t.is_empty())
+                .or_else(|| defaults.tag.clone().filter(|t| !t.is_empty())),
+            priority: self.priority.or(defaults.priority),
+        }
     }
 }

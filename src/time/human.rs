@@ -129,8 +129,6 @@ pub(crate) mod option {
         }
     }
 
-    // Only a config file reads optional durations.
-    #[cfg(feature = "config")]
     pub(crate) fn deserialize<'de, D: serde::Deserializer<'de>>(
         deserializer: D,
     ) -> Result<Option<Duration>, D::Error> {

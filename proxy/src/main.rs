@@ -10,7 +10,9 @@
 //! `http://LISTEN/NAME/`, `[proxy]` says where it listens, and `[store]`
 //! shares the quotas with every proxy and library instance on the same
 //! Redis. The admin listener serves `/metrics`, `/lanes` and `/healthz`;
-//! `SIGHUP`, or a change to the file, reloads the quotas.
+//! `SIGHUP`, or a change to the file, reloads the quotas; `SIGTERM` or
+//! `SIGINT` closes the listener and lets the requests taken finish for
+//! `[proxy] drain` (a second signal ends the drain at once).
 
 mod admin;
 mod file;

@@ -41,7 +41,15 @@
 //! - **Per-request controls** travel as headers and are never forwarded:
 //!   `x-callshaper-max-wait: 5s`, `x-callshaper-cost: 1200`,
 //!   `x-callshaper-tag: acme`, `x-callshaper-priority: batch`. A value that
-//!   does not parse gets 400 naming the header.
+//!   does not parse gets 400 naming the header. An upstream's
+//!   [`defaults`](ProxyBuilder::defaults) stand in for those a client does
+//!   not send.
+//! - **A client token**, when the proxy has one
+//!   ([`ProxyBuilder::client_token`]): a request without it in
+//!   `x-callshaper-token` gets 401 before its upstream is even looked up.
+//! - **Tokens.** A vendor whose lanes cost tokens
+//!   ([`TokenCost`](crate::tokens::TokenCost)) is charged what its clients'
+//!   calls use, read from the answers as they pass, streams included.
 //! - **The vendor's answer** reaches the client as the vendor sent it
 //!   (status, headers, body), hop-by-hop headers aside; the body streams
 //!   chunk by chunk as it arrives, so server-sent events pass through one
@@ -65,6 +73,9 @@
 //!   gets 431, a body that stops half-way 400, and a head not sent within
 //!   [`ProxyBuilder::header_read_timeout`] a closed connection. Nothing is
 //!   forwarded for them, and every other connection is served as before.
+//! - **Stopping:** [`Proxy::serve_until`] closes the listener and lets each
+//!   connection finish the request it serves; bound it, then shut the
+//!   shaper down for what still waits.
 //!
 //! # Not yet
 //!

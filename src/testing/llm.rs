@@ -200,13 +200,16 @@ impl Respond for LlmVendor {
         let mut template = if fits {
             let stream = body.get("stream") == Some(&Value::Bool(true));
             let usage = !state.silent;
+            let model = body["model"].as_str().unwrap_or("gpt-4o-mini");
             match (inner.anthropic, stream) {
-                (false, false) => ResponseTemplate::new(200)
-                    .set_body_raw(openai_json(prompt, output, usage), "application/json"),
+                (false, false) => ResponseTemplate::new(200).set_body_raw(
+                    openai_json(model, prompt, output, usage),
+                    "application/json",
+                ),
                 (false, true) => {
                     let asked = body["stream_options"]["include_usage"] == Value::Bool(true);
                     ResponseTemplate::new(200).set_body_raw(
-                        openai_events(prompt, output, usage && asked),
+                        openai_events(model, prompt, output, usage && asked),
                         "text/event-stream",
                     )
                 }
@@ -264,9 +267,12 @@ fn prompt_tokens(body: &Value) -> u64 {
     messages + text(&body["system"]) + text(&body["prompt"])
 }
 
-fn openai_json(prompt: u64, output: u64, usage: bool) -> String {
+/// When the vendor says its answers were made (Unix seconds).
+const CREATED: u64 = 1_764_633_600;
+
+fn openai_json(model: &str, prompt: u64, output: u64, usage: bool) -> String {
     let mut answer = json!({
-        "id": "chatcmpl-1", "object": "chat.completion",
+        "id": "chatcmpl-1", "object": "chat.completion", "created": CREATED, "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "word ".repeat(output as usize)}, "finish_reason": "stop"}],
     });
     if usage {
@@ -275,10 +281,10 @@ fn openai_json(prompt: u64, output: u64, usage: bool) -> String {
     answer.to_string()
 }
 
-fn openai_events(prompt: u64, output: u64, usage: bool) -> String {
+fn openai_events(model: &str, prompt: u64, output: u64, usage: bool) -> String {
     let chunk = |choices: Value| {
-        let mut chunk =
-            json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": choices});
+        let mut chunk = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk",
+            "created": CREATED, "model": model, "choices": choices});
         if usage {
             chunk["usage"] = Value::Null;
         }
@@ -290,7 +296,8 @@ fn openai_events(prompt: u64, output: u64, usage: bool) -> String {
     }
     events += &chunk(json!([{"index": 0, "delta": {}, "finish_reason": "stop"}]));
     if usage {
-        let last = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [],
+        let last = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk",
+            "created": CREATED, "model": model, "choices": [],
             "usage": {"prompt_tokens": prompt, "completion_tokens": output, "total_tokens": prompt + output}});
         events += &format!("data: {last}\n\n");
     }

@@ -166,6 +166,18 @@ pub enum Error {
         source: StoreError,
     },
 
+    /// The request needed a lane of its own, the shaper holds
+    /// [`max_lanes`](crate::shaper::ShaperBuilder::max_lanes) already, and
+    /// none of them can go: each has someone waiting, a pause, or quota
+    /// spent that a new lane would forget. Nothing was sent.
+    #[error("lane `{lane}`: {max_lanes} lanes are live, and none is idle to make room")]
+    LaneLimit {
+        /// The lane the request needed.
+        lane: String,
+        /// The cap.
+        max_lanes: usize,
+    },
+
     /// [`Shaper::shutdown`](crate::Shaper::shutdown) was called before this
     /// request was released.
     #[error("the shaper was shut down")]
@@ -205,7 +217,8 @@ impl Error {
             | Self::OutOfCredit { lane, .. }
             | Self::AttemptsSpent { lane, .. }
             | Self::RetryBudgetExhausted { lane, .. }
-            | Self::StoreUnavailable { lane, .. } => Some(lane),
+            | Self::StoreUnavailable { lane, .. }
+            | Self::LaneLimit { lane, .. } => Some(lane),
             _ => None,
         }
     }
@@ -227,6 +240,7 @@ impl Error {
             Self::NoQuota { .. } => "no_quota",
             Self::InvalidRequest(_) => "invalid_request",
             Self::StoreUnavailable { .. } => "store_unavailable",
+            Self::LaneLimit { .. } => "lane_limit",
             Self::Shutdown => "shutdown",
             Self::NoRuntime => "no_runtime",
         }

@@ -109,7 +109,7 @@ impl Lane {
     /// charge, so no two releases can share a slot.
     fn turn_now(&self, cost: u64) -> Option<Turn> {
         let shared = &self.shared;
-        if shared.waiting.load(Ordering::SeqCst) != 0 || self.tickets.is_closed() {
+        if shared.waiting.load(Ordering::SeqCst) != 0 || shared.closed.load(Ordering::Acquire) {
             return None;
         }
         // With a shared store every release needs a reservation, which only
@@ -151,6 +151,7 @@ impl Lane {
             Some((charged, transit, door.and_then(|door| door.shut(now))))
         })?;
         shared.released.fetch_add(1, Ordering::Relaxed);
+        shared.active(charged_at);
         shared.metrics.released();
         Some(Turn {
             in_flight: permit,

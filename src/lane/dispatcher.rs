@@ -1,45 +1,53 @@
-//! The dispatcher: one task per lane that files arriving tickets in the
-//! queue and releases the head when the lane may go, through its release
-//! engine.
+//! The dispatcher: a task per lane, while anyone waits in it, that files
+//! arriving tickets in the queue and releases the head when the lane may
+//! go, through its release engine.
 //!
 //! A step looks at the head and asks, in order: is its caller still there;
 //! is the lane paused; is an in-flight slot free; then the engine: may the
 //! head go now? Whatever holds it back, the dispatcher waits for that *or*
 //! a new ticket, since a returning request may belong before the head.
+//!
+//! A lane nobody waits in needs no task: its state is its gates' meters
+//! and pause, which the fast path reads and charges in place. The first
+//! request that must wait starts a dispatcher (`Lane::send`); once the
+//! queue has drained and [`LINGER`] passed with no ticket, it retires
+//! under the lane's door lock, so a ticket goes either to it or to its
+//! successor, never to one that is leaving.
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::time::{Instant, sleep, sleep_until};
 
 use super::queue::{Costed, Queue};
 use super::release::{Blocked, Ready, Release, Step, Waiting};
-use super::shared::{OnIdle, Shared};
+use super::shared::Shared;
 use super::turn::Ticket;
+use crate::sync::lock;
+
+/// How long a dispatcher stays once its queue drained: a lane busy in
+/// bursts does not start one a burst. A lane on a shared store stays its
+/// `idle_timeout`, since its engine's reading of the vendor's bucket
+/// (`Burst`) lives in the task.
+const LINGER: Duration = Duration::from_secs(1);
 
 pub(super) struct Dispatcher<R> {
     shared: Arc<Shared>,
     tickets: async_channel::Receiver<Ticket>,
     queue: Queue<Waiting>,
-    on_idle: Option<OnIdle>,
     engine: R,
 }
 
 impl<R: Release> Dispatcher<R> {
-    /// Run the dispatcher of `shared`'s lane on the current runtime, until
-    /// the lane is closed or every handle to it is gone.
-    pub(super) fn spawn(
-        shared: Arc<Shared>,
-        tickets: async_channel::Receiver<Ticket>,
-        on_idle: Option<OnIdle>,
-        engine: R,
-    ) {
+    /// Run a dispatcher of `shared`'s lane on the current runtime, until
+    /// the lane is closed, or it has had nothing to do for a while.
+    pub(super) fn spawn(shared: Arc<Shared>, tickets: async_channel::Receiver<Ticket>, engine: R) {
         let queue = Queue::new(shared.policy.batch_share);
         let dispatcher = Self {
             shared,
             tickets,
             queue,
-            on_idle,
             engine,
         };
         tokio::spawn(dispatcher.run());
@@ -130,20 +138,38 @@ impl<R: Release> Dispatcher<R> {
         }
     }
 
-    /// Nothing to release: wait for a request, or report idleness.
+    /// Nothing to release: wait for a request; false once the lane is
+    /// closed or this dispatcher retired.
     async fn wait_for_work(&mut self) -> bool {
         let idle = self.shared.policy.idle_timeout;
-        let mut idled = false;
+        let linger = match self.shared.remote {
+            None => LINGER.min(idle),
+            Some(_) => idle,
+        };
+        let mut lingered = false;
         let open = self
             .or_new_ticket(async {
-                sleep(idle).await;
-                idled = true
+                sleep(linger).await;
+                lingered = true
             })
             .await;
-        if idled && let Some(on_idle) = &self.on_idle {
-            on_idle();
+        open && !(lingered && self.retire())
+    }
+
+    /// Leave the lane, unless a ticket came meanwhile: under the door's
+    /// lock, which every ticket is sent under, so the next one starts a
+    /// successor.
+    fn retire(&self) -> bool {
+        let mut door = lock(&self.shared.dispatcher);
+        if !self.tickets.is_empty() || !self.queue.is_empty() {
+            return false;
         }
-        open
+        *door = None;
+        drop(door);
+        if let Some(retired) = &self.shared.retired {
+            retired.notify_one();
+        }
+        true
     }
 
     /// Wait for `until`, but come back early when a ticket arrives: a

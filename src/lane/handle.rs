@@ -1,17 +1,17 @@
 //! The [`Lane`] handle: a caller's place and its wait, pauses, the
 //! snapshot; what the lane's dispatcher and the shaper ask of a lane.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, oneshot};
+use tokio::sync::{Notify, Semaphore, oneshot};
 use tokio::time::{Instant, sleep_until};
 
 use super::dispatcher::Dispatcher;
 use super::policy::{LanePolicy, Priority};
 use super::release::{Local, Reserved};
-use super::shared::{OnIdle, Shared};
+use super::shared::{Shared, since_epoch};
 use super::snapshot::LaneSnapshot;
 use super::turn::{Ticket, Turn};
 use super::waiter::Waiter;
@@ -26,7 +26,7 @@ use crate::time::later;
 use crate::vendor::{Spending, VendorModel, explains};
 
 /// One upstream quota: a FIFO queue, meters and a pause, drained by one
-/// dispatcher task.
+/// dispatcher task while anyone waits.
 ///
 /// [`Shaper`](crate::Shaper) creates lanes by itself; a `Lane` can also pace
 /// anything else (a gRPC client, a database) on its own:
@@ -51,16 +51,15 @@ use crate::vendor::{Spending, VendorModel, explains};
 /// ```
 #[derive(Clone)]
 pub struct Lane {
-    pub(super) tickets: async_channel::Sender<Ticket>,
     pub(super) shared: Arc<Shared>,
 }
 
 impl Lane {
     /// A lane named `key` that keeps to all of `quotas` at once (e.g.
-    /// requests **and** tokens per minute; at least one), under `policy`;
-    /// its dispatcher runs on the current
-    /// tokio runtime until every handle to the lane is dropped. Outside a
-    /// runtime, a [`ConfigError`] for `runtime`.
+    /// requests **and** tokens per minute; at least one), under `policy`.
+    /// Its dispatcher runs on the tokio runtime of the first request that
+    /// must wait, while any does; outside a runtime, a [`ConfigError`] for
+    /// `runtime`.
     pub fn new(
         key: impl Into<String>,
         quotas: impl IntoIterator<Item = Quota>,
@@ -80,32 +79,29 @@ impl Lane {
         let key = key.into();
         let labels = Labels::standalone(&key);
         let metrics = LaneMetrics::new(&labels, None);
-        Ok(Self::spawn(
+        Ok(Self::open(
             key,
             labels,
             metrics,
             policy,
             (vec![own], vendor),
-            None,
-            None,
+            (None, None),
         ))
     }
 
-    /// Start the dispatcher of a lane whose policy is already validated,
-    /// releasing through `gates` (narrowest first, the vendor's last, whose
-    /// model is `vendor`), by
+    /// A lane whose policy is already validated, releasing through `gates`
+    /// (narrowest first, the vendor's last, whose model is `vendor`), by
     /// the store's reservations when it has a `remote`, else by the gates'
-    /// meters.
-    pub(crate) fn spawn(
+    /// meters. No task runs for it until a request must wait; `retired`
+    /// is told each time one stops.
+    pub(crate) fn open(
         key: String,
         labels: Labels,
         metrics: LaneMetrics,
         policy: LanePolicy,
         (gates, vendor): (Vec<Arc<Gate>>, Arc<VendorModel>),
-        on_idle: Option<OnIdle>,
-        remote: Option<Arc<Remote>>,
+        (remote, retired): (Option<Arc<Remote>>, Option<Arc<Notify>>),
     ) -> Self {
-        let (tickets, tickets_rx) = async_channel::unbounded();
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         let shared = Arc::new(Shared {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -123,17 +119,14 @@ impl Lane {
             throttles: AtomicU64::new(0),
             waiting: AtomicUsize::new(0),
             policy,
-            remote: remote.clone(),
+            remote,
+            dispatcher: Mutex::new(None),
+            closed: AtomicBool::new(false),
+            active_at: AtomicU64::new(since_epoch(Instant::now())),
+            retired,
         });
         shared.report_quota();
-        // One engine per lane, chosen once: the dispatcher is generic over
-        // it, so the in-memory path pays nothing for the store's.
-        let lane = shared.clone();
-        match remote {
-            None => Dispatcher::spawn(lane, tickets_rx, on_idle, Local::default()),
-            Some(remote) => Dispatcher::spawn(lane, tickets_rx, on_idle, Reserved::new(remote)),
-        }
-        Self { tickets, shared }
+        Self { shared }
     }
 
     /// The lane's key.
@@ -169,7 +162,8 @@ impl Lane {
         Ok(turn)
     }
 
-    /// Hand the dispatcher a ticket already counted in `waiting`; the
+    /// Hand the dispatcher a ticket already counted in `waiting`, starting
+    /// one if none runs (or the one that ran ended with its runtime); the
     /// caller's end goes to `slot`.
     pub(super) fn send(
         &self,
@@ -179,9 +173,33 @@ impl Lane {
     ) -> Result<(), Error> {
         // Unsent, the ticket is dropped with its sender: the waiter
         // counts itself out as it drops.
-        self.tickets.try_send(ticket).map_err(|_| Error::Shutdown)?;
+        let shared = &self.shared;
+        let mut door = lock(&shared.dispatcher);
+        if shared.closed.load(Ordering::Acquire) {
+            return Err(Error::Shutdown);
+        }
+        if door.as_ref().is_none_or(async_channel::Sender::is_closed) {
+            *door = Some(self.start_dispatcher());
+        }
+        match door.as_ref().map(|tickets| tickets.try_send(ticket)) {
+            Some(Ok(())) => drop(door),
+            _ => return Err(Error::Shutdown),
+        }
         *slot = Slot::Waiting(waiter);
         Ok(())
+    }
+
+    /// A dispatcher for this lane on the current runtime, and its door.
+    /// One engine per dispatcher: the dispatcher is generic over it, so
+    /// the in-memory path pays nothing for the store's.
+    fn start_dispatcher(&self) -> async_channel::Sender<Ticket> {
+        let (tickets, tickets_rx) = async_channel::unbounded();
+        let shared = self.shared.clone();
+        match shared.remote.clone() {
+            None => Dispatcher::spawn(shared, tickets_rx, Local::default()),
+            Some(remote) => Dispatcher::spawn(shared, tickets_rx, Reserved::new(remote)),
+        }
+        tickets
     }
 
     /// Put a released request back in the queue with its old number, so it
@@ -460,14 +478,16 @@ impl Lane {
     pub(crate) fn wake(&self) {
         let (turn, _) = oneshot::channel();
         let seq = self.shared.next_seq.fetch_add(1, Ordering::Relaxed);
-        // A closed lane has nothing to wake.
-        let _ = self.tickets.try_send(Ticket {
-            seq,
-            cost: 0,
-            priority: Priority::Interactive,
-            not_before: None,
-            turn,
-        });
+        // A closed lane, or one nobody waits in, has nothing to wake.
+        if let Some(tickets) = &*lock(&self.shared.dispatcher) {
+            let _ = tickets.try_send(Ticket {
+                seq,
+                cost: 0,
+                priority: Priority::Interactive,
+                not_before: None,
+                turn,
+            });
+        }
     }
 
     /// The vendor refused a request released at `released`; see
@@ -584,16 +604,25 @@ impl Lane {
         self.queued() == 0 && self.shared.gates.iter().all(|gate| gate.is_idle(now))
     }
 
-    /// True while the lane's dispatcher runs: not closed, and its runtime
-    /// not gone.
-    pub(crate) fn is_running(&self) -> bool {
-        !self.tickets.is_closed()
+    /// How long the lane has released nothing.
+    pub(crate) fn quiet_for(&self) -> Duration {
+        self.shared.quiet_for(Instant::now())
+    }
+
+    /// True while a dispatcher runs for the lane: someone waits, or did
+    /// within its linger.
+    pub(crate) fn is_busy(&self) -> bool {
+        lock(&self.shared.dispatcher).is_some()
     }
 
     /// Refuse new requests and end every waiting one with
     /// [`Error::Shutdown`].
     pub(crate) fn close(&self) {
-        self.tickets.close();
+        let mut door = lock(&self.shared.dispatcher);
+        self.shared.closed.store(true, Ordering::Release);
+        if let Some(tickets) = door.take() {
+            tickets.close();
+        }
     }
 
     /// What the lane is doing right now.

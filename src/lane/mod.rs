@@ -47,7 +47,6 @@ mod waiter;
 pub use self::handle::Lane;
 pub(crate) use self::handle::Place;
 pub use self::policy::{LanePolicy, Priority};
-pub(crate) use self::shared::OnIdle;
 pub use self::snapshot::LaneSnapshot;
 pub use self::turn::Turn;
 pub use crate::adaptive::Adaptive;

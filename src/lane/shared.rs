@@ -1,14 +1,17 @@
 //! A lane's state, shared by its handle, its dispatcher and its engines:
 //! the gates a release passes, the count of who waits, the in-flight cap,
-//! the store link; what a fleet booked for a turn; the idle callback.
+//! the store link; what a fleet booked for a turn; the dispatcher's door,
+//! while one runs.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::time::Duration;
 
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use super::policy::LanePolicy;
+use super::turn::Ticket;
 use crate::error::Error;
 use crate::gate::{Booked, Gate, Stop};
 use crate::meters::Meters;
@@ -21,10 +24,6 @@ use crate::vendor::VendorModel;
 /// slot (see `Reserved`), shared by the slot and its turn. Behind one thin
 /// pointer: every waiting request's answer has room for a turn.
 pub(crate) type Fleet = Arc<Vec<Option<Booked>>>;
-
-/// Called by the dispatcher when its lane has been idle for the policy's
-/// `idle_timeout`; the owner may then drop the lane.
-pub(crate) type OnIdle = Box<dyn Fn() + Send + Sync>;
 
 pub(super) struct Shared {
     /// Tells lanes apart in a gate's queue.
@@ -54,6 +53,42 @@ pub(super) struct Shared {
     pub(super) metrics: LaneMetrics,
     /// The link to a shared store: the gates' quotas live there.
     pub(super) remote: Option<Arc<Remote>>,
+    /// Where tickets go while a dispatcher runs; `None` while none does.
+    /// A lane nobody waits in has no task, channel or queue: they start
+    /// with the first request that must wait, and stop a while after the
+    /// queue drains (see `dispatcher.rs`). Tickets are sent under this
+    /// lock, and a dispatcher retires under it, so none is sent to one
+    /// that is leaving.
+    pub(super) dispatcher: Mutex<Option<async_channel::Sender<Ticket>>>,
+    /// Closed for good: every request ends with `Error::Shutdown`.
+    pub(super) closed: AtomicBool,
+    /// When the lane last released a turn (nanoseconds after [`EPOCH`]):
+    /// how long it has been idle, for its owner's sweep.
+    pub(super) active_at: AtomicU64,
+    /// Told when a dispatcher retires: its owner's sweep may find the
+    /// lane due.
+    pub(super) retired: Option<Arc<tokio::sync::Notify>>,
+}
+
+/// The instant lane activity is counted from.
+static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+/// `at` as nanoseconds after [`EPOCH`] (saturating both ways).
+pub(super) fn since_epoch(at: Instant) -> u64 {
+    u64::try_from(at.saturating_duration_since(*EPOCH).as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Shared {
+    /// A turn was released at `at`.
+    pub(super) fn active(&self, at: Instant) {
+        self.active_at.store(since_epoch(at), Ordering::Relaxed);
+    }
+
+    /// How long the lane has released nothing, at `now`.
+    pub(super) fn quiet_for(&self, now: Instant) -> Duration {
+        let last = self.active_at.load(Ordering::Relaxed);
+        Duration::from_nanos(since_epoch(now).saturating_sub(last))
+    }
 }
 
 impl Shared {

@@ -248,7 +248,109 @@ async fn a_lane_alone_does_not_share_its_gate_with_its_vendor_model() {
     let labels = Labels::standalone("twin");
     let metrics = LaneMetrics::new(&labels, None);
     let gates = (shared.gates.clone(), shared.vendor.clone());
-    let twin = Lane::spawn("twin".into(), labels, metrics, policy(), gates, None, None);
+    let twin = Lane::open(
+        "twin".into(),
+        labels,
+        metrics,
+        policy(),
+        gates,
+        (None, None),
+    );
     assert!(shared.is_shared(&shared.gates[0]));
     assert!(twin.shared.is_shared(&twin.shared.gates[0]));
+}
+
+/// A lane nobody waits in runs no task: the first request that must wait
+/// starts its dispatcher, which retires a second after the queue drained;
+/// the next burst starts another. Through bursts that cross between the
+/// fast path and the dispatcher both ways, with random gaps and callers
+/// who give up, every caller that stays gets exactly one turn, in the
+/// order it came, and no two turns are closer than the quota's interval
+/// (less the lateness the meters forgive).
+#[tokio::test(start_paused = true)]
+async fn dispatchers_start_when_someone_waits_and_retire_when_none_does() {
+    let lane = Lane::new("t", ten(), policy()).unwrap();
+    drop(lane.acquire().await.unwrap());
+    assert!(!lane.is_busy(), "a turn on the fast path starts no task");
+
+    let mut rng = fastrand::Rng::with_seed(27);
+    let turns = Arc::new(Mutex::new(Vec::new()));
+    let mut seq = 0usize;
+    for round in 0..40 {
+        let mut callers = Vec::new();
+        for _ in 0..rng.usize(1..6) {
+            let lane = lane.clone();
+            let turns = turns.clone();
+            let me = seq;
+            seq += 1;
+            let leaves = rng.u8(..10) == 0;
+            let mut place = lane.enter(1, Priority::Interactive, None).unwrap();
+            callers.push(tokio::spawn(async move {
+                if leaves {
+                    // Gives up before its turn; drops its place.
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    return;
+                }
+                let turn = lane.wait(&mut place).await.unwrap();
+                lock(&turns).push((me, Instant::now()));
+                drop(turn);
+            }));
+        }
+        for caller in callers {
+            caller.await.unwrap();
+        }
+        // Sometimes long enough for the dispatcher to retire, sometimes not.
+        let gap = [0, 50, 300, 900, 1_100, 2_500][rng.usize(..6)];
+        tokio::time::sleep(Duration::from_millis(gap)).await;
+        if gap >= 1_100 {
+            assert!(!lane.is_busy(), "round {round}: retired after {gap} ms");
+        }
+        assert_eq!(lane.snapshot().queued, 0, "round {round}");
+    }
+    let turns = lock(&turns).clone();
+    assert!(turns.len() > 40, "{} turns", turns.len());
+    for pair in turns.windows(2) {
+        let ((a, at_a), (b, at_b)) = (pair[0], pair[1]);
+        assert!(a < b, "FIFO: {a} before {b}");
+        // 100.5 ms a release, less half the headroom the meters forgive.
+        assert!(
+            at_b - at_a >= Duration::from_millis(98),
+            "{a} and {b}: {:?} apart",
+            at_b - at_a
+        );
+    }
+}
+
+/// Many tasks racing a lane whose dispatcher keeps retiring: none of
+/// their tickets is lost to a dispatcher on its way out (each caller is
+/// answered), and the lane's queue is empty at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_ticket_is_lost_to_a_retiring_dispatcher() {
+    let fast = [Quota::leaky_bucket(20_000, Duration::from_secs(1))];
+    let lane = Lane::new("t", fast, policy()).unwrap();
+    let tasks: Vec<_> = (0..64)
+        .map(|i| {
+            let lane = lane.clone();
+            tokio::spawn(async move {
+                for n in 0..50u64 {
+                    drop(lane.acquire().await.unwrap());
+                    if (n + i) % 25 == 0 {
+                        // Quiet long enough, now and then, for the
+                        // dispatcher to retire under the others.
+                        tokio::time::sleep(Duration::from_millis(1_050)).await;
+                    }
+                }
+            })
+        })
+        .collect();
+    let all = async {
+        for task in tasks {
+            task.await.unwrap();
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), all)
+        .await
+        .expect("every caller got its turns");
+    assert_eq!(lane.snapshot().queued, 0);
+    assert_eq!(lane.snapshot().released, 64 * 50);
 }

@@ -5,10 +5,10 @@ use super::labels::Labels;
 use crate::meters::Rate;
 
 #[cfg(feature = "metrics")]
-pub(crate) use self::on::{InFlight, LaneMetrics, StoreMetrics};
+pub(crate) use self::on::{InFlight, LaneCount, LaneMetrics, StoreMetrics};
 
 #[cfg(not(feature = "metrics"))]
-pub(crate) use self::off::{InFlight, LaneMetrics, StoreMetrics};
+pub(crate) use self::off::{InFlight, LaneCount, LaneMetrics, StoreMetrics};
 
 #[cfg(feature = "metrics")]
 mod on {
@@ -82,6 +82,30 @@ mod on {
             "callshaper_store_mode",
             "Where the lanes' quota lives: 1 for the mode in force, 0 for the others"
         );
+        describe_gauge!(
+            "callshaper_lanes",
+            Unit::Count,
+            "Live lanes: made on a key's first request, dropped when idle"
+        );
+    }
+
+    /// Live lanes, of every shaper in the process (each moves the gauge
+    /// by increments).
+    pub(crate) struct LaneCount(Gauge);
+
+    impl LaneCount {
+        pub(crate) fn new() -> Self {
+            describe();
+            Self(gauge!("callshaper_lanes"))
+        }
+
+        pub(crate) fn opened(&self) {
+            self.0.increment(1.0);
+        }
+
+        pub(crate) fn closed(&self, n: usize) {
+            self.0.decrement(n as f64);
+        }
     }
 
     /// `labels`, and `lane` when series per lane were asked for, as the
@@ -279,6 +303,18 @@ mod off {
     }
 
     pub(crate) struct InFlight;
+
+    pub(crate) struct LaneCount;
+
+    impl LaneCount {
+        pub(crate) fn new() -> Self {
+            Self
+        }
+
+        pub(crate) fn opened(&self) {}
+
+        pub(crate) fn closed(&self, _n: usize) {}
+    }
 
     pub(crate) struct StoreMetrics;
 

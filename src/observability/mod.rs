@@ -13,5 +13,5 @@ mod metrics;
 mod spans;
 
 pub(crate) use self::labels::Labels;
-pub(crate) use self::metrics::{InFlight, LaneMetrics, StoreMetrics};
+pub(crate) use self::metrics::{InFlight, LaneCount, LaneMetrics, StoreMetrics};
 pub(crate) use self::spans::RequestSpan;

@@ -39,6 +39,7 @@ type Edit = Box<dyn Fn(&mut LanePolicy) + Send + Sync>;
 /// | `retry_non_idempotent(true)` | off | retry failures of POST/PATCH too (429s always are; a refused connection always is) |
 /// | `lane_key(fn)` | origin | which requests share a lane (per API key, tenant, ...) |
 /// | `idle_timeout(d)` | 60 s | drop a lane idle this long |
+/// | `max_lanes(n)` | none | the most lanes live at once; past it an idle lane makes room, or the request ends with `LaneLimit` |
 /// | `transport(t)` | the client | what sends each attempt |
 /// | `quota(Quota)` | | another quota, checked with the others |
 /// | `level(Level)` / `route(Route)` | | quotas per key, per endpoint |
@@ -73,6 +74,7 @@ pub struct ShaperBuilder {
     store: Option<Store>,
     store_failure: StoreFailure,
     metrics_per_lane: bool,
+    max_lanes: Option<usize>,
 }
 
 impl Default for ShaperBuilder {
@@ -93,6 +95,7 @@ impl Default for ShaperBuilder {
             store: None,
             store_failure: StoreFailure::default(),
             metrics_per_lane: false,
+            max_lanes: None,
         }
     }
 }
@@ -328,6 +331,16 @@ impl ShaperBuilder {
         self
     }
 
+    /// The most lanes live at once (default: no cap). A lane per tenant or
+    /// API key is a lane per key; past the cap, a new key's lane first
+    /// evicts an idle one (nobody waiting, no pause, its meters rested: it
+    /// loses nothing), and when none is idle the request ends with
+    /// [`Error::LaneLimit`](crate::Error::LaneLimit). Zero is refused.
+    pub fn max_lanes(mut self, n: usize) -> Self {
+        self.max_lanes = Some(n);
+        self
+    }
+
     /// Estimate each request's cost (tokens) when the caller gave none
     /// (default 1).
     pub fn cost(mut self, estimate: impl Fn(&Request) -> u64 + Send + Sync + 'static) -> Self {
@@ -337,6 +350,12 @@ impl ShaperBuilder {
 
     /// Check the settings and build the shaper.
     pub fn build(self) -> Result<Shaper, ConfigError> {
+        if self.max_lanes == Some(0) {
+            return Err(ConfigError::new(
+                "max_lanes",
+                "must be at least 1: every request needs a lane",
+            ));
+        }
         if self.quotas.is_empty() && self.routes.is_empty() {
             return Err(ConfigError::new(
                 "rate",
@@ -422,6 +441,7 @@ impl ShaperBuilder {
                     store: self.store,
                     store_failure: self.store_failure,
                     metrics_per_lane: self.metrics_per_lane,
+                    max_lanes: self.max_lanes,
                 }),
                 retry: self.retry,
             }),

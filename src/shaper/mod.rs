@@ -21,6 +21,7 @@ mod builder;
 pub(crate) mod call;
 pub(crate) mod handle;
 mod held;
+mod lanes;
 mod registry;
 mod request;
 mod settle;

@@ -10,34 +10,30 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use reqwest::Request;
 
+use super::lanes::Lanes;
 use crate::error::{ConfigError, Error};
 use crate::gate::{Gate, GateMap};
-use crate::lane::{Lane, LanePolicy, LaneSnapshot, OnIdle};
+use crate::lane::{Lane, LanePolicy, LaneSnapshot};
 use crate::meters::Quota;
 use crate::observability::{Labels, LaneMetrics, StoreMetrics};
 use crate::retry::RetryBudget;
 use crate::route::{Level, Route, Tag};
 use crate::store::{Store, StoreFailure, StoreMode};
-use crate::sync::{listed, lock, shrink};
+use crate::sync::{listed, lock};
 use crate::vendor::{VendorMap, VendorModel};
-
-type LaneMap = Mutex<HashMap<String, Arc<Lane>>>;
 
 /// A shaper's lanes and gates by name, and what it takes to make them:
 /// the levels and routes, how every lane behaves, and the store.
 pub(crate) struct Registry {
-    lanes: Arc<LaneMap>,
+    lanes: Arc<Lanes>,
     gates: Arc<GateMap>,
     vendors: Arc<VendorMap>,
     /// Levels whose quotas changed while the shaper ran, by name.
     changed: Mutex<HashMap<String, Vec<Quota>>>,
-    /// Shut down: no lane is handed out any more.
-    shut: AtomicBool,
     /// How every lane behaves (its quotas come from the levels).
     policy: LanePolicy,
     /// Each vendor model's allowance of failure retries.
@@ -62,16 +58,17 @@ pub(super) struct Plan {
     pub(super) store: Option<Store>,
     pub(super) store_failure: StoreFailure,
     pub(super) metrics_per_lane: bool,
+    /// The most lanes live at once (none: no cap).
+    pub(super) max_lanes: Option<usize>,
 }
 
 impl Registry {
     pub(super) fn new(plan: Plan) -> Self {
         Self {
-            lanes: Arc::default(),
+            lanes: Arc::new(Lanes::new(plan.max_lanes, plan.policy.idle_timeout)),
             gates: Arc::default(),
             vendors: Arc::default(),
             changed: Mutex::default(),
-            shut: AtomicBool::new(false),
             policy: plan.policy,
             budget: plan.budget,
             routes: plan.routes,
@@ -84,28 +81,26 @@ impl Registry {
 
     /// What the lane `key` is doing, if it exists.
     pub(super) fn snapshot(&self, key: &str) -> Option<LaneSnapshot> {
-        lock(&self.lanes).get(key).map(|lane| lane.snapshot())
+        self.lanes.snapshot(key)
     }
 
     /// How many lanes are live.
     pub(super) fn live(&self) -> usize {
-        lock(&self.lanes).len()
+        self.lanes.len()
     }
 
     /// What every live lane is doing.
     pub(super) fn snapshots(&self) -> Vec<LaneSnapshot> {
-        lock(&self.lanes)
-            .values()
+        self.lanes
+            .all()
+            .iter()
             .map(|lane| lane.snapshot())
             .collect()
     }
 
     /// Hand out no lane any more, and close the live ones.
     pub(super) fn shut_down(&self) {
-        self.shut.store(true, Ordering::Release);
-        for (_, lane) in lock(&self.lanes).drain() {
-            lane.close();
-        }
+        self.lanes.shut_down();
     }
 
     /// Every level of the shaper named `name`, shaper-wide and in routes.
@@ -173,7 +168,7 @@ impl Registry {
         for model in &models {
             model.requoted();
         }
-        for lane in lock(&self.lanes).values() {
+        for lane in self.lanes.all() {
             if lane.holds_level(level) {
                 lane.requoted();
             }
@@ -211,11 +206,11 @@ impl Registry {
             .iter()
             .map(|level| level.lane_name(request, tag))
             .collect();
-        let (Some(vendor_level), Some(vendor_key)) = (levels.last(), keys.last()) else {
+        if levels.is_empty() {
             return Err(Error::NoQuota {
                 url: request.url().to_string(),
             });
-        };
+        }
         let mut name = keys.join(" | ");
         // A route without levels of its own still has settings of its own
         // (its answers, its store failure, its tokens): its requests wait in a lane of
@@ -223,26 +218,31 @@ impl Registry {
         if let Some(route) = route.filter(|r| r.levels.is_empty()) {
             name = format!("{} | {name}", route.name);
         }
-        let mut lanes = lock(&self.lanes);
-        if self.shut.load(Ordering::Acquire) {
-            return Err(Error::Shutdown);
+        if let Some(lane) = self.lanes.find(&name) {
+            return Ok(lane);
         }
-        if let Some(lane) = lanes.get(&name)
-            && lane.is_running()
-        {
-            return Ok(lane.clone());
-        }
-        // New, or its dispatcher ended with the runtime it ran on (a
-        // shaper outlives the runtimes of several tests, or a runtime
-        // rebuilt after a panic): start it here. Its gates, and with them
-        // the quota spent and any pause, carry over.
+        self.lanes
+            .open(&name, || self.make_lane(&name, route, &levels, &keys))
+    }
+
+    /// A new lane `name` for `levels`, named by `keys` in each (the
+    /// vendor's last), on `route`.
+    fn make_lane(
+        &self,
+        name: &str,
+        route: Option<&Route>,
+        levels: &[&Level],
+        keys: &[String],
+    ) -> Lane {
+        // `lane_for` made sure there is a level, and a key for each.
+        let (vendor_level, vendor_key) = (levels[levels.len() - 1], &keys[keys.len() - 1]);
         // Every level's quotas are a shared gate, even when one lane is all
         // that uses it yet: the vendor's quota must be one gate for all.
         let vendor_gate = self.gate_for(vendor_level, vendor_key);
         let vendor = self.vendor_for(vendor_key, &vendor_gate);
         let mut shared: Vec<Arc<Gate>> = levels
             .iter()
-            .zip(&keys)
+            .zip(keys)
             .take(levels.len() - 1)
             .map(|(level, key)| self.gate_for(level, key))
             .collect();
@@ -255,7 +255,7 @@ impl Registry {
             },
             route: route.map(|route| route.name.clone()).unwrap_or_default(),
         };
-        let per_lane = self.metrics_per_lane.then_some(name.as_str());
+        let per_lane = self.metrics_per_lane.then_some(name);
         let remote = self.store.as_ref().map(|store| {
             let failure = route
                 .and_then(|route| route.store_failure)
@@ -264,7 +264,7 @@ impl Registry {
             let headroom = self.policy.headroom;
             let metrics =
                 StoreMetrics::new(&labels, per_lane, &StoreMode::ALL.map(StoreMode::label));
-            let link = store.link(shared.clone(), &keys, &quotas, headroom, failure, metrics);
+            let link = store.link(shared.clone(), keys, &quotas, headroom, failure, metrics);
             Arc::new(link)
         });
         let mut policy = self.policy.clone();
@@ -275,19 +275,15 @@ impl Registry {
         if let Some(tokens) = route.and_then(|r| r.tokens) {
             policy.tokens = Some(tokens);
         }
-        let on_idle = evict_when_idle(Arc::downgrade(&self.lanes), name.clone());
         let metrics = LaneMetrics::new(&labels, per_lane);
-        let lane = Arc::new(Lane::spawn(
-            name.clone(),
+        Lane::open(
+            name.to_owned(),
             labels,
             metrics,
             policy,
             (shared, vendor),
-            Some(on_idle),
-            remote,
-        ));
-        lanes.insert(name, lane.clone());
-        Ok(lane)
+            (remote, Some(self.lanes.nudge())),
+        )
     }
 
     /// The quotas of `level` now: as built, or as last changed live.
@@ -318,28 +314,12 @@ impl Registry {
     }
 }
 
-/// Drop an idle lane, unless somebody still holds it: the map's lock is
-/// also taken to hand a lane out, so nobody can pick it up meanwhile.
-fn evict_when_idle(lanes: Weak<LaneMap>, key: String) -> OnIdle {
-    Box::new(move || {
-        let Some(lanes) = lanes.upgrade() else { return };
-        let mut lanes = lock(&lanes);
-        if lanes
-            .get(&key)
-            .is_some_and(|lane| Arc::strong_count(lane) == 1 && lane.is_idle())
-        {
-            lanes.remove(&key);
-            shrink(&mut lanes);
-        }
-    })
-}
-
 impl fmt::Debug for Registry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Registry")
             .field("levels", &self.levels)
             .field("routes", &self.routes)
-            .field("lanes", &lock(&self.lanes).len())
+            .field("lanes", &self.lanes.len())
             .finish_non_exhaustive()
     }
 }

@@ -103,6 +103,7 @@ impl<'a> Ready<'a> {
         if handed {
             shared.count_out();
             shared.released.fetch_add(1, Ordering::Relaxed);
+            shared.active(now);
             shared.metrics.released();
             self.queue.handed(taken.class, taken.batch_waited);
         }

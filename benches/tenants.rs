@@ -1,0 +1,238 @@
+//! A million tenants: N tenants, a lane each, one request each and then
+//! ten each, beside governor's keyed limiter: what a live, idle lane
+//! weighs (resident memory and heap, per lane) and what a request costs.
+//!
+//! ```text
+//! cargo bench --bench tenants            # N = 10^4, 10^5, 10^6
+//! cargo bench --bench tenants -- 100000  # one N
+//! ```
+//!
+//! The transport answers at once, without a socket, so what is measured is
+//! the shaper's own work: finding (or making) the tenant's lane, charging
+//! its quota and the vendor's, handing over the turn. Each N runs in a
+//! process of its own (the bench runs itself again), so one N's freed
+//! memory does not flatter the next one's resident figure.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::num::NonZeroU32;
+use std::process::Command;
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::time::{Duration, Instant};
+
+use callshaper::route::{LaneKey, Level};
+use callshaper::shaper::{BoxFuture, Transport};
+use callshaper::{Quota, Shaper};
+use reqwest::{Request, Response};
+
+/// Counts live heap bytes beside the resident set.
+struct Counting;
+
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+// SAFETY: every call is forwarded unchanged to the system allocator; the
+// counter is only bookkeeping. Measuring memory needs a global allocator,
+// and that needs `unsafe`; it lives in this benchmark only.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Answers every attempt at once with an empty 200.
+struct AtOnce;
+
+impl Transport for AtOnce {
+    fn send(&self, _request: Request) -> BoxFuture<reqwest::Result<Response>> {
+        Box::pin(async { Ok(Response::from(http::Response::new(""))) })
+    }
+}
+
+/// Resident memory of this process, in bytes.
+fn rss() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+fn heap() -> i64 {
+    LIVE.load(Ordering::Relaxed) as i64
+}
+
+/// What one run measured.
+struct Figures {
+    rss_per: f64,
+    heap_per: f64,
+    first: Duration,
+    again: Duration,
+}
+
+impl Figures {
+    fn print(&self, name: &str, n: usize) {
+        println!(
+            "| {name} | {n} | {:.0} B | {:.0} B | {:.2} µs | {:.2} µs |",
+            self.rss_per,
+            self.heap_per,
+            self.first.as_secs_f64() * 1e6,
+            self.again.as_secs_f64() * 1e6,
+        );
+    }
+}
+
+fn tenant(i: usize) -> String {
+    format!("tenant-{i:07}")
+}
+
+/// N tenants through one shaper: a lane per tenant (10 a second each, in
+/// bursts of 20, so eleven calls in a row need no wait) under one vendor
+/// quota far above the load.
+async fn callshaper(n: usize) -> Figures {
+    let second = Duration::from_secs(1);
+    let tenants = Level::new(
+        "tenant",
+        LaneKey::Tag,
+        [Quota::token_bucket(20, 10, second)],
+    );
+    let shaper = Shaper::builder()
+        .quota(Quota::leaky_bucket(1_000_000_000, Duration::from_secs(1)))
+        .level(tenants)
+        .idle_timeout(Duration::from_secs(3600))
+        .transport(AtOnce)
+        .build()
+        .expect("a valid shaper");
+    let names: Vec<String> = (0..n).map(tenant).collect();
+    // One request first, so the shaper's own start-up is not counted.
+    drop(
+        shaper
+            .get("http://vendor.test/")
+            .tag("warm-up")
+            .send()
+            .await,
+    );
+    let (rss0, heap0) = (rss(), heap());
+    let started = Instant::now();
+    for name in &names {
+        let sent = shaper
+            .get("http://vendor.test/")
+            .tag(name.as_str())
+            .send()
+            .await;
+        drop(sent.expect("answered"));
+    }
+    let first = started.elapsed() / n as u32;
+    let (rss1, heap1) = (rss(), heap());
+    assert_eq!(shaper.live_lanes(), n + 1, "every tenant's lane is live");
+    // Ten more each from 64 tasks: a lane found, not made.
+    let started = Instant::now();
+    let rounds: Vec<_> = names
+        .chunks(names.len().div_ceil(64))
+        .map(|chunk| {
+            let (shaper, chunk) = (shaper.clone(), chunk.to_vec());
+            tokio::spawn(async move {
+                for _ in 0..10 {
+                    for name in &chunk {
+                        let sent = shaper
+                            .get("http://vendor.test/")
+                            .tag(name.as_str())
+                            .send()
+                            .await;
+                        drop(sent.expect("answered"));
+                    }
+                }
+            })
+        })
+        .collect();
+    for round in rounds {
+        round.await.expect("a round ran");
+    }
+    let again = started.elapsed() / (n as u32 * 10);
+    Figures {
+        rss_per: (rss1.saturating_sub(rss0)) as f64 / n as f64,
+        heap_per: (heap1 - heap0) as f64 / n as f64,
+        first,
+        again,
+    }
+}
+
+/// governor's keyed limiter, the same tenants and quota: a check per
+/// request.
+fn governor(n: usize) -> Figures {
+    use governor::{Quota as GQuota, RateLimiter};
+    let quota = GQuota::per_second(NonZeroU32::new(10).expect("ten"))
+        .allow_burst(NonZeroU32::new(20).expect("twenty"));
+    let limiter = RateLimiter::keyed(quota);
+    let names: Vec<String> = (0..n).map(tenant).collect();
+    let (rss0, heap0) = (rss(), heap());
+    let started = Instant::now();
+    for name in &names {
+        assert!(limiter.check_key(name).is_ok());
+    }
+    let first = started.elapsed() / n as u32;
+    let (rss1, heap1) = (rss(), heap());
+    let started = Instant::now();
+    for _ in 0..10 {
+        for name in &names {
+            assert!(limiter.check_key(name).is_ok());
+        }
+    }
+    let again = started.elapsed() / (n as u32 * 10);
+    Figures {
+        rss_per: (rss1.saturating_sub(rss0)) as f64 / n as f64,
+        heap_per: (heap1 - heap0) as f64 / n as f64,
+        first,
+        again,
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    if let [which, n] = &args[..] {
+        let n: usize = n.parse().expect("a count");
+        let figures = match which.as_str() {
+            "callshaper" => tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("a runtime")
+                .block_on(callshaper(n)),
+            _ => governor(n),
+        };
+        figures.print(which, n);
+        return;
+    }
+    let counts: Vec<usize> = match args.first() {
+        Some(n) => vec![n.parse().expect("a count")],
+        None => vec![10_000, 100_000, 1_000_000],
+    };
+    let me = std::env::current_exe().expect("the bench's path");
+    println!(
+        "| limiter | tenants | resident per lane | heap per lane | first request | each of ten more |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for n in counts {
+        for which in ["callshaper", "governor"] {
+            let status = Command::new(&me)
+                .args([which, &n.to_string()])
+                .status()
+                .expect("the bench runs itself");
+            assert!(status.success(), "{which} at {n}");
+        }
+    }
+}

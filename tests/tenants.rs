@@ -1,0 +1,161 @@
+//! Many tenants: a lane per key, found on a sharded map, dropped by one
+//! sweeper when idle, and held to `max_lanes`, without ever forgetting a
+//! quota a key has spent. The transport answers at once, without a
+//! socket, so tokio's paused clock measures the lanes alone.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use callshaper::route::{LaneKey, Level};
+use callshaper::shaper::{BoxFuture, Transport};
+use callshaper::{Error, Quota, Shaper};
+use reqwest::{Request, Response};
+use tokio::time::Instant;
+
+/// Answers every attempt at once, and notes when each tenant's went.
+#[derive(Clone, Default)]
+struct Recording(Arc<Mutex<HashMap<String, Vec<Instant>>>>);
+
+impl Transport for Recording {
+    fn send(&self, request: Request) -> BoxFuture<reqwest::Result<Response>> {
+        let tenant = request.url().path().trim_start_matches('/').to_owned();
+        self.0
+            .lock()
+            .unwrap()
+            .entry(tenant)
+            .or_default()
+            .push(Instant::now());
+        Box::pin(async { Ok(Response::from(http::Response::new(""))) })
+    }
+}
+
+/// A shaper with a lane per tenant (`tag`), each at `per_tenant`, under a
+/// vendor quota far above the load.
+fn tenants(per_tenant: Quota, transport: Recording) -> callshaper::shaper::ShaperBuilder {
+    Shaper::builder()
+        .quota(Quota::leaky_bucket(1_000_000_000, Duration::from_secs(1)))
+        .level(Level::new("tenant", LaneKey::Tag, [per_tenant]))
+        .transport(transport)
+}
+
+async fn call(shaper: &Shaper, tenant: &str) -> Result<Response, Error> {
+    shaper
+        .get(format!("http://vendor.test/{tenant}"))
+        .tag(tenant)
+        .send()
+        .await
+}
+
+/// 64 tasks over 100,000 keys while idle lanes are swept away a few
+/// milliseconds after they go quiet and the cap evicts more: a key's lane
+/// is never taken from under a request about to use it, nor dropped while
+/// its quota is still spent, so no tenant ever sends two requests closer
+/// than its quota's interval. Each task calls a key, waits a little (past
+/// the idle timeout, often within the interval), and calls it again: a
+/// sweep or a cap that forgot a spent quota lets that second call go at
+/// once.
+#[tokio::test(start_paused = true)]
+async fn eviction_never_forgets_a_quota_in_use() {
+    let recording = Recording::default();
+    let interval = Duration::from_millis(20);
+    let shaper = tenants(Quota::leaky_bucket(1, interval), recording.clone())
+        .headroom(Duration::ZERO)
+        .idle_timeout(Duration::from_millis(4))
+        .max_lanes(2_000)
+        .build()
+        .unwrap();
+    let tasks: Vec<_> = (0..64u64)
+        .map(|task| {
+            let shaper = shaper.clone();
+            tokio::spawn(async move {
+                let mut rng = fastrand::Rng::with_seed(task);
+                for _ in 0..100 {
+                    // Half the keys hot (shared by the tasks, so their
+                    // lanes hand over between the fast path and the
+                    // dispatcher), the rest anywhere.
+                    let key = if rng.bool() {
+                        rng.usize(..500)
+                    } else {
+                        rng.usize(..100_000)
+                    };
+                    let key = format!("t{key}");
+                    for _ in 0..2 {
+                        let answer = call(&shaper, &key).await;
+                        assert_eq!(answer.expect("every call is answered").status(), 200);
+                        tokio::time::sleep(Duration::from_millis(rng.u64(1..30))).await;
+                    }
+                }
+            })
+        })
+        .collect();
+    common::join_all(tasks).await;
+    let sent = recording.0.lock().unwrap().clone();
+    assert_eq!(sent.values().map(Vec::len).sum::<usize>(), 64 * 200);
+    for (tenant, times) in &sent {
+        for pair in times.windows(2) {
+            assert!(
+                pair[1] - pair[0] >= interval,
+                "{tenant}: two sends {:?} apart",
+                pair[1] - pair[0]
+            );
+        }
+    }
+    // Everything quiet for the idle timeout is gone.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(shaper.live_lanes(), 0, "{:?}", shaper.lanes().first());
+}
+
+/// Past `max_lanes`, a new key evicts the least recently used idle lane;
+/// when every lane still holds quota spent (a minute's, here), the new
+/// key's request ends with `LaneLimit`, naming the lane and the cap, and
+/// nothing is sent. Once the minute is over there is room again, taken
+/// from the quietest lane first.
+#[tokio::test(start_paused = true)]
+async fn the_cap_evicts_the_quietest_idle_lane_or_refuses_naming_it() {
+    let recording = Recording::default();
+    let minute = Duration::from_secs(60);
+    let shaper = tenants(Quota::fixed_window(5, minute), recording.clone())
+        .max_lanes(3)
+        .build()
+        .unwrap();
+    for tenant in ["a", "b", "c"] {
+        call(&shaper, tenant).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    match call(&shaper, "d").await {
+        Err(Error::LaneLimit { lane, max_lanes }) => {
+            assert_eq!(max_lanes, 3);
+            assert!(lane.starts_with("tenant/d |"), "{lane}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(!recording.0.lock().unwrap().contains_key("d"));
+    assert_eq!(shaper.live_lanes(), 3);
+
+    // Each tenant's window has closed: all three are idle, and a, the
+    // quietest, makes room first, then b.
+    tokio::time::sleep(minute).await;
+    call(&shaper, "d").await.unwrap();
+    call(&shaper, "e").await.unwrap();
+    let mut keys: Vec<String> = shaper
+        .lanes()
+        .into_iter()
+        .map(|lane| lane.key.split(" |").next().unwrap_or_default().to_owned())
+        .collect();
+    keys.sort();
+    assert_eq!(keys, ["tenant/c", "tenant/d", "tenant/e"]);
+}
+
+/// Zero lanes can serve nothing: refused when the shaper is built.
+#[test]
+fn a_cap_of_zero_is_refused() {
+    let error = Shaper::builder()
+        .rate(1, Duration::from_secs(1))
+        .max_lanes(0)
+        .build()
+        .unwrap_err();
+    assert!(error.to_string().contains("max_lanes"), "{error}");
+}

@@ -83,7 +83,7 @@ impl Lane {
             key,
             labels,
             metrics,
-            policy,
+            Arc::new(policy),
             (vec![own], vendor),
             (None, None),
         ))
@@ -98,7 +98,7 @@ impl Lane {
         key: String,
         labels: Labels,
         metrics: LaneMetrics,
-        policy: LanePolicy,
+        policy: Arc<LanePolicy>,
         (gates, vendor): (Vec<Arc<Gate>>, Arc<VendorModel>),
         (remote, retired): (Option<Arc<Remote>>, Option<Arc<Notify>>),
     ) -> Self {

@@ -31,7 +31,8 @@ pub(super) struct Shared {
     pub(super) key: String,
     /// Its vendor, level and route, for spans and series.
     pub(super) labels: Labels,
-    pub(super) policy: LanePolicy,
+    /// Shared by every lane of a route: a lane per tenant pays for it once.
+    pub(super) policy: Arc<LanePolicy>,
     /// The gates a release must pass, narrowest level first; the last one
     /// is the vendor's. A standalone [`Lane`] has one of its own; a
     /// shaper's lane holds the shared gate of each of its levels.

@@ -252,7 +252,7 @@ async fn a_lane_alone_does_not_share_its_gate_with_its_vendor_model() {
         "twin".into(),
         labels,
         metrics,
-        policy(),
+        Arc::new(policy()),
         gates,
         (None, None),
     );

@@ -36,6 +36,10 @@ pub(crate) struct Registry {
     changed: Mutex<HashMap<String, Vec<Quota>>>,
     /// How every lane behaves (its quotas come from the levels).
     policy: LanePolicy,
+    /// `policy` for lanes on no route, shared by all of them.
+    shaper_policy: Arc<LanePolicy>,
+    /// `policy` with each route's answers and tokens, by route.
+    route_policies: Vec<Arc<LanePolicy>>,
     /// Each vendor model's allowance of failure retries.
     budget: RetryBudget,
     routes: Vec<Route>,
@@ -64,7 +68,24 @@ pub(super) struct Plan {
 
 impl Registry {
     pub(super) fn new(plan: Plan) -> Self {
+        let route_policies = plan
+            .routes
+            .iter()
+            .map(|route| {
+                let mut policy = plan.policy.clone();
+                if let Some(answers) = &route.answers {
+                    policy.answers = answers.clone();
+                }
+                #[cfg(feature = "tokens")]
+                if let Some(tokens) = route.tokens {
+                    policy.tokens = Some(tokens);
+                }
+                Arc::new(policy)
+            })
+            .collect();
         Self {
+            shaper_policy: Arc::new(plan.policy.clone()),
+            route_policies,
             lanes: Arc::new(Lanes::new(plan.max_lanes, plan.policy.idle_timeout)),
             gates: Arc::default(),
             vendors: Arc::default(),
@@ -267,14 +288,7 @@ impl Registry {
             let link = store.link(shared.clone(), keys, &quotas, headroom, failure, metrics);
             Arc::new(link)
         });
-        let mut policy = self.policy.clone();
-        if let Some(answers) = route.and_then(|r| r.answers.clone()) {
-            policy.answers = answers;
-        }
-        #[cfg(feature = "tokens")]
-        if let Some(tokens) = route.and_then(|r| r.tokens) {
-            policy.tokens = Some(tokens);
-        }
+        let policy = self.policy_for(route);
         let metrics = LaneMetrics::new(&labels, per_lane);
         Lane::open(
             name.to_owned(),
@@ -284,6 +298,16 @@ impl Registry {
             (shared, vendor),
             (remote, Some(self.lanes.nudge())),
         )
+    }
+
+    /// How the lanes of `route` behave: the shaper's policy, with the
+    /// route's answers and tokens; one for all of them.
+    fn policy_for(&self, route: Option<&Route>) -> Arc<LanePolicy> {
+        let at = route.and_then(|route| self.routes.iter().position(|r| std::ptr::eq(r, route)));
+        match at {
+            Some(at) => self.route_policies[at].clone(),
+            None => self.shaper_policy.clone(),
+        }
     }
 
     /// The quotas of `level` now: as built, or as last changed live.

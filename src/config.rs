@@ -137,6 +137,8 @@ pub struct Defaults {
     /// See [`ShaperBuilder::metrics_per_lane`].
     #[serde(default)]
     pub metrics_per_lane: bool,
+    /// See [`ShaperBuilder::max_lanes`].
+    pub max_lanes: Option<usize>,
 }
 
 /// One vendor.
@@ -265,6 +267,9 @@ impl ShaperConfig {
             .metrics_per_lane(d.metrics_per_lane);
         for quota in &d.quotas {
             builder = builder.quota(quota.clone());
+        }
+        if let Some(n) = d.max_lanes {
+            builder = builder.max_lanes(n);
         }
         if let Some(failure) = d.on_store_failure {
             builder = builder.on_store_failure(failure);

@@ -68,7 +68,7 @@
 //!   or a typed `callshaper::Error` (`QueueFull`, `CostTooHigh`,
 //!   `WouldExceedMaxWait`, `MaxWaitElapsed`, `PauseTooLong`,
 //!   `RetriesExhausted`, `RetryBudgetExhausted`, `Transport`, `NoQuota`,
-//!   `InvalidRequest`, `Shutdown`). A caller that drops its future frees its
+//!   `InvalidRequest`, `LaneLimit`, `Shutdown`). A caller that drops its future frees its
 //!   place and spends no quota.
 //! - **No hang.** Waits are bounded by `max_wait` and `max_pause`: a vendor that
 //!   says `Retry-After: 99999999` gets `PauseTooLong`, not a stuck task.
@@ -153,6 +153,7 @@
 //! | `callshaper_learned_rate` | gauge | | requests per second the vendor's answers taught the lane (absent until it learned one) |
 //! | `callshaper_wait_seconds` | histogram | | time from submission to first release |
 //! | `callshaper_store_mode` | gauge, state set | `mode` | with a shared store: 1 for the mode in force (`shared`, `fallback`, `unavailable`), 0 for the others |
+//! | `callshaper_lanes` | gauge | none | live lanes: made on a key's first request, dropped when idle (or for `max_lanes`) |
 //!
 //! Handles of the hot path are registered once, when the lane is created,
 //! so a release pays an atomic add, not a lookup; without the feature, or

@@ -1,8 +1,13 @@
-//! A lane: one upstream quota, one FIFO queue, one dispatcher.
+//! A lane: one upstream quota, one FIFO queue, one dispatcher while anyone
+//! waits.
 //!
-//! Everything that sends to a vendor under one quota waits in the lane's
-//! bounded queue. A single dispatcher task looks at the head and releases it
-//! when three things agree:
+//! A request that finds nobody waiting, no pause and the meters' leave
+//! takes its turn at once, charging the meters in place (the fast path,
+//! `admission.rs`): a lane that is never waited in is its gates' state and
+//! nothing more. Everything else waits in the lane's bounded queue. One
+//! dispatcher task, started by the first request that must wait and
+//! retired a second after the queue drains, looks at the head and releases
+//! it when three things agree:
 //!
 //! 1. the lane is not paused (`paused_until` only moves forward);
 //! 2. a slot under the concurrency cap is free (if there is a cap);
@@ -30,7 +35,7 @@
 //! | `waiter.rs` | a waiting caller's end of its ticket; who counts it out |
 //! | `turn.rs` | the [`Turn`] a released caller holds, and a strict lane's word of when it went |
 //! | `tests.rs` | the lane's tests, with a dispatcher but no HTTP |
-//! | `dispatcher.rs` | the task that releases the head |
+//! | `dispatcher.rs` | the task that releases the head, while anyone waits; when it starts and retires |
 //! | `release/` | the engines that say when the head may go: local meters, or a shared store's reservations |
 
 mod admission;

@@ -2,7 +2,7 @@
 //! snapshot; what the lane's dispatcher and the shaper ask of a lane.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use tokio::sync::{Notify, Semaphore, oneshot};
@@ -21,7 +21,7 @@ use crate::meters::{Quota, Rate};
 use crate::observability::{InFlight, Labels, LaneMetrics};
 use crate::retry::RetryBudget;
 use crate::store::{Remote, StoreMode};
-use crate::sync::lock;
+use crate::sync::{lock, read, write};
 use crate::time::later;
 use crate::vendor::{Spending, VendorModel, explains};
 
@@ -120,7 +120,7 @@ impl Lane {
             waiting: AtomicUsize::new(0),
             policy,
             remote,
-            dispatcher: Mutex::new(None),
+            dispatcher: RwLock::new(None),
             closed: AtomicBool::new(false),
             active_at: AtomicU64::new(since_epoch(Instant::now())),
             retired,
@@ -174,16 +174,28 @@ impl Lane {
         // Unsent, the ticket is dropped with its sender: the waiter
         // counts itself out as it drops.
         let shared = &self.shared;
-        let mut door = lock(&shared.dispatcher);
-        if shared.closed.load(Ordering::Acquire) {
-            return Err(Error::Shutdown);
-        }
-        if door.as_ref().is_none_or(async_channel::Sender::is_closed) {
-            *door = Some(self.start_dispatcher());
-        }
-        match door.as_ref().map(|tickets| tickets.try_send(ticket)) {
-            Some(Ok(())) => drop(door),
-            _ => return Err(Error::Shutdown),
+        let running = read(&shared.dispatcher);
+        let ticket = match running.as_ref() {
+            Some(tickets) => match tickets.try_send(ticket) {
+                Ok(()) => None,
+                // Closed: by a shutdown, or with the runtime it ran on.
+                Err(refused) => Some(refused.into_inner()),
+            },
+            None => Some(ticket),
+        };
+        drop(running);
+        if let Some(ticket) = ticket {
+            let mut door = write(&shared.dispatcher);
+            if shared.closed.load(Ordering::Acquire) {
+                return Err(Error::Shutdown);
+            }
+            if door.as_ref().is_none_or(async_channel::Sender::is_closed) {
+                *door = Some(self.start_dispatcher());
+            }
+            match door.as_ref().map(|tickets| tickets.try_send(ticket)) {
+                Some(Ok(())) => drop(door),
+                _ => return Err(Error::Shutdown),
+            }
         }
         *slot = Slot::Waiting(waiter);
         Ok(())
@@ -479,7 +491,7 @@ impl Lane {
         let (turn, _) = oneshot::channel();
         let seq = self.shared.next_seq.fetch_add(1, Ordering::Relaxed);
         // A closed lane, or one nobody waits in, has nothing to wake.
-        if let Some(tickets) = &*lock(&self.shared.dispatcher) {
+        if let Some(tickets) = &*read(&self.shared.dispatcher) {
             let _ = tickets.try_send(Ticket {
                 seq,
                 cost: 0,
@@ -612,13 +624,13 @@ impl Lane {
     /// True while a dispatcher runs for the lane: someone waits, or did
     /// within its linger.
     pub(crate) fn is_busy(&self) -> bool {
-        lock(&self.shared.dispatcher).is_some()
+        read(&self.shared.dispatcher).is_some()
     }
 
     /// Refuse new requests and end every waiting one with
     /// [`Error::Shutdown`].
     pub(crate) fn close(&self) {
-        let mut door = lock(&self.shared.dispatcher);
+        let mut door = write(&self.shared.dispatcher);
         self.shared.closed.store(true, Ordering::Release);
         if let Some(tickets) = door.take() {
             tickets.close();

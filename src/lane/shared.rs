@@ -4,7 +4,7 @@
 //! while one runs.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
@@ -58,9 +58,10 @@ pub(super) struct Shared {
     /// A lane nobody waits in has no task, channel or queue: they start
     /// with the first request that must wait, and stop a while after the
     /// queue drains (see `dispatcher.rs`). Tickets are sent under this
-    /// lock, and a dispatcher retires under it, so none is sent to one
-    /// that is leaving.
-    pub(super) dispatcher: Mutex<Option<async_channel::Sender<Ticket>>>,
+    /// lock's read side (many at once), and a dispatcher starts and
+    /// retires under its write side, so none is sent to one that is
+    /// leaving.
+    pub(super) dispatcher: RwLock<Option<async_channel::Sender<Ticket>>>,
     /// Closed for good: every request ends with `Error::Shutdown`.
     pub(super) closed: AtomicBool,
     /// When the lane last released a turn (nanoseconds after [`EPOCH`]):

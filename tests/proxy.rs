@@ -201,6 +201,67 @@ async fn a_deadline_the_lane_cannot_meet_is_answered_at_once() {
     assert_eq!(server.received_requests().await.unwrap().len(), 1);
 }
 
+/// The same with `curl -N`, as an operator checks a stream by hand: curl
+/// prints the first event while the upstream still holds the second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curl_prints_each_event_as_it_comes() {
+    let upstream = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", upstream.local_addr().unwrap());
+    let (first_read, mut first_seen) = tokio::sync::mpsc::channel::<()>(1);
+    tokio::spawn(async move {
+        let (mut stream, _) = upstream.accept().await.unwrap();
+        let mut request = vec![0; 4096];
+        let _ = stream.read(&mut request).await.unwrap();
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let event = |data: &str| format!("{:x}\r\n{data}\r\n", data.len());
+        stream
+            .write_all(event("data: one\n\n").as_bytes())
+            .await
+            .unwrap();
+        first_seen.recv().await;
+        stream
+            .write_all(event("data: two\n\n").as_bytes())
+            .await
+            .unwrap();
+        stream.write_all(b"0\r\n\r\n").await.unwrap();
+    });
+    let shaper = Shaper::builder().rate(10, SECOND).build().unwrap();
+    let address = serve(proxy_of(shaper, "sse", &base)).await;
+    let mut curl = Command::new("curl")
+        .args([
+            "-sN",
+            "--max-time",
+            "20",
+            &format!("http://{address}/sse/events"),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("curl runs (scripts/test needs it)");
+    let stdout = curl.stdout.take().unwrap();
+    let (printed, mut lines) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines() {
+            let _ = printed.send(line.unwrap());
+        }
+    });
+    let first = tokio::time::timeout(5 * SECOND, lines.recv())
+        .await
+        .expect("curl prints the first event while the upstream holds the second");
+    assert_eq!(first.as_deref(), Some("data: one"));
+    first_read.send(()).await.unwrap();
+    let mut rest = Vec::new();
+    while let Some(line) = lines.recv().await {
+        rest.push(line);
+    }
+    assert_eq!(rest, ["", "data: two", ""]);
+    let status = tokio::task::spawn_blocking(move || curl.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(status.success());
+}
+
 /// A vendor's defaults in the file stand in for the headers a client did
 /// not send, and a header the client did send wins.
 #[tokio::test]

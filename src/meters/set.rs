@@ -21,12 +21,14 @@ pub(crate) struct Meters {
     meters: Vec<Counting>,
     /// A slower pace than declared (a quota the vendor announced, or
     /// adaptive pacing), counting requests.
-    pace: Option<LeakyBucket>,
+    /// Boxed, as `leak`: most gates never have one, and a lane per tenant
+    /// holds a gate each.
+    pace: Option<Box<LeakyBucket>>,
     /// A vendor's bucket whose leak its levels showed (Shopify): its
     /// capacity, refilled at that rate, and held to what it says is left
     /// as the declared buckets are, so the lane uses the room the vendor
     /// reports and paces at the leak only when the bucket is full.
-    leak: Option<TokenBucket>,
+    leak: Option<Box<TokenBucket>>,
     /// The last release, so a new pace counts from it.
     last: Option<Instant>,
     /// Releases over the request quota's window, when there is one.
@@ -287,7 +289,7 @@ impl Meters {
             hold(meter);
         }
         if let Some(leak) = &mut self.leak {
-            hold(leak);
+            hold(leak.as_mut());
         }
     }
 
@@ -356,14 +358,14 @@ impl Meters {
                 if let Some(last) = self.last {
                     bucket.commit(1, last);
                 }
-                *pace = Some(bucket);
+                *pace = Some(Box::new(bucket));
             }
         }
     }
 
     /// The pace now in force, if slower than declared.
     pub(crate) fn pace(&self) -> Option<Duration> {
-        self.pace.as_ref().map(Meter::interval)
+        self.pace.as_deref().map(Meter::interval)
     }
 
     /// The spacing a shared store keeps to for these meters: the pace, or
@@ -395,7 +397,7 @@ impl Meters {
             if full > allowed {
                 bucket.commit(full - allowed, now);
             }
-            bucket
+            Box::new(bucket)
         });
     }
 
@@ -412,8 +414,9 @@ impl Meters {
     /// The meters set at run time that count requests: the pace and a
     /// vendor bucket's leak.
     fn paces(&self) -> impl Iterator<Item = &dyn Meter> {
-        let pace = self.pace.iter().map(|pace| pace as &dyn Meter);
-        pace.chain(self.leak.iter().map(|leak| leak as &dyn Meter))
+        let pace = self.pace.as_deref().map(|pace| pace as &dyn Meter);
+        let leak = self.leak.as_deref().map(|leak| leak as &dyn Meter);
+        pace.into_iter().chain(leak)
     }
 }
 

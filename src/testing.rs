@@ -62,12 +62,14 @@
 //! a three-master Redis Cluster. Redis keeps its own time, so fleet tests run on
 //! the real clock.
 
+mod clock;
 mod counting;
 mod llm;
 #[cfg(feature = "redis")]
 mod redis;
 mod style;
 
+use self::clock::{now, wall_at};
 use self::counting::{Counting, Limiter, Nginx};
 pub use self::llm::LlmVendor;
 #[cfg(feature = "redis")]
@@ -76,7 +78,7 @@ pub use self::style::Style;
 use self::style::epoch_secs_after;
 
 use std::collections::VecDeque;
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use reqwest::{Request, Response};
@@ -533,26 +535,6 @@ impl WallClock for TokioWall {
     fn now(&self) -> SystemTime {
         wall_at(Instant::now())
     }
-}
-
-/// The wall time at `at` on tokio's clock (see [`TokioWall`]).
-fn wall_at(at: Instant) -> SystemTime {
-    static ANCHOR: LazyLock<(SystemTime, std::time::Instant)> =
-        LazyLock::new(|| (SystemTime::now(), std::time::Instant::now()));
-    let (wall, anchor) = *ANCHOR;
-    let at = at.into_std();
-    match at.checked_duration_since(anchor) {
-        Some(since) => wall.checked_add(since),
-        None => wall.checked_sub(anchor.saturating_duration_since(at)),
-    }
-    .unwrap_or(wall)
-}
-
-/// Tokio's clock of `runtime` (virtual under a paused test clock), or the
-/// real one.
-fn now(runtime: Option<&Handle>) -> Instant {
-    let _entered = runtime.map(Handle::enter);
-    Instant::now()
 }
 
 impl Respond for Vendor {

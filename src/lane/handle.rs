@@ -2,13 +2,13 @@
 //! snapshot; what the lane's dispatcher and the shaper ask of a lane.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{Notify, Semaphore, oneshot};
 use tokio::time::{Instant, sleep_until};
 
-use super::dispatcher::Dispatcher;
+use super::dispatcher::{Dispatcher, Door};
 use super::policy::{LanePolicy, Priority};
 use super::release::{Local, Reserved};
 use super::shared::{Shared, since_epoch};
@@ -52,6 +52,9 @@ use crate::vendor::{Spending, VendorModel, explains};
 #[derive(Clone)]
 pub struct Lane {
     pub(super) shared: Arc<Shared>,
+    /// The door to its dispatcher, while one runs: a lane nobody waits in
+    /// has no task, channel or queue (see `dispatcher.rs`).
+    door: Arc<Door>,
 }
 
 impl Lane {
@@ -120,13 +123,15 @@ impl Lane {
             waiting: AtomicUsize::new(0),
             policy,
             remote,
-            dispatcher: RwLock::new(None),
             closed: AtomicBool::new(false),
             active_at: AtomicU64::new(since_epoch(Instant::now())),
             retired,
         });
         shared.report_quota();
-        Self { shared }
+        Self {
+            shared,
+            door: Arc::default(),
+        }
     }
 
     /// The lane's key.
@@ -174,7 +179,7 @@ impl Lane {
         // Unsent, the ticket is dropped with its sender: the waiter
         // counts itself out as it drops.
         let shared = &self.shared;
-        let running = read(&shared.dispatcher);
+        let running = read(&self.door);
         let ticket = match running.as_ref() {
             Some(tickets) => match tickets.try_send(ticket) {
                 Ok(()) => None,
@@ -185,7 +190,7 @@ impl Lane {
         };
         drop(running);
         if let Some(ticket) = ticket {
-            let mut door = write(&shared.dispatcher);
+            let mut door = write(&self.door);
             if shared.closed.load(Ordering::Acquire) {
                 return Err(Error::Shutdown);
             }
@@ -206,10 +211,10 @@ impl Lane {
     /// the in-memory path pays nothing for the store's.
     fn start_dispatcher(&self) -> async_channel::Sender<Ticket> {
         let (tickets, tickets_rx) = async_channel::unbounded();
-        let shared = self.shared.clone();
-        match shared.remote.clone() {
-            None => Dispatcher::spawn(shared, tickets_rx, Local::default()),
-            Some(remote) => Dispatcher::spawn(shared, tickets_rx, Reserved::new(remote)),
+        let lane = (self.shared.clone(), self.door.clone());
+        match self.shared.remote.clone() {
+            None => Dispatcher::spawn(lane, tickets_rx, Local::default()),
+            Some(remote) => Dispatcher::spawn(lane, tickets_rx, Reserved::new(remote)),
         }
         tickets
     }
@@ -491,7 +496,7 @@ impl Lane {
         let (turn, _) = oneshot::channel();
         let seq = self.shared.next_seq.fetch_add(1, Ordering::Relaxed);
         // A closed lane, or one nobody waits in, has nothing to wake.
-        if let Some(tickets) = &*read(&self.shared.dispatcher) {
+        if let Some(tickets) = &*read(&self.door) {
             let _ = tickets.try_send(Ticket {
                 seq,
                 cost: 0,
@@ -624,13 +629,13 @@ impl Lane {
     /// True while a dispatcher runs for the lane: someone waits, or did
     /// within its linger.
     pub(crate) fn is_busy(&self) -> bool {
-        read(&self.shared.dispatcher).is_some()
+        read(&self.door).is_some()
     }
 
     /// Refuse new requests and end every waiting one with
     /// [`Error::Shutdown`].
     pub(crate) fn close(&self) {
-        let mut door = write(&self.shared.dispatcher);
+        let mut door = write(&self.door);
         self.shared.closed.store(true, Ordering::Release);
         if let Some(tickets) = door.take() {
             tickets.close();

@@ -1,17 +1,16 @@
 //! A lane's state, shared by its handle, its dispatcher and its engines:
 //! the gates a release passes, the count of who waits, the in-flight cap,
-//! the store link; what a fleet booked for a turn; the dispatcher's door,
-//! while one runs.
+//! the store link; what a fleet booked for a turn; when it was last
+//! active.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use super::policy::LanePolicy;
-use super::turn::Ticket;
 use crate::error::Error;
 use crate::gate::{Booked, Gate, Stop};
 use crate::meters::Meters;
@@ -54,14 +53,6 @@ pub(super) struct Shared {
     pub(super) metrics: LaneMetrics,
     /// The link to a shared store: the gates' quotas live there.
     pub(super) remote: Option<Arc<Remote>>,
-    /// Where tickets go while a dispatcher runs; `None` while none does.
-    /// A lane nobody waits in has no task, channel or queue: they start
-    /// with the first request that must wait, and stop a while after the
-    /// queue drains (see `dispatcher.rs`). Tickets are sent under this
-    /// lock's read side (many at once), and a dispatcher starts and
-    /// retires under its write side, so none is sent to one that is
-    /// leaving.
-    pub(super) dispatcher: RwLock<Option<async_channel::Sender<Ticket>>>,
     /// Closed for good: every request ends with `Error::Shutdown`.
     pub(super) closed: AtomicBool,
     /// When the lane last released a turn (nanoseconds after [`EPOCH`]):

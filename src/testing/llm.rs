@@ -10,8 +10,8 @@ use tokio::runtime::Handle;
 use tokio::time::Instant;
 use wiremock::{MockServer, Respond, ResponseTemplate};
 
+use super::clock::{now, wall_at};
 use super::style::{go_duration, rfc3339_after, whole_secs_up};
-use super::{now, wall_at};
 
 /// An LLM vendor: OpenAI's chat completions or Anthropic's messages, as
 /// JSON or as server-sent events (`"stream": true`), under a quota of

@@ -11,7 +11,7 @@
 use bytes::{Bytes, BytesMut};
 use serde_json::Value;
 
-use super::Usage;
+use super::usage::Usage;
 
 /// The longest event (and data) read or held: a chunk of an LLM's stream
 /// is a few hundred bytes.

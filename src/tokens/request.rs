@@ -5,7 +5,7 @@ use reqwest::Request;
 use reqwest::header::{ACCEPT_ENCODING, CONTENT_LENGTH, HeaderValue};
 use serde_json::Value;
 
-use super::{Style, TokenCost};
+use super::cost::{Style, TokenCost};
 
 /// Keys whose strings are data, not text: base64 images, audio and files
 /// (`image_url` holds a URL or a `data:` URL). They are tokens of another

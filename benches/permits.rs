@@ -9,11 +9,10 @@
 //! Plain `main` (no criterion) to keep the dependency tree lean; each figure
 //! is the best of five runs.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::future::Future;
 use std::num::NonZeroU32;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicIsize, Ordering};
+
 use std::time::{Duration, Instant};
 
 use callshaper::lane::{Lane, LanePolicy};
@@ -21,30 +20,14 @@ use callshaper::testing::Vendor;
 use callshaper::{Quota, Shaper};
 use tower::{Service, ServiceExt};
 
-/// Counts live heap bytes, to weigh a queued request.
-struct Counting;
+// Its heap counting; this benchmark reads no resident set.
+#[allow(dead_code)]
+#[path = "common/memory.rs"]
+mod memory;
 
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: every call is forwarded unchanged to the system allocator; the
-// counter is only bookkeeping. Measuring memory needs a global allocator,
-// and that needs `unsafe`; it lives in this benchmark only.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
+/// Weighs a queued request.
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: memory::Counting = memory::Counting;
 
 const PERMITS: usize = 200_000;
 const QUEUED: usize = 10_000;
@@ -174,11 +157,11 @@ fn bytes_per_queued(make: fn(u32) -> Acquire) -> (f64, f64) {
 }
 
 async fn weigh(make: impl Fn() -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>>) -> f64 {
-    let before = LIVE.load(Ordering::Relaxed);
+    let before = memory::heap();
     let handles: Vec<_> = (0..QUEUED).map(|_| tokio::spawn(make())).collect();
     // Let every task reach its wait.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let after = LIVE.load(Ordering::Relaxed);
+    let after = memory::heap();
     for handle in &handles {
         handle.abort();
     }

@@ -30,6 +30,10 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+// Its resident-set reading; this benchmark counts no heap.
+#[allow(dead_code)]
+#[path = "common/memory.rs"]
+mod memory;
 // The tests' nginx, whose limit_req page this benchmark does not use.
 #[allow(dead_code)]
 #[path = "../tests/common/nginx.rs"]
@@ -184,13 +188,7 @@ async fn send(client: &reqwest::Client, url: &str) {
 
 /// A process's resident memory.
 fn rss(pid: u32) -> u64 {
-    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).unwrap_or_default();
-    let pages: u64 = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(0);
-    pages * 4096
+    memory::resident(&pid.to_string())
 }
 
 /// Open `CONNECTIONS` connections to the proxy at `address` (process

@@ -13,10 +13,9 @@
 //! process of its own (the bench runs itself again), so one N's freed
 //! memory does not flatter the next one's resident figure.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::num::NonZeroU32;
 use std::process::Command;
-use std::sync::atomic::{AtomicIsize, Ordering};
+
 use std::time::{Duration, Instant};
 
 use callshaper::route::{LaneKey, Level};
@@ -24,30 +23,12 @@ use callshaper::shaper::{BoxFuture, Transport};
 use callshaper::{Quota, Shaper};
 use reqwest::{Request, Response};
 
+#[path = "common/memory.rs"]
+mod memory;
+
 /// Counts live heap bytes beside the resident set.
-struct Counting;
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: every call is forwarded unchanged to the system allocator; the
-// counter is only bookkeeping. Measuring memory needs a global allocator,
-// and that needs `unsafe`; it lives in this benchmark only.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: memory::Counting = memory::Counting;
 
 /// Answers every attempt at once with an empty 200.
 struct AtOnce;
@@ -58,19 +39,12 @@ impl Transport for AtOnce {
     }
 }
 
-/// Resident memory of this process, in bytes.
 fn rss() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: u64 = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(0);
-    pages * 4096
+    memory::resident("self")
 }
 
 fn heap() -> i64 {
-    LIVE.load(Ordering::Relaxed) as i64
+    memory::heap() as i64
 }
 
 /// What one run measured.
@@ -91,6 +65,12 @@ impl Figures {
             self.again.as_secs_f64() * 1e6,
         );
     }
+}
+
+/// One request of tenant `name`, answered.
+async fn call(shaper: &Shaper, name: &str) {
+    let sent = shaper.get("http://vendor.test/").tag(name).send().await;
+    drop(sent.expect("answered"));
 }
 
 fn tenant(i: usize) -> String {
@@ -126,12 +106,7 @@ async fn callshaper(n: usize) -> Figures {
     let (rss0, heap0) = (rss(), heap());
     let started = Instant::now();
     for name in &names {
-        let sent = shaper
-            .get("http://vendor.test/")
-            .tag(name.as_str())
-            .send()
-            .await;
-        drop(sent.expect("answered"));
+        call(&shaper, name).await;
     }
     let first = started.elapsed() / n as u32;
     let (rss1, heap1) = (rss(), heap());
@@ -145,12 +120,7 @@ async fn callshaper(n: usize) -> Figures {
             tokio::spawn(async move {
                 for _ in 0..10 {
                     for name in &chunk {
-                        let sent = shaper
-                            .get("http://vendor.test/")
-                            .tag(name.as_str())
-                            .send()
-                            .await;
-                        drop(sent.expect("answered"));
+                        call(&shaper, name).await;
                     }
                 }
             })

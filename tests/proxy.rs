@@ -205,27 +205,7 @@ async fn a_deadline_the_lane_cannot_meet_is_answered_at_once() {
 /// prints the first event while the upstream still holds the second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_prints_each_event_as_it_comes() {
-    let upstream = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", upstream.local_addr().unwrap());
-    let (first_read, mut first_seen) = tokio::sync::mpsc::channel::<()>(1);
-    tokio::spawn(async move {
-        let (mut stream, _) = upstream.accept().await.unwrap();
-        let mut request = vec![0; 4096];
-        let _ = stream.read(&mut request).await.unwrap();
-        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
-        stream.write_all(head.as_bytes()).await.unwrap();
-        let event = |data: &str| format!("{:x}\r\n{data}\r\n", data.len());
-        stream
-            .write_all(event("data: one\n\n").as_bytes())
-            .await
-            .unwrap();
-        first_seen.recv().await;
-        stream
-            .write_all(event("data: two\n\n").as_bytes())
-            .await
-            .unwrap();
-        stream.write_all(b"0\r\n\r\n").await.unwrap();
-    });
+    let (base, first_read) = two_events().await;
     let shaper = Shaper::builder().rate(10, SECOND).build().unwrap();
     let address = serve(proxy_of(shaper, "sse", &base)).await;
     let mut curl = Command::new("curl")
@@ -317,11 +297,10 @@ async fn a_vendors_defaults_stand_in_for_headers_not_sent() {
     assert!(error.contains("vendors.v.proxy.max_wait"), "{error}");
 }
 
-/// Server-sent events pass through one by one: the client reads the
-/// first event while the upstream has not sent the second yet (it waits
-/// for the client's word that the first arrived).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn events_reach_the_client_before_the_upstream_ends() {
+/// An upstream of server-sent events that sends its first event, and its
+/// second only once told (the client has the first): its base URL, and
+/// the sender that tells it.
+async fn two_events() -> (String, tokio::sync::mpsc::Sender<()>) {
     let upstream = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", upstream.local_addr().unwrap());
     let (first_read, mut first_seen) = tokio::sync::mpsc::channel::<()>(1);
@@ -336,7 +315,6 @@ async fn events_reach_the_client_before_the_upstream_ends() {
             .write_all(event("data: one\n\n").as_bytes())
             .await
             .unwrap();
-        // The second event goes only once the client has the first.
         first_seen.recv().await;
         stream
             .write_all(event("data: two\n\n").as_bytes())
@@ -344,6 +322,15 @@ async fn events_reach_the_client_before_the_upstream_ends() {
             .unwrap();
         stream.write_all(b"0\r\n\r\n").await.unwrap();
     });
+    (base, first_read)
+}
+
+/// Server-sent events pass through one by one: the client reads the
+/// first event while the upstream has not sent the second yet (it waits
+/// for the client's word that the first arrived).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_reach_the_client_before_the_upstream_ends() {
+    let (base, first_read) = two_events().await;
     let shaper = Shaper::builder().rate(10, SECOND).build().unwrap();
     let address = serve(proxy_of(shaper, "sse", &base)).await;
     let mut response = reqwest::get(format!("http://{address}/sse/events"))

@@ -56,6 +56,22 @@ struct Figures {
 }
 
 impl Figures {
+    /// What `n` tenants grew memory by, from `before` to `after` (resident,
+    /// heap), and the `times` per request.
+    fn per_tenant(
+        n: usize,
+        before: (u64, i64),
+        after: (u64, i64),
+        (first, again): (Duration, Duration),
+    ) -> Self {
+        Self {
+            rss_per: after.0.saturating_sub(before.0) as f64 / n as f64,
+            heap_per: (after.1 - before.1) as f64 / n as f64,
+            first,
+            again,
+        }
+    }
+
     fn print(&self, name: &str, n: usize) {
         println!(
             "| {name} | {n} | {:.0} B | {:.0} B | {:.2} µs | {:.2} µs |",
@@ -130,12 +146,7 @@ async fn callshaper(n: usize) -> Figures {
         round.await.expect("a round ran");
     }
     let again = started.elapsed() / (n as u32 * 10);
-    Figures {
-        rss_per: (rss1.saturating_sub(rss0)) as f64 / n as f64,
-        heap_per: (heap1 - heap0) as f64 / n as f64,
-        first,
-        again,
-    }
+    Figures::per_tenant(n, (rss0, heap0), (rss1, heap1), (first, again))
 }
 
 /// governor's keyed limiter, the same tenants and quota: a check per
@@ -160,12 +171,7 @@ fn governor(n: usize) -> Figures {
         }
     }
     let again = started.elapsed() / (n as u32 * 10);
-    Figures {
-        rss_per: (rss1.saturating_sub(rss0)) as f64 / n as f64,
-        heap_per: (heap1 - heap0) as f64 / n as f64,
-        first,
-        again,
-    }
+    Figures::per_tenant(n, (rss0, heap0), (rss1, heap1), (first, again))
 }
 
 fn main() {

@@ -1,14 +1,15 @@
-//! What the proxy adds: latency and throughput through `callshaper::proxy`
-//! side by side with direct reqwest and nginx `proxy_pass` (the anchor for
-//! a proxy on this machine), against a loopback origin that answers at
-//! once, with a quota far above the load; and the proxy's memory with
-//! 10,000 open client connections.
+//! What the shaper and the proxy add: latency and throughput through a
+//! `Shaper` in process and through `callshaper::proxy`, side by side with
+//! direct reqwest and nginx `proxy_pass` (the anchor for a proxy on this
+//! machine), against a loopback origin that answers at once, with a quota
+//! far above the load; and the proxy's memory with 10,000 open client
+//! connections.
 //!
 //! ```text
 //! cargo bench --bench proxy
 //! ```
 //!
-//! Each side runs alike for all three: the origin on a runtime thread of
+//! Each side runs alike for all: the origin on a runtime thread of
 //! its own, the client on the main thread, and each proxy in a process of
 //! its own on one thread (the library's `Proxy`, the code the
 //! `callshaper-proxy` binary serves, in a child of this benchmark; nginx
@@ -69,14 +70,25 @@ fn main() {
         .build()
         .unwrap();
     let targets = [
-        ("direct reqwest", format!("http://{origin}/ok")),
+        (
+            "direct reqwest",
+            format!("http://{origin}/ok"),
+            Via::Reqwest,
+        ),
+        (
+            "callshaper Shaper, in process",
+            format!("http://{origin}/ok"),
+            Via::Shaper,
+        ),
         (
             "callshaper proxy",
             format!("http://{}/origin/ok", proxy.address),
+            Via::Reqwest,
         ),
         (
             "nginx proxy_pass",
             format!("http://127.0.0.1:{}/ok", nginx.port),
+            Via::Reqwest,
         ),
     ];
     client.block_on(async {
@@ -86,9 +98,9 @@ fn main() {
         );
         let mut figures = vec![Vec::new(); targets.len()];
         for _ in 0..ROUNDS {
-            for (i, (_, url)) in targets.iter().enumerate() {
-                let (p50, p99) = latency(url).await;
-                figures[i].push((p50, p99, throughput(url).await));
+            for (i, (_, url, via)) in targets.iter().enumerate() {
+                let (p50, p99) = latency(url, *via).await;
+                figures[i].push((p50, p99, throughput(url, *via).await));
             }
         }
         println!("| path | p50 | p99 | added p50 | added p99 | {CONCURRENT} clients, req/s |");
@@ -103,7 +115,7 @@ fn main() {
             (p50[ROUNDS / 2], p99[ROUNDS / 2], rate[ROUNDS / 2])
         };
         let (base50, base99, _) = median(0);
-        for (i, (name, _)) in targets.iter().enumerate() {
+        for (i, (name, ..)) in targets.iter().enumerate() {
             let (p50, p99, rate) = median(i);
             println!(
                 "| {name} | {} | {} | {} | {} | {rate:.0} |",
@@ -136,9 +148,38 @@ fn micros(d: Duration) -> String {
     format!("{:.0} µs", d.as_secs_f64() * 1e6)
 }
 
+/// How a path's requests are sent: by reqwest alone, or through a
+/// `Shaper` in this process (its lanes, under a quota far above the load).
+#[derive(Clone, Copy)]
+enum Via {
+    Reqwest,
+    Shaper,
+}
+
+/// A client of `via`'s kind.
+#[derive(Clone)]
+enum Client {
+    Reqwest(reqwest::Client),
+    Shaper(Shaper),
+}
+
+impl Client {
+    fn new(via: Via) -> Self {
+        match via {
+            Via::Reqwest => Self::Reqwest(reqwest::Client::new()),
+            Via::Shaper => Self::Shaper(
+                Shaper::builder()
+                    .rate(10_000_000, Duration::from_secs(1))
+                    .build()
+                    .unwrap(),
+            ),
+        }
+    }
+}
+
 /// p50 and p99 of one client's requests, one at a time.
-async fn latency(url: &str) -> (Duration, Duration) {
-    let client = reqwest::Client::new();
+async fn latency(url: &str, via: Via) -> (Duration, Duration) {
+    let client = Client::new(via);
     for _ in 0..500 {
         send(&client, url).await;
     }
@@ -153,8 +194,8 @@ async fn latency(url: &str) -> (Duration, Duration) {
 }
 
 /// Requests a second from `CONCURRENT` clients sending back to back.
-async fn throughput(url: &str) -> f64 {
-    let client = reqwest::Client::new();
+async fn throughput(url: &str, via: Via) -> f64 {
+    let client = Client::new(via);
     let started = Instant::now();
     let workers: Vec<_> = (0..CONCURRENT)
         .map(|_| {
@@ -176,8 +217,11 @@ async fn throughput(url: &str) -> f64 {
     done as f64 / started.elapsed().as_secs_f64()
 }
 
-async fn send(client: &reqwest::Client, url: &str) {
-    let response = client.get(url).send().await.expect("a request");
+async fn send(client: &Client, url: &str) {
+    let response = match client {
+        Client::Reqwest(client) => client.get(url).send().await.expect("a request"),
+        Client::Shaper(shaper) => shaper.get(url).send().await.expect("a request"),
+    };
     assert!(
         response.status().is_success(),
         "{url}: {}",

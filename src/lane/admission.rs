@@ -152,7 +152,7 @@ impl Lane {
         })?;
         shared.released.fetch_add(1, Ordering::Relaxed);
         shared.active(charged_at);
-        shared.metrics.released();
+        shared.series.metrics.released();
         Some(Turn {
             in_flight: permit,
             at: charged_at,

@@ -18,7 +18,7 @@ use super::waiter::Waiter;
 use crate::error::{ConfigError, Error};
 use crate::gate::{Booked, Gate, PauseCause, Stop};
 use crate::meters::{Quota, Rate};
-use crate::observability::{InFlight, Labels, LaneMetrics};
+use crate::observability::{InFlight, Labels, Series};
 use crate::retry::RetryBudget;
 use crate::store::{Remote, StoreMode};
 use crate::sync::{lock, read, write};
@@ -80,12 +80,10 @@ impl Lane {
         let settings = policy.vendor_settings(RetryBudget::default());
         let vendor = Arc::new(VendorModel::new(own.clone(), settings, None));
         let key = key.into();
-        let labels = Labels::standalone(&key);
-        let metrics = LaneMetrics::new(&labels, None);
+        let series = Arc::new(Series::new(Labels::standalone(&key), None, None));
         Ok(Self::open(
             key,
-            labels,
-            metrics,
+            series,
             Arc::new(policy),
             (vec![own], vendor),
             (None, None),
@@ -99,8 +97,7 @@ impl Lane {
     /// is told each time one stops.
     pub(crate) fn open(
         key: String,
-        labels: Labels,
-        metrics: LaneMetrics,
+        series: Arc<Series>,
         policy: Arc<LanePolicy>,
         (gates, vendor): (Vec<Arc<Gate>>, Arc<VendorModel>),
         (remote, retired): (Option<Arc<Remote>>, Option<Arc<Notify>>),
@@ -108,9 +105,8 @@ impl Lane {
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         let shared = Arc::new(Shared {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            metrics,
+            series,
             key,
-            labels,
             gates,
             vendor,
             in_flight: policy
@@ -339,7 +335,7 @@ impl Lane {
             .map(|gate| gate.pause_for(pause, cause, said))
             .max()
             .unwrap_or_else(Instant::now);
-        self.shared.metrics.paused(until, cause.label());
+        self.shared.series.metrics.paused(until, cause.label());
         until
     }
 
@@ -352,7 +348,7 @@ impl Lane {
         cause: PauseCause,
     ) -> Duration {
         self.shared.throttles.fetch_add(1, Ordering::Relaxed);
-        self.shared.metrics.throttled(status, cause.label());
+        self.shared.series.metrics.throttled(status, cause.label());
         self.shared.vendor.throttled(hint)
     }
 
@@ -380,6 +376,7 @@ impl Lane {
     fn spaced(&self, status: u16, gap: Duration) -> Duration {
         self.shared.throttles.fetch_add(1, Ordering::Relaxed);
         self.shared
+            .series
             .metrics
             .throttled(status, PauseCause::Spacing.label());
         gap
@@ -469,7 +466,7 @@ impl Lane {
     pub(crate) fn learn(&self, announced: Rate) -> bool {
         let learned = self.shared.vendor.learn(announced);
         if learned {
-            self.shared.metrics.learned(announced);
+            self.shared.series.metrics.learned(announced);
         }
         learned
     }
@@ -519,7 +516,7 @@ impl Lane {
         bucket: Option<u64>,
     ) -> Option<Rate> {
         let learned = self.shared.vendor.refused(limit, reset, released, bucket)?;
-        self.shared.metrics.learned(learned);
+        self.shared.series.metrics.learned(learned);
         Some(learned)
     }
 
@@ -558,29 +555,29 @@ impl Lane {
             .shared
             .vendor
             .bucket(remaining, leaks, released, refused)?;
-        self.shared.metrics.learned(learned);
+        self.shared.series.metrics.learned(learned);
         Some(learned)
     }
 
     /// A failed request is tried again.
     pub(crate) fn retried(&self) {
-        self.shared.metrics.retried();
+        self.shared.series.metrics.retried();
     }
 
     /// A request waited `wait` from submission to its first release.
     pub(crate) fn waited(&self, wait: Duration) {
-        self.shared.metrics.waited(wait);
+        self.shared.series.metrics.waited(wait);
     }
 
     /// A released request goes on the wire until the guard drops.
     pub(crate) fn sending(&self) -> InFlight {
-        self.shared.metrics.sending()
+        self.shared.series.metrics.sending()
     }
 
     /// A request of this lane ended with an error of `reason` (see
     /// [`Error::reason`]), not a response.
     pub(crate) fn ended(&self, reason: &'static str) {
-        self.shared.metrics.refused(reason);
+        self.shared.series.metrics.refused(reason);
     }
 
     /// Its gates' quotas changed: report the new declared rate, and wake
@@ -597,7 +594,7 @@ impl Lane {
 
     /// The lane's vendor, level and route.
     pub(crate) fn labels(&self) -> &Labels {
-        &self.shared.labels
+        &self.shared.series.labels
     }
 
     /// The model of the lane's vendor: what its answers taught, its

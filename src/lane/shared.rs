@@ -14,7 +14,7 @@ use super::policy::LanePolicy;
 use crate::error::Error;
 use crate::gate::{Booked, Gate, Stop};
 use crate::meters::Meters;
-use crate::observability::{Labels, LaneMetrics};
+use crate::observability::Series;
 use crate::store::Remote;
 use crate::sync::lock;
 use crate::vendor::VendorModel;
@@ -28,8 +28,9 @@ pub(super) struct Shared {
     /// Tells lanes apart in a gate's queue.
     pub(super) id: u64,
     pub(super) key: String,
-    /// Its vendor, level and route, for spans and series.
-    pub(super) labels: Labels,
+    /// Its vendor, level and route, for spans, and its series: shared with
+    /// the lanes that carry the same labels.
+    pub(super) series: Arc<Series>,
     /// Shared by every lane of a route: a lane per tenant pays for it once.
     pub(super) policy: Arc<LanePolicy>,
     /// The gates a release must pass, narrowest level first; the last one
@@ -50,7 +51,6 @@ pub(super) struct Shared {
     /// dispatcher lets it go, so "zero" really means nobody is ahead; also
     /// what the queue bound counts.
     pub(super) waiting: AtomicUsize,
-    pub(super) metrics: LaneMetrics,
     /// The link to a shared store: the gates' quotas live there.
     pub(super) remote: Option<Arc<Remote>>,
     /// Closed for good: every request ends with `Error::Shutdown`.
@@ -93,13 +93,13 @@ impl Shared {
             .filter_map(|gate| gate.declared())
             .min_by(|a, b| a.cmp_speed(b));
         if let Some(rate) = declared {
-            self.metrics.declared(rate);
+            self.series.metrics.declared(rate);
         }
     }
 
     /// A request joins the waiting; returns how many waited before it.
     pub(super) fn count_in(&self) -> usize {
-        self.metrics.queued();
+        self.series.metrics.queued();
         self.waiting.fetch_add(1, Ordering::SeqCst)
     }
 
@@ -112,7 +112,7 @@ impl Shared {
 
     /// A request stops waiting: released, refused or gone.
     pub(super) fn count_out(&self) {
-        self.metrics.dequeued();
+        self.series.metrics.dequeued();
         self.waiting.fetch_sub(1, Ordering::SeqCst);
     }
 

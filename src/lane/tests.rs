@@ -240,18 +240,16 @@ async fn a_paused_lane_releases_nothing_until_the_pause_ends() {
 /// shared gate's slow path: 1.6 times the cost per permit, 64 tasks.)
 #[tokio::test(start_paused = true)]
 async fn a_lane_alone_does_not_share_its_gate_with_its_vendor_model() {
-    use crate::observability::{Labels, LaneMetrics};
+    use crate::observability::{Labels, Series};
 
     let lane = Lane::new("alone", ten(), policy()).unwrap();
     let shared = &lane.shared;
     assert!(!shared.is_shared(&shared.gates[0]));
-    let labels = Labels::standalone("twin");
-    let metrics = LaneMetrics::new(&labels, None);
+    let series = Arc::new(Series::new(Labels::standalone("twin"), None, None));
     let gates = (shared.gates.clone(), shared.vendor.clone());
     let twin = Lane::open(
         "twin".into(),
-        labels,
-        metrics,
+        series,
         Arc::new(policy()),
         gates,
         (None, None),

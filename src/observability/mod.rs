@@ -6,12 +6,15 @@
 //! |---|---|
 //! | `labels.rs` | the labels: which vendor, level and route a lane belongs to |
 //! | `metrics.rs` | the series, described with units, and their handles |
+//! | `series.rs` | a lane's labels and series together, shared by the lanes that carry the same labels |
 //! | `spans.rs` | the request and attempt spans, and what is recorded on them |
 
 mod labels;
 mod metrics;
+mod series;
 mod spans;
 
 pub(crate) use self::labels::Labels;
-pub(crate) use self::metrics::{InFlight, LaneCount, LaneMetrics, StoreMetrics};
+pub(crate) use self::metrics::{InFlight, LaneCount, StoreMetrics};
+pub(crate) use self::series::Series;
 pub(crate) use self::spans::RequestSpan;

@@ -19,11 +19,11 @@ use crate::error::{ConfigError, Error};
 use crate::gate::{Gate, GateMap};
 use crate::lane::{Lane, LanePolicy, LaneSnapshot};
 use crate::meters::Quota;
-use crate::observability::{Labels, LaneMetrics, StoreMetrics};
+use crate::observability::{Labels, Series, StoreMetrics};
 use crate::retry::RetryBudget;
 use crate::route::{Level, Route, Tag};
 use crate::store::{Store, StoreFailure, StoreMode};
-use crate::sync::{listed, lock};
+use crate::sync::{Listings, listed, lock};
 use crate::vendor::{VendorMap, VendorModel};
 
 /// A shaper's lanes and gates by name, and what it takes to make them:
@@ -32,6 +32,8 @@ pub(crate) struct Registry {
     lanes: Arc<Lanes>,
     gates: Arc<GateMap>,
     vendors: Arc<VendorMap>,
+    /// Lanes' labels and series, by labels (see [`Series`]).
+    series: Arc<Listings<Series>>,
     /// Levels whose quotas changed while the shaper ran, by name.
     changed: Mutex<HashMap<String, Vec<Quota>>>,
     /// How every lane behaves (its quotas come from the levels).
@@ -89,6 +91,7 @@ impl Registry {
             lanes: Arc::new(Lanes::new(plan.max_lanes, plan.policy.idle_timeout)),
             gates: Arc::default(),
             vendors: Arc::default(),
+            series: Arc::default(),
             changed: Mutex::default(),
             policy: plan.policy,
             budget: plan.budget,
@@ -289,11 +292,10 @@ impl Registry {
             Arc::new(link)
         });
         let policy = self.policy_for(route);
-        let metrics = LaneMetrics::new(&labels, per_lane);
+        let series = self.series_for(labels, per_lane);
         Lane::open(
             name.to_owned(),
-            labels,
-            metrics,
+            series,
             policy,
             (shared, vendor),
             (remote, Some(self.lanes.nudge())),
@@ -308,6 +310,18 @@ impl Registry {
             Some(at) => self.route_policies[at].clone(),
             None => self.shaper_policy.clone(),
         }
+    }
+
+    /// The series of lanes labelled `labels`: one for all of them, unless
+    /// series per lane were asked for (`lane`).
+    fn series_for(&self, labels: Labels, lane: Option<&str>) -> Arc<Series> {
+        if lane.is_some() {
+            return Arc::new(Series::new(labels, lane, None));
+        }
+        let key = format!("{}\n{}\n{}", labels.vendor, labels.level, labels.route);
+        listed(&self.series, &key, |listing| {
+            Series::new(labels, None, Some(listing))
+        })
     }
 
     /// The quotas of `level` now: as built, or as last changed live.

@@ -104,7 +104,7 @@ impl<'a> Ready<'a> {
             shared.count_out();
             shared.released.fetch_add(1, Ordering::Relaxed);
             shared.active(now);
-            shared.metrics.released();
+            shared.series.metrics.released();
             self.queue.handed(taken.class, taken.batch_waited);
         }
         handed

@@ -23,7 +23,7 @@ pub(crate) fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
 
 /// Give memory back once a map is mostly empty (after a burst of keys),
 /// at a cost amortized over the removals that emptied it.
-pub(crate) fn shrink<V>(map: &mut HashMap<String, V>) {
+pub(crate) fn shrink<K: Eq + std::hash::Hash, V>(map: &mut HashMap<K, V>) {
     if map.capacity() > 64 && map.len() < map.capacity() / 4 {
         map.shrink_to(map.len() * 2);
     }

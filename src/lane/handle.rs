@@ -79,7 +79,7 @@ impl Lane {
         let own = Arc::new(Gate::new("", &quotas, policy.gate_settings(), None, 1));
         let settings = policy.vendor_settings(RetryBudget::default());
         let vendor = Arc::new(VendorModel::new(own.clone(), settings, None));
-        let key = key.into();
+        let key: Arc<str> = key.into().into();
         let series = Arc::new(Series::new(Labels::standalone(&key), None, None));
         Ok(Self::open(
             key,
@@ -96,7 +96,7 @@ impl Lane {
     /// meters. No task runs for it until a request must wait; `retired`
     /// is told each time one stops.
     pub(crate) fn open(
-        key: String,
+        key: Arc<str>,
         series: Arc<Series>,
         policy: Arc<LanePolicy>,
         (gates, vendor): (Vec<Arc<Gate>>, Arc<VendorModel>),
@@ -133,6 +133,11 @@ impl Lane {
     /// The lane's key.
     pub fn key(&self) -> &str {
         &self.shared.key
+    }
+
+    /// The lane's key, shared: its owner's map is keyed by it.
+    pub(crate) fn shared_key(&self) -> Arc<str> {
+        self.shared.key.clone()
     }
 
     /// The lane's policy.
@@ -227,7 +232,7 @@ impl Lane {
             let release = paused.max(not_before.unwrap_or(now));
             if release > deadline {
                 return Err(Error::WouldExceedMaxWait {
-                    lane: self.shared.key.clone(),
+                    lane: self.shared.key.to_string(),
                     predicted: release.saturating_duration_since(now),
                     max_wait,
                 });
@@ -286,7 +291,7 @@ impl Lane {
             return turn;
         }
         Err(Error::MaxWaitElapsed {
-            lane: self.shared.key.clone(),
+            lane: self.shared.key.to_string(),
             max_wait,
         })
     }
@@ -652,7 +657,7 @@ impl Lane {
         // Before the literal: its `interval` holds the meters' locks to its end.
         let spacing = self.shared.gates.iter().filter_map(|g| g.spacing()).max();
         LaneSnapshot {
-            key: self.shared.key.clone(),
+            key: self.shared.key.to_string(),
             queued: self.queued(),
             paused_for: pause.as_ref().map(|pause| pause.until - now),
             pause_cause: pause.as_ref().map(|pause| pause.cause),

@@ -27,7 +27,8 @@ pub(crate) type Fleet = Arc<Vec<Option<Booked>>>;
 pub(super) struct Shared {
     /// Tells lanes apart in a gate's queue.
     pub(super) id: u64,
-    pub(super) key: String,
+    /// Shared with the owner's map of lanes, which is keyed by it.
+    pub(super) key: Arc<str>,
     /// Its vendor, level and route, for spans, and its series: shared with
     /// the lanes that carry the same labels.
     pub(super) series: Arc<Series>,
@@ -136,7 +137,7 @@ impl Shared {
     /// The error a stopped gate ends requests with.
     pub(super) fn out_of_credit(&self, stop: &Stop) -> Error {
         Error::OutOfCredit {
-            lane: self.key.clone(),
+            lane: self.key.to_string(),
             status: reqwest::StatusCode::from_u16(stop.status)
                 .unwrap_or(reqwest::StatusCode::TOO_MANY_REQUESTS),
             body: stop.body.clone(),

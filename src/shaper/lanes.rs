@@ -42,7 +42,7 @@ fn evictable(lane: &Arc<Lane>) -> bool {
     Arc::strong_count(lane) == 1 && lane.is_idle()
 }
 
-type Shard = Mutex<HashMap<String, Arc<Lane>>>;
+type Shard = Mutex<HashMap<Arc<str>, Arc<Lane>>>;
 
 pub(super) struct Lanes {
     shards: Box<[Shard]>,
@@ -114,7 +114,7 @@ impl Lanes {
             return Ok(lane);
         }
         let lane = Arc::new(make());
-        lanes.insert(name.to_owned(), lane.clone());
+        lanes.insert(lane.shared_key(), lane.clone());
         drop(lanes);
         self.count.opened();
         self.sweep_later();
@@ -173,9 +173,9 @@ impl Lanes {
 
     /// The quietest evictable lane among the first `sample` met (all,
     /// without one), shard after shard from `from`: its shard and name.
-    fn quietest(&self, from: usize, sample: Option<usize>) -> Option<(usize, String)> {
+    fn quietest(&self, from: usize, sample: Option<usize>) -> Option<(usize, Arc<str>)> {
         let mut left = sample.unwrap_or(usize::MAX);
-        let mut quietest: Option<(Duration, usize, String)> = None;
+        let mut quietest: Option<(Duration, usize, Arc<str>)> = None;
         for i in 0..SHARDS {
             let shard = (from + i) % SHARDS;
             for (name, lane) in lock(&self.shards[shard]).iter().take(left) {

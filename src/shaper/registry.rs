@@ -294,7 +294,7 @@ impl Registry {
         let policy = self.policy_for(route);
         let series = self.series_for(labels, per_lane);
         Lane::open(
-            name.to_owned(),
+            name.into(),
             series,
             policy,
             (shared, vendor),

@@ -388,7 +388,7 @@ impl Reserved {
         self.stand_down(shared);
         let remote = &self.remote;
         ready.refuse_all(|| Error::StoreUnavailable {
-            lane: shared.key.clone(),
+            lane: shared.key.to_string(),
             source: remote.last_error(),
         });
     }

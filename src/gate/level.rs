@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -49,8 +49,9 @@ pub(crate) struct Gate {
     /// Lanes whose head only this gate holds back, by how long they have
     /// waited: the gate's next slot goes to the first.
     queue: Mutex<BTreeSet<Contender>>,
-    /// Woken when the gate's first waiter changes.
-    turn: Arc<Notify>,
+    /// Woken when the gate's first waiter changes; made when a lane first
+    /// waits for it (a tenant's gate nobody waits at has none).
+    turn: OnceLock<Arc<Notify>>,
     /// Where a shared gate is listed, to leave the map when dropped.
     _listing: Option<Listing<Gate>>,
     /// The vendor said no pause helps (out of credit): until then, every
@@ -94,7 +95,7 @@ impl Gate {
             max_pause: settings.max_pause,
             paused_until: Mutex::new(None),
             queue: Mutex::new(BTreeSet::new()),
-            turn: Arc::new(Notify::new()),
+            turn: OnceLock::new(),
             _listing: listing,
             stopped: Mutex::new(None),
             is_stopped: AtomicBool::new(false),
@@ -135,9 +136,19 @@ impl Gate {
     /// A wake-up for when the first waiter in the gate's queue changes,
     /// enabled now so no change after this call is missed.
     pub(crate) fn next_turn(&self) -> std::pin::Pin<Box<OwnedNotified>> {
-        let mut turn = Box::pin(self.turn.clone().notified_owned());
+        let turn = self.turn.get_or_init(|| Arc::new(Notify::new()));
+        let mut turn = Box::pin(turn.clone().notified_owned());
         turn.as_mut().enable();
         turn
+    }
+
+    /// Wake whoever waits for the gate's first waiter to change. Nobody
+    /// waits before the wake-up is made, and whoever makes it checks the
+    /// gate after: no change is missed.
+    fn wake_first(&self) {
+        if let Some(turn) = self.turn.get() {
+            turn.notify_waiters();
+        }
     }
 
     /// Join the gate's queue of waiting lanes (again: no change).
@@ -150,7 +161,7 @@ impl Gate {
         let mut queue = lock(&self.queue);
         let was_first = queue.first() == Some(&waiter);
         if queue.remove(&waiter) && was_first {
-            self.turn.notify_waiters();
+            self.wake_first();
         }
     }
 
@@ -222,7 +233,7 @@ impl Gate {
     /// it never went); a lane waiting for that word looks again.
     pub(crate) fn went(&self, at: Option<Instant>) {
         self.departures.went(at);
-        self.turn.notify_waiters();
+        self.wake_first();
     }
 
     /// The strict spacing in force, if any.
@@ -271,7 +282,7 @@ impl Gate {
         self.heard.store(true, Ordering::Release);
         // Lanes on a shared store wait for it too, with nothing released
         // from these meters.
-        self.turn.notify_waiters();
+        self.wake_first();
         first
     }
 
@@ -292,7 +303,7 @@ impl Gate {
             meters.requote(quotas, self.headroom, Instant::now());
             self.capacity.store(meters.capacity(), Ordering::Relaxed);
         }
-        self.turn.notify_waiters();
+        self.wake_first();
     }
 
     pub(crate) fn is_idle(&self, now: Instant) -> bool {

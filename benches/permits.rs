@@ -118,16 +118,26 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("a tokio runtime")
 }
 
-/// Nanoseconds per released permit with `tasks` tasks acquiring in a loop.
-fn cost_per_permit(make: fn(u32) -> Acquire, tasks: usize) -> f64 {
+/// Nanoseconds per released permit with `tasks` tasks acquiring in a
+/// loop, on one limiter, or on one each (`apart`: a lane per tenant).
+fn cost_per_permit(make: fn(u32) -> Acquire, tasks: usize, apart: bool) -> f64 {
     let rt = runtime();
     rt.block_on(async {
-        let acquire = make(UNLIMITED);
+        let shared = make(UNLIMITED);
         let per_task = PERMITS / tasks;
-        let started = Instant::now();
-        let handles: Vec<_> = (0..tasks)
+        let acquires: Vec<Acquire> = (0..tasks)
             .map(|_| {
-                let acquire = acquire.clone();
+                if apart {
+                    make(UNLIMITED)
+                } else {
+                    shared.clone()
+                }
+            })
+            .collect();
+        let started = Instant::now();
+        let handles: Vec<_> = acquires
+            .into_iter()
+            .map(|acquire| {
                 tokio::spawn(async move {
                     for _ in 0..per_task {
                         acquire().await;
@@ -260,11 +270,18 @@ fn main() {
         "Cost per released permit, no HTTP ({PERMITS} permits, multi-thread runtime, {} cores)",
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
-    println!("  {:<24} {:>12} {:>16}", "", "1 task", "64 tasks");
+    println!(
+        "  {:<24} {:>12} {:>16} {:>22}",
+        "", "1 task", "64 tasks", "64 tasks, a lane each"
+    );
     for contender in contenders() {
-        let one = best_of(5, || cost_per_permit(contender.make, 1));
-        let many = best_of(5, || cost_per_permit(contender.make, 64));
-        println!("  {:<24} {:>9.0} ns {:>13.0} ns", contender.name, one, many);
+        let one = best_of(5, || cost_per_permit(contender.make, 1, false));
+        let many = best_of(5, || cost_per_permit(contender.make, 64, false));
+        let apart = best_of(5, || cost_per_permit(contender.make, 64, true));
+        println!(
+            "  {:<24} {:>9.0} ns {:>13.0} ns {:>19.0} ns",
+            contender.name, one, many, apart
+        );
     }
 
     println!("\nMemory per queued request ({QUEUED} waiting, one task each)");

@@ -67,6 +67,7 @@ mod counting;
 mod llm;
 #[cfg(feature = "redis")]
 mod redis;
+mod server;
 mod style;
 
 use self::clock::{now, wall_at};
@@ -74,6 +75,7 @@ use self::counting::{Counting, Limiter, Nginx};
 pub use self::llm::LlmVendor;
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisCluster, RedisServer};
+use self::server::take_down;
 pub use self::style::Style;
 use self::style::epoch_secs_after;
 
@@ -165,16 +167,8 @@ struct State {
 }
 
 impl Drop for Vendor {
-    /// The last handle takes the server down on a thread of its own.
-    /// wiremock's server checks itself on drop with a blocking executor;
-    /// inside a tokio task that has spent its cooperative budget (one that
-    /// awaited many ready results in one go), tokio's locks answer "not
-    /// yet" and wake at once, and that executor spins forever. Outside any
-    /// runtime the budget does not apply.
     fn drop(&mut self) {
-        if let Some(server) = self.server.take().and_then(Arc::into_inner) {
-            let _ = std::thread::spawn(move || drop(server)).join();
-        }
+        take_down(&mut self.server);
     }
 }
 

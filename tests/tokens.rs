@@ -223,3 +223,25 @@ fn a_bad_token_rule_is_refused_naming_the_field() {
     "#;
     assert!(ShaperConfig::from_toml(file).unwrap().build().is_ok());
 }
+
+/// The test vendor takes hostile numbers as a real one would: a window of
+/// `Duration::MAX`, answers of `u64::MAX` tokens, a `max_tokens` of
+/// `u64::MAX`; it refuses or answers, and never panics or fills memory.
+#[tokio::test]
+async fn the_llm_vendor_takes_hostile_numbers() {
+    let vendor = LlmVendor::openai(u64::MAX, Duration::MAX)
+        .answering(u64::MAX)
+        .start()
+        .await;
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/chat/completions", vendor.uri());
+    for max in ["18446744073709551615", "5", "-1", "\"lots\""] {
+        let body =
+            format!(r#"{{"max_tokens":{max},"messages":[{{"role":"user","content":"hi"}}]}}"#);
+        let answer = client.post(&url).body(body).send().await.unwrap();
+        let status = answer.status().as_u16();
+        let text = answer.text().await.unwrap();
+        assert!(status == 200 || status == 429, "{max}: {status}");
+        assert!(text.len() < 64 << 10, "{max}: {} bytes", text.len());
+    }
+}

@@ -8,11 +8,13 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use reqwest::{Request, Response};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::handle::Shaper;
 use super::held;
+use super::metering::Metering;
 use super::settle::Settle;
 use crate::error::{Answer, Error};
 use crate::lane::{Lane, Place, Priority};
@@ -104,8 +106,7 @@ struct Entered {
     /// Sends a layer above already made, counted as failures.
     failures: u32,
     /// What its body said, for a lane that costs tokens.
-    #[cfg(feature = "tokens")]
-    prepared: Option<crate::tokens::Prepared>,
+    metering: Metering,
 }
 
 /// What a request's end reports: how far it got.
@@ -207,13 +208,8 @@ impl Shaper {
         if failures >= self.inner.retry.max_attempts {
             return Err(attempts_spent(&lane, failures));
         }
-        #[cfg(feature = "tokens")]
-        let prepared = lane.policy().tokens.map(|tokens| tokens.prepare(request));
-        #[cfg(feature = "tokens")]
-        let estimate = prepared.and_then(|p| p.estimate);
-        #[cfg(not(feature = "tokens"))]
-        let estimate = None;
-        let cost = self.cost_of(request, options.cost.or(estimate));
+        let metering = Metering::read(&lane, request);
+        let cost = self.cost_of(request, options.cost.or(metering.estimate()));
         span.entered(lane.key(), lane.labels(), cost, options.priority.label());
         let max_wait = options.max_wait.or(lane.policy().max_wait);
         let kept = logical.and_then(Logical::place);
@@ -226,8 +222,7 @@ impl Shaper {
             place,
             cost,
             failures,
-            #[cfg(feature = "tokens")]
-            prepared,
+            metering,
         })
     }
 
@@ -252,8 +247,7 @@ impl Shaper {
             mut place,
             cost,
             mut failures,
-            #[cfg(feature = "tokens")]
-            prepared,
+            metering,
         } = self.enter(&mut request, &options, span, tally)?;
         let policy = &self.inner.retry;
         let logical = options.logical.as_ref();
@@ -300,19 +294,9 @@ impl Shaper {
                     let fleet = fleet.as_deref().map(Vec::as_slice);
                     let headers = outcome.as_ref().ok().map(|r| (r.status(), r.headers()));
                     throttle::final_answer(&lane, &signals, charged_at, fleet, headers);
-                    #[cfg(feature = "tokens")]
-                    let outcome = match (outcome, prepared) {
-                        (Ok(response), Some(prepared)) => {
-                            Ok(super::usage::settle_from_usage(response, prepared))
-                        }
-                        (outcome, _) => outcome,
-                    };
-                    return match (outcome, slot) {
-                        (Ok(response), Some(slot)) => Ok(held::until_body_ends(response, slot)),
-                        (outcome, _) => {
-                            outcome.map_err(|source| Failure::Send { attempts, source })
-                        }
-                    };
+                    return outcome
+                        .map(|response| delivered(response, metering, slot))
+                        .map_err(|source| Failure::Send { attempts, source });
                 }
                 (Verdict::Throttled, Ok(response)) => {
                     tally.throttles = tally.throttles.saturating_add(1);
@@ -404,6 +388,21 @@ impl Shaper {
                 );
             }
         }
+    }
+}
+
+/// The final answer as its caller gets it: its body settling the request's
+/// cost from the usage it reports (a lane that costs tokens), and holding
+/// the lane's in-flight slot until it ends (when asked).
+fn delivered(
+    response: Response,
+    metering: Metering,
+    slot: Option<OwnedSemaphorePermit>,
+) -> Response {
+    let response = metering.settling(response);
+    match slot {
+        Some(slot) => held::until_body_ends(response, slot),
+        None => response,
     }
 }
 

@@ -226,7 +226,7 @@ impl Lanes {
                     // first: the nudge says when.
                     return true;
                 }
-                let keep = Arc::strong_count(lane) > 1 || !lane.is_idle();
+                let keep = !evictable(lane);
                 if keep {
                     // Held, paused or its meters still charged: look again
                     // an `idle` later, as its dispatcher once did.

@@ -15,6 +15,8 @@
 //! | `body.rs` | a response with its body wrapped: the one place that takes a reqwest response apart, for the two below |
 //! | `held.rs` | a response that holds its lane's in-flight slot until its body ends |
 //! | `usage.rs` | a response that settles its cost from the usage it reports (feature `tokens`) |
+//! | `metering.rs` | what a lane that costs tokens adds to a request's life, and nothing without the feature |
+//! | `lanes.rs` | the registry's sharded map of lanes, its sweeper, `max_lanes` |
 
 mod body;
 mod builder;
@@ -22,6 +24,7 @@ pub(crate) mod call;
 pub(crate) mod handle;
 mod held;
 mod lanes;
+mod metering;
 mod registry;
 mod request;
 mod settle;

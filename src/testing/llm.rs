@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use wiremock::{MockServer, Respond, ResponseTemplate};
 
 use super::clock::{now, wall_at};
+use super::server::take_down;
 use super::style::{go_duration, rfc3339_after, whole_secs_up};
 
 /// An LLM vendor: OpenAI's chat completions or Anthropic's messages, as
@@ -22,8 +23,9 @@ use super::style::{go_duration, rfc3339_after, whole_secs_up};
 /// client's) and its `max_tokens` (4,096 when it names none) when it
 /// starts, refused with 429 when that does not fit, and its charge is
 /// corrected to what it used when it ends. Every answer carries the
-/// vendor's token headers (`x-ratelimit-*-tokens`, or
-/// `anthropic-ratelimit-tokens-*`); an OpenAI stream reports its usage only
+/// vendor's request and token headers (`x-ratelimit-*-requests` and
+/// `-tokens`, or `anthropic-ratelimit-requests-*` and `-tokens-*`; 10,000
+/// requests a window); an OpenAI stream reports its usage only
 /// when asked (`stream_options.include_usage`), in a last chunk with no
 /// choices.
 ///
@@ -74,6 +76,14 @@ struct State {
 
 /// What a request with no `max_tokens` is charged for its answer.
 const DEFAULT_MAX_TOKENS: u64 = 4_096;
+
+/// The requests a window allows, stated beside the tokens as the vendors
+/// state theirs; far above what a test sends, so the tokens decide.
+const REQUESTS: u64 = 10_000;
+
+/// The most words an answer's text holds: its usage says what it cost, and
+/// a hostile `answering(u64::MAX)` must not fill the memory.
+const MOST_WORDS: u64 = 256;
 
 impl LlmVendor {
     /// OpenAI's chat completions API, `tokens` per `per`.
@@ -154,12 +164,8 @@ impl LlmVendor {
 }
 
 impl Drop for LlmVendor {
-    /// As [`Vendor`](super::Vendor)'s: the last handle takes the server
-    /// down on a thread of its own.
     fn drop(&mut self) {
-        if let Some(server) = self.server.take().and_then(Arc::into_inner) {
-            let _ = std::thread::spawn(move || drop(server)).join();
-        }
+        take_down(&mut self.server);
     }
 }
 
@@ -177,7 +183,11 @@ impl Respond for LlmVendor {
         {
             state.charges.pop_front();
         }
-        let used: u64 = state.charges.iter().map(|(_, n)| n).sum();
+        let used = state
+            .charges
+            .iter()
+            .map(|(_, n)| *n)
+            .fold(0, u64::saturating_add);
         let prompt = prompt_tokens(&body);
         let max = body
             .get("max_tokens")
@@ -187,16 +197,23 @@ impl Respond for LlmVendor {
         let fits = used.saturating_add(prompt).saturating_add(max) <= inner.limit;
         let output = state.answer.min(max);
         if fits {
-            state.charges.push_back((now, prompt + output));
+            state
+                .charges
+                .push_back((now, prompt.saturating_add(output)));
         } else {
             state.throttled += 1;
         }
-        let used: u64 = state.charges.iter().map(|(_, n)| n).sum();
+        let used = state
+            .charges
+            .iter()
+            .map(|(_, n)| *n)
+            .fold(0, u64::saturating_add);
         // Full again when the newest charge leaves the window.
         let full_in = state.charges.back().map_or(Duration::ZERO, |(at, _)| {
-            (*at + inner.per).saturating_duration_since(now)
+            inner.per.saturating_sub(now.saturating_duration_since(*at))
         });
         let remaining = inner.limit.saturating_sub(used);
+        let requests_left = REQUESTS.saturating_sub(state.charges.len() as u64);
         let mut template = if fits {
             let stream = body.get("stream") == Some(&Value::Bool(true));
             let usage = !state.silent;
@@ -220,13 +237,22 @@ impl Respond for LlmVendor {
             }
         } else {
             let error = json!({"error": {
-                "message": format!("Rate limit reached for tokens per min: Limit {}, Used {used}, Requested {}.", inner.limit, prompt + max),
+                "message": format!("Rate limit reached for tokens per min: Limit {}, Used {used}, Requested {}.", inner.limit, prompt.saturating_add(max)),
                 "type": "tokens", "code": "rate_limit_exceeded"}});
             ResponseTemplate::new(429).set_body_raw(error.to_string(), "application/json")
         };
         if inner.anthropic {
             let wall = wall_at(now);
             template = template
+                .insert_header("anthropic-ratelimit-requests-limit", REQUESTS.to_string())
+                .insert_header(
+                    "anthropic-ratelimit-requests-remaining",
+                    requests_left.to_string(),
+                )
+                .insert_header(
+                    "anthropic-ratelimit-requests-reset",
+                    rfc3339_after(wall, full_in),
+                )
                 .insert_header("anthropic-ratelimit-tokens-limit", inner.limit.to_string())
                 .insert_header(
                     "anthropic-ratelimit-tokens-remaining",
@@ -242,6 +268,9 @@ impl Respond for LlmVendor {
             }
         } else {
             template = template
+                .insert_header("x-ratelimit-limit-requests", REQUESTS.to_string())
+                .insert_header("x-ratelimit-remaining-requests", requests_left.to_string())
+                .insert_header("x-ratelimit-reset-requests", go_duration(full_in))
                 .insert_header("x-ratelimit-limit-tokens", inner.limit.to_string())
                 .insert_header("x-ratelimit-remaining-tokens", remaining.to_string())
                 .insert_header("x-ratelimit-reset-tokens", go_duration(full_in));
@@ -273,10 +302,10 @@ const CREATED: u64 = 1_764_633_600;
 fn openai_json(model: &str, prompt: u64, output: u64, usage: bool) -> String {
     let mut answer = json!({
         "id": "chatcmpl-1", "object": "chat.completion", "created": CREATED, "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "word ".repeat(output as usize)}, "finish_reason": "stop"}],
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "word ".repeat(output.min(MOST_WORDS) as usize)}, "finish_reason": "stop"}],
     });
     if usage {
-        answer["usage"] = json!({"prompt_tokens": prompt, "completion_tokens": output, "total_tokens": prompt + output});
+        answer["usage"] = json!({"prompt_tokens": prompt, "completion_tokens": output, "total_tokens": prompt.saturating_add(output)});
     }
     answer.to_string()
 }
@@ -298,7 +327,7 @@ fn openai_events(model: &str, prompt: u64, output: u64, usage: bool) -> String {
     if usage {
         let last = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk",
             "created": CREATED, "model": model, "choices": [],
-            "usage": {"prompt_tokens": prompt, "completion_tokens": output, "total_tokens": prompt + output}});
+            "usage": {"prompt_tokens": prompt, "completion_tokens": output, "total_tokens": prompt.saturating_add(output)}});
         events += &format!("data: {last}\n\n");
     }
     events + "data: [DONE]\n\n"
@@ -307,7 +336,7 @@ fn openai_events(model: &str, prompt: u64, output: u64, usage: bool) -> String {
 fn anthropic_json(prompt: u64, output: u64, usage: bool) -> String {
     let mut answer = json!({
         "id": "msg_1", "type": "message", "role": "assistant",
-        "content": [{"type": "text", "text": "word ".repeat(output as usize)}], "stop_reason": "end_turn",
+        "content": [{"type": "text", "text": "word ".repeat(output.min(MOST_WORDS) as usize)}], "stop_reason": "end_turn",
     });
     if usage {
         answer["usage"] = json!({"input_tokens": prompt, "output_tokens": output});

@@ -80,7 +80,9 @@ impl TokenCost {
     /// Whether a streaming OpenAI-style request that does not say is asked
     /// for its usage (`stream_options.include_usage`; on by default for
     /// [`openai`](Self::openai)). Turn it off for a vendor that refuses the
-    /// option: its streams then keep their estimate.
+    /// option: its streams then keep their estimate. Anthropic's streams
+    /// report their usage unasked, so it is always off for
+    /// [`anthropic`](Self::anthropic).
     pub fn include_usage(mut self, yes: bool) -> Self {
         self.include_usage = yes && self.style == Style::OpenAi;
         self

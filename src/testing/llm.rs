@@ -214,7 +214,7 @@ impl Respond for LlmVendor {
         });
         let remaining = inner.limit.saturating_sub(used);
         let requests_left = REQUESTS.saturating_sub(state.charges.len() as u64);
-        let mut template = if fits {
+        let template = if fits {
             let stream = body.get("stream") == Some(&Value::Bool(true));
             let usage = !state.silent;
             let model = body["model"].as_str().unwrap_or("gpt-4o-mini");
@@ -241,39 +241,50 @@ impl Respond for LlmVendor {
                 "type": "tokens", "code": "rate_limit_exceeded"}});
             ResponseTemplate::new(429).set_body_raw(error.to_string(), "application/json")
         };
-        if inner.anthropic {
-            let wall = wall_at(now);
-            template = template
-                .insert_header("anthropic-ratelimit-requests-limit", REQUESTS.to_string())
-                .insert_header(
-                    "anthropic-ratelimit-requests-remaining",
-                    requests_left.to_string(),
-                )
-                .insert_header(
-                    "anthropic-ratelimit-requests-reset",
-                    rfc3339_after(wall, full_in),
-                )
-                .insert_header("anthropic-ratelimit-tokens-limit", inner.limit.to_string())
-                .insert_header(
-                    "anthropic-ratelimit-tokens-remaining",
-                    remaining.to_string(),
-                )
-                .insert_header(
-                    "anthropic-ratelimit-tokens-reset",
-                    rfc3339_after(wall, full_in),
-                );
-            if !fits {
-                template =
-                    template.insert_header("retry-after", whole_secs_up(full_in).to_string());
-            }
-        } else {
-            template = template
+        let said = Said {
+            requests_left,
+            tokens_left: remaining,
+            full_in,
+            refused: !fits,
+        };
+        inner.headers(template, &said, now)
+    }
+}
+
+/// What an answer says of the quota.
+struct Said {
+    requests_left: u64,
+    tokens_left: u64,
+    /// Until the window is empty again.
+    full_in: Duration,
+    refused: bool,
+}
+
+impl Inner {
+    /// `template` with the headers the vendor sends on every answer: its
+    /// requests and tokens left, and when they are full again.
+    fn headers(&self, template: ResponseTemplate, said: &Said, now: Instant) -> ResponseTemplate {
+        let (requests, tokens) = (said.requests_left.to_string(), said.tokens_left.to_string());
+        if !self.anthropic {
+            let reset = go_duration(said.full_in);
+            return template
                 .insert_header("x-ratelimit-limit-requests", REQUESTS.to_string())
-                .insert_header("x-ratelimit-remaining-requests", requests_left.to_string())
-                .insert_header("x-ratelimit-reset-requests", go_duration(full_in))
-                .insert_header("x-ratelimit-limit-tokens", inner.limit.to_string())
-                .insert_header("x-ratelimit-remaining-tokens", remaining.to_string())
-                .insert_header("x-ratelimit-reset-tokens", go_duration(full_in));
+                .insert_header("x-ratelimit-remaining-requests", requests)
+                .insert_header("x-ratelimit-reset-requests", reset.as_str())
+                .insert_header("x-ratelimit-limit-tokens", self.limit.to_string())
+                .insert_header("x-ratelimit-remaining-tokens", tokens)
+                .insert_header("x-ratelimit-reset-tokens", reset.as_str());
+        }
+        let reset = rfc3339_after(wall_at(now), said.full_in);
+        let template = template
+            .insert_header("anthropic-ratelimit-requests-limit", REQUESTS.to_string())
+            .insert_header("anthropic-ratelimit-requests-remaining", requests)
+            .insert_header("anthropic-ratelimit-requests-reset", reset.as_str())
+            .insert_header("anthropic-ratelimit-tokens-limit", self.limit.to_string())
+            .insert_header("anthropic-ratelimit-tokens-remaining", tokens)
+            .insert_header("anthropic-ratelimit-tokens-reset", reset.as_str());
+        if said.refused {
+            return template.insert_header("retry-after", whole_secs_up(said.full_in).to_string());
         }
         template
     }

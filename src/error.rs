@@ -342,4 +342,19 @@ pub enum StoreError {
     /// The store answered with an error, or the connection failed.
     #[error("{0}")]
     Failed(String),
+    /// TLS with the store failed: a certificate its CA roots do not trust,
+    /// a name the certificate does not match, a client certificate the
+    /// server refused, or a `rediss://` URL without the `redis-tls` feature.
+    #[error("TLS with Redis failed: {0}")]
+    Tls(String),
+    /// The store's user may not run a command the fleet needs: its Redis
+    /// ACL lacks the command, the key pattern or the pause channel. The
+    /// README's "Running a fleet" has the rule that grants what is needed.
+    #[error("the Redis user may not run `{command}`: {message}")]
+    NotPermitted {
+        /// The command refused, as Redis names it (`hset`, `subscribe`).
+        command: String,
+        /// What Redis said.
+        message: String,
+    },
 }

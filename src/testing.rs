@@ -69,15 +69,19 @@ mod llm;
 mod redis;
 mod server;
 mod style;
+#[cfg(feature = "redis")]
+mod tls;
 
 use self::clock::{now, wall_at};
 use self::counting::{Counting, Limiter, Nginx};
 pub use self::llm::LlmVendor;
 #[cfg(feature = "redis")]
-pub use self::redis::{RedisCluster, RedisServer};
+pub use self::redis::{RedisCluster, RedisServer, TRANSPORT_VARIABLE};
 use self::server::take_down;
 pub use self::style::Style;
 use self::style::epoch_secs_after;
+#[cfg(feature = "redis")]
+pub use self::tls::TestCa;
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};

@@ -7,7 +7,6 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use callshaper::store::RedisStore;
 use callshaper::store::StoreFailure;
 use callshaper::testing::{RedisServer, RetryAfter, Vendor};
 use callshaper::{Error, Quota, Shaper};
@@ -88,7 +87,7 @@ async fn traffic() {
     assert!(matches!(too_costly, Err(Error::CostTooHigh { .. })));
 
     let redis = RedisServer::start();
-    let store = RedisStore::connect(&redis.url()).await.unwrap();
+    let store = redis.options().connect(&redis.url()).await.unwrap();
     let fleet = Shaper::builder()
         .rate(10, SECOND)
         .store(store)

@@ -45,9 +45,8 @@ const OUTAGE_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// A store for outage tests: a fleet of two, a short timeout, a probe
 /// every 200 ms.
-fn outage_options() -> RedisOptions {
-    RedisStore::options()
-        .fleet_size(2)
+fn outage_options(base: RedisOptions) -> RedisOptions {
+    base.fleet_size(2)
         .timeout(OUTAGE_TIMEOUT)
         .probe_every(Duration::from_millis(200))
 }
@@ -158,7 +157,7 @@ async fn fleet_of(size: usize) {
     let mut shapers = Vec::new();
     let mut stores = Vec::new();
     for _ in 0..size {
-        let store = RedisStore::connect(&redis.url()).await.unwrap();
+        let store = redis.options().connect(&redis.url()).await.unwrap();
         stores.push(store.clone());
         shapers.push(
             Shaper::builder()
@@ -204,12 +203,16 @@ async fn a_redis_cluster_shares_the_quota_too() {
     // instance connects, and hears pauses, through the others.
     let gone = {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        format!("redis://{}", listener.local_addr().unwrap())
+        let urls = cluster.urls();
+        let scheme = urls[0]
+            .split_once("://")
+            .map_or("redis", |(scheme, _)| scheme);
+        format!("{scheme}://{}", listener.local_addr().unwrap())
     };
     let seeds: Vec<String> = std::iter::once(gone).chain(cluster.urls()).collect();
     let mut shapers = Vec::new();
     for _ in 0..3 {
-        let store = RedisStore::cluster(&seeds).await.unwrap();
+        let store = cluster.options().cluster(&seeds).await.unwrap();
         shapers.push(instance(store));
     }
     run_fleet(&shapers, &vendor, 200).await;
@@ -228,8 +231,14 @@ async fn when_a_cluster_node_dies_lanes_follow_their_policy_and_come_back() {
     let mut cluster = RedisCluster::start();
     let vendor = Vendor::strict(10, SECOND).start().await;
     let (open, closed) = warm_pair(
-        outage_options().cluster(cluster.urls()).await.unwrap(),
-        outage_options().cluster(cluster.urls()).await.unwrap(),
+        outage_options(cluster.options())
+            .cluster(cluster.urls())
+            .await
+            .unwrap(),
+        outage_options(cluster.options())
+            .cluster(cluster.urls())
+            .await
+            .unwrap(),
         &vendor,
     )
     .await;
@@ -275,11 +284,11 @@ async fn a_throttle_seen_by_one_instance_pauses_the_fleet() {
     let redis = RedisServer::start();
     let vendor = Vendor::strict(10, SECOND).start().await;
     // Two shapers of one process share a connection; the third is alone.
-    let shared = RedisStore::connect(&redis.url()).await.unwrap();
+    let shared = redis.options().connect(&redis.url()).await.unwrap();
     let shapers = [
         instance(shared.clone()),
         instance(shared),
-        instance(RedisStore::connect(&redis.url()).await.unwrap()),
+        instance(redis.options().connect(&redis.url()).await.unwrap()),
     ];
     assert_one_throttle_pauses_all(&shapers, &vendor).await;
 }
@@ -352,6 +361,7 @@ async fn every_meter_behaves_the_same_in_memory_and_on_redis() {
         let mut runs = Vec::new();
         for on_redis in [false, true] {
             let url = redis.url();
+            let redis_options = redis.options();
             let quota = quota.clone();
             runs.push(tokio::spawn(async move {
                 let vendor = vendor().start().await;
@@ -364,7 +374,7 @@ async fn every_meter_behaves_the_same_in_memory_and_on_redis() {
                 if on_redis {
                     // wiremock reuses its servers' ports: a lane of the
                     // algorithm before had the same key.
-                    let store = RedisStore::options().prefix(format!("{name}:"));
+                    let store = redis_options.clone().prefix(format!("{name}:"));
                     builder = builder.store(store.connect(&url).await.unwrap());
                 }
                 let shaper = builder.build().unwrap();
@@ -413,10 +423,12 @@ async fn every_meter_behaves_the_same_in_memory_and_on_redis() {
 async fn a_quota_changed_by_a_deploy_starts_its_meter_afresh() {
     let redis = RedisServer::start();
     let vendor = Vendor::strict(10, SECOND).start().await;
+    let options = redis.options();
     let deploy = |quota: Quota| {
         let url = redis.url();
+        let options = options.clone();
         async move {
-            let store = RedisStore::options()
+            let store = options
                 .timeout(Duration::from_secs(5))
                 .connect(&url)
                 .await
@@ -452,8 +464,14 @@ async fn a_quota_changed_by_a_deploy_starts_its_meter_afresh() {
 async fn when_redis_dies_lanes_follow_their_policy_and_come_back() {
     let mut redis = RedisServer::start();
     let vendor = Vendor::strict(10, SECOND).start().await;
-    let open_store = outage_options().connect(&redis.url()).await.unwrap();
-    let closed_store = outage_options().connect(&redis.url()).await.unwrap();
+    let open_store = outage_options(redis.options())
+        .connect(&redis.url())
+        .await
+        .unwrap();
+    let closed_store = outage_options(redis.options())
+        .connect(&redis.url())
+        .await
+        .unwrap();
     let open = instance_failing(open_store.clone(), StoreFailure::Open);
     let closed = instance_failing(closed_store.clone(), StoreFailure::Closed);
 
@@ -538,8 +556,14 @@ async fn a_hung_redis_ends_calls_at_the_timeout() {
     let redis = RedisServer::start();
     let vendor = Vendor::strict(10, SECOND).start().await;
     let (open, closed) = warm_pair(
-        outage_options().connect(&redis.url()).await.unwrap(),
-        outage_options().connect(&redis.url()).await.unwrap(),
+        outage_options(redis.options())
+            .connect(&redis.url())
+            .await
+            .unwrap(),
+        outage_options(redis.options())
+            .connect(&redis.url())
+            .await
+            .unwrap(),
         &vendor,
     )
     .await;
@@ -577,8 +601,8 @@ async fn a_hung_redis_ends_calls_at_the_timeout() {
 async fn slots_of_callers_who_gave_up_go_back_to_the_fleet() {
     let redis = RedisServer::start();
     let vendor = Vendor::strict(10, SECOND).start().await;
-    let a = instance(RedisStore::connect(&redis.url()).await.unwrap());
-    let b = instance(RedisStore::connect(&redis.url()).await.unwrap());
+    let a = instance(redis.options().connect(&redis.url()).await.unwrap());
+    let b = instance(redis.options().connect(&redis.url()).await.unwrap());
 
     // A books a second of slots for ten callers, then nine of them leave.
     let callers: Vec<_> = (0..10)
@@ -613,7 +637,7 @@ async fn costs_are_reserved_and_settled_in_redis() {
         .rate(100, SECOND)
         .quota(Quota::sliding_log(1_000, SECOND).per_cost())
         .headroom(HEADROOM)
-        .store(RedisStore::connect(&redis.url()).await.unwrap())
+        .store(redis.options().connect(&redis.url()).await.unwrap())
         .build()
         .unwrap();
     // A correction is one script call on its way to Redis: give it 20 ms.
@@ -632,7 +656,8 @@ async fn instance_clocks_work_where_scripts_may_not_read_time() {
     let vendor = Vendor::strict(10, SECOND).start().await;
     let mut shapers = Vec::new();
     for _ in 0..2 {
-        let store = RedisStore::options()
+        let store = redis
+            .options()
             .clock(callshaper::store::Clock::Instances)
             .connect(&redis.url())
             .await
@@ -658,7 +683,7 @@ async fn a_capped_tenant_does_not_book_the_vendors_quota_away() {
     );
     let mut shapers = Vec::new();
     for _ in 0..2 {
-        let store = RedisStore::connect(&redis.url()).await.unwrap();
+        let store = redis.options().connect(&redis.url()).await.unwrap();
         let shaper = Shaper::builder()
             .rate(10, SECOND)
             .level(tenant.clone())
@@ -716,7 +741,8 @@ async fn a_capped_tenant_does_not_book_the_vendors_quota_away() {
 async fn admission_on_a_shared_store_predicts_the_fleets_pace() {
     let redis = RedisServer::start();
     let vendor = Vendor::strict(10, SECOND).start().await;
-    let store = RedisStore::options()
+    let store = redis
+        .options()
         .fleet_size(3)
         .connect(&redis.url())
         .await
@@ -752,7 +778,7 @@ async fn admission_on_a_shared_store_predicts_the_fleets_pace() {
 #[tokio::test]
 async fn a_custom_meter_is_refused_with_a_store() {
     let redis = RedisServer::start();
-    let store = RedisStore::connect(&redis.url()).await.unwrap();
+    let store = redis.options().connect(&redis.url()).await.unwrap();
     let rate = callshaper::Rate::new(10, SECOND);
     let custom = Quota::custom(callshaper::meters::CustomMeter::new(
         "mine",
@@ -793,7 +819,7 @@ impl callshaper::shaper::Transport for Sends {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lane_reserving_ahead_holds_the_quota_in_full_batches() {
     let redis = RedisServer::start();
-    let store = RedisStore::connect(&redis.url()).await.unwrap();
+    let store = redis.options().connect(&redis.url()).await.unwrap();
     let window = Duration::from_millis(100);
     let sends = Arc::new(Mutex::new(Vec::new()));
     let shaper = Shaper::builder()
@@ -875,7 +901,8 @@ async fn a_fleets_burst_keeps_to_what_the_vendors_bucket_has_left() {
     }
     let mut shapers = Vec::new();
     for _ in 0..2 {
-        let store = RedisStore::options()
+        let store = redis
+            .options()
             .fleet_size(2)
             .connect(&redis.url())
             .await
@@ -900,7 +927,7 @@ async fn a_fleets_burst_keeps_to_what_the_vendors_bucket_has_left() {
 async fn a_quota_learned_from_a_bucket_vendor_holds_on_the_store() {
     let redis = RedisServer::start();
     let vendor = anthropic_bucket().await;
-    let store = RedisStore::connect(&redis.url()).await.unwrap();
+    let store = redis.options().connect(&redis.url()).await.unwrap();
     let shaper = bucket_on(store, 15);
     run_fleet(std::slice::from_ref(&shaper), &vendor, 60).await;
     let arrivals = vendor.arrivals();
@@ -942,7 +969,9 @@ async fn a_fleet_sharing_its_quota_with_another_consumer_pauses_before_a_429() {
     let other = common::other_consumer(vendor.uri(), Duration::from_millis(333), Duration::MAX);
     let mut shapers = Vec::new();
     for _ in 0..2 {
-        shapers.push(instance(RedisStore::connect(&redis.url()).await.unwrap()));
+        shapers.push(instance(
+            redis.options().connect(&redis.url()).await.unwrap(),
+        ));
     }
     let started = Instant::now();
     let total = 70;

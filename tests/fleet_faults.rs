@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use callshaper::Shaper;
-use callshaper::store::RedisStore;
+use callshaper::store::RedisOptions;
 use callshaper::store::{StoreFailure, StoreMode};
 use callshaper::testing::{RedisCluster, RedisServer, Vendor};
 use common::SECOND;
@@ -21,14 +21,21 @@ const HEADROOM: Duration = Duration::from_millis(30);
 /// request to `vendor` (connections open, scripts loaded), so the run
 /// measures the fleet, not its first round trips.
 async fn fleet(redis: &RedisServer, vendor: &Vendor, size: u32) -> Vec<Shaper> {
-    fleet_on(&[redis.url()], false, vendor, size).await
+    fleet_on(redis.options(), &[redis.url()], false, vendor, size).await
 }
 
 /// As [`fleet`], on a Redis Cluster when `cluster`.
-async fn fleet_on(urls: &[String], cluster: bool, vendor: &Vendor, size: u32) -> Vec<Shaper> {
+async fn fleet_on(
+    base: RedisOptions,
+    urls: &[String],
+    cluster: bool,
+    vendor: &Vendor,
+    size: u32,
+) -> Vec<Shaper> {
     let mut shapers = Vec::new();
     for _ in 0..size {
-        let options = RedisStore::options()
+        let options = base
+            .clone()
             .fleet_size(size)
             .timeout(Duration::from_millis(100))
             .probe_every(Duration::from_millis(200));
@@ -303,7 +310,7 @@ async fn a_replica_taking_over_at_once_exceeds_by_one_window_at_most() {
 async fn promoted(what: &str, takeover: bool) -> Vendor {
     let mut cluster = RedisCluster::with_replicas();
     let vendor = Vendor::strict(10, SECOND).start().await;
-    let shapers = fleet_on(&cluster.urls(), true, &vendor, 3).await;
+    let shapers = fleet_on(cluster.options(), &cluster.urls(), true, &vendor, 3).await;
     let tasks = backlog(&shapers, &vendor, 25);
     tokio::time::sleep(Duration::from_millis(1_500)).await;
 

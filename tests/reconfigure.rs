@@ -181,11 +181,10 @@ async fn a_config_file_reloads_its_quotas() {
 /// change on one instance is refused.
 #[tokio::test]
 async fn a_shared_store_refuses_a_live_change() {
-    use callshaper::store::RedisStore;
     use callshaper::testing::RedisServer;
 
     let redis = RedisServer::start();
-    let store = RedisStore::connect(&redis.url()).await.unwrap();
+    let store = redis.options().connect(&redis.url()).await.unwrap();
     let shaper = Shaper::builder()
         .rate(10, SECOND)
         .store(store)

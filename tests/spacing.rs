@@ -445,7 +445,7 @@ async fn a_strict_fleet_lanes_lone_bare_refusal_pauses_one_interval() {
     let wire = Wire::default();
     let shaper = Shaper::builder()
         .quota(Quota::leaky_bucket(10, SECOND).strict())
-        .store(RedisStore::connect(&redis.url()).await.unwrap())
+        .store(redis.options().connect(&redis.url()).await.unwrap())
         .transport(wire.clone())
         .build()
         .unwrap();

@@ -1,5 +1,6 @@
 //! The file's `[store]` table: the Redis a fleet shares its quotas through.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -16,6 +17,11 @@ use crate::time::human;
 /// fleet_size = 3                         # what a fail-open lane divides by
 /// prefix = "callshaper:"                 # keys and the pause channel
 /// timeout = "250ms"
+/// connect_timeout = "2s"
+/// # TLS (`rediss://`, feature `redis-tls`): a private CA, mutual TLS.
+/// # ca_file = "/etc/redis/ca.crt"
+/// # client_cert_file = "/etc/redis/client.crt"
+/// # client_key_file = "/etc/redis/client.key"
 /// ```
 ///
 /// What a lane does while the store is down is `[defaults]
@@ -37,6 +43,10 @@ pub struct StoreConfig {
     /// The longest one Redis call may take (default 250 ms, at most 1 min).
     #[serde(default, with = "human::option")]
     pub timeout: Option<Duration>,
+    /// The longest connecting may take at startup (default 2 s, at most
+    /// 1 min).
+    #[serde(default, with = "human::option")]
+    pub connect_timeout: Option<Duration>,
     /// Most slots one round trip reserves (default 16, at most 1,024).
     pub batch: Option<usize>,
     /// No slot is reserved further ahead than this (default 1 s, at most
@@ -50,6 +60,14 @@ pub struct StoreConfig {
     /// The scripts read each instance's clock instead of Redis's `TIME`.
     #[serde(default)]
     pub instance_clock: bool,
+    /// A PEM file of CA certificates trusted for `rediss://` instead of the
+    /// system's roots (feature `redis-tls`).
+    pub ca_file: Option<PathBuf>,
+    /// A PEM file with the client certificate chain for mutual TLS;
+    /// `client_key_file` goes with it (feature `redis-tls`).
+    pub client_cert_file: Option<PathBuf>,
+    /// The client certificate's private key, PEM (feature `redis-tls`).
+    pub client_key_file: Option<PathBuf>,
 }
 
 /// The largest batch a file may ask for: more slots per round trip than
@@ -76,6 +94,18 @@ impl StoreConfig {
             _ => Ok(()),
         }
         .map_err(within)?;
+        match (&self.client_cert_file, &self.client_key_file) {
+            (Some(_), None) => Err(ConfigError::new(
+                "client_key_file",
+                "a client certificate needs its key",
+            )),
+            (None, Some(_)) => Err(ConfigError::new(
+                "client_cert_file",
+                "a client key needs its certificate",
+            )),
+            _ => Ok(()),
+        }
+        .map_err(within)?;
         if self.fleet_size == Some(0) {
             return Err(within(ConfigError::new(
                 "fleet_size",
@@ -92,6 +122,7 @@ impl StoreConfig {
         }
         let durations = [
             ("timeout", self.timeout, MOST_TIMEOUT),
+            ("connect_timeout", self.connect_timeout, MOST_TIMEOUT),
             ("horizon", self.horizon, MOST_INTERVAL),
             ("probe_every", self.probe_every, MOST_INTERVAL),
         ];
@@ -129,6 +160,9 @@ impl StoreConfig {
         if let Some(timeout) = self.timeout {
             options = options.timeout(timeout);
         }
+        if let Some(timeout) = self.connect_timeout {
+            options = options.connect_timeout(timeout);
+        }
         if let Some(batch) = self.batch {
             options = options.batch(batch);
         }
@@ -141,6 +175,7 @@ impl StoreConfig {
         if self.instance_clock {
             options = options.clock(Clock::Instances);
         }
+        options = self.with_certificates(options)?;
         let (field, connected) = match &self.redis {
             Some(url) => ("store.redis", options.connect(url).await),
             None => ("store.cluster", options.cluster(&self.cluster).await),
@@ -148,5 +183,49 @@ impl StoreConfig {
         connected
             .map(Into::into)
             .map_err(|e| ConfigError::new(field, format!("cannot connect: {e}")))
+    }
+
+    /// The options with the TLS files' certificates, read now.
+    #[cfg(feature = "redis-tls")]
+    fn with_certificates(
+        &self,
+        mut options: crate::store::RedisOptions,
+    ) -> Result<crate::store::RedisOptions, ConfigError> {
+        let read = |field: &str, path: &PathBuf| {
+            std::fs::read(path).map_err(|e| {
+                ConfigError::new(field, format!("cannot read {}: {e}", path.display()))
+                    .within("store")
+            })
+        };
+        if let Some(path) = &self.ca_file {
+            options = options.ca_roots(read("ca_file", path)?);
+        }
+        if let (Some(cert), Some(key)) = (&self.client_cert_file, &self.client_key_file) {
+            options = options.client_certificate(
+                read("client_cert_file", cert)?,
+                read("client_key_file", key)?,
+            );
+        }
+        Ok(options)
+    }
+
+    /// Without the `redis-tls` feature, a TLS file is refused.
+    #[cfg(all(feature = "redis", not(feature = "redis-tls")))]
+    fn with_certificates(
+        &self,
+        options: crate::store::RedisOptions,
+    ) -> Result<crate::store::RedisOptions, ConfigError> {
+        let given = [
+            ("ca_file", &self.ca_file),
+            ("client_cert_file", &self.client_cert_file),
+        ];
+        match given.into_iter().find(|(_, path)| path.is_some()) {
+            Some((field, _)) => Err(ConfigError::new(
+                field,
+                "TLS files need callshaper's `redis-tls` feature",
+            )
+            .within("store")),
+            None => Ok(options),
+        }
     }
 }

@@ -5,7 +5,36 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use super::tls::TestCa;
+use crate::store::{RedisOptions, RedisStore};
+
+/// The variable that runs every fleet test over TLS: with
+/// `CALLSHAPER_TEST_REDIS=tls`, [`RedisServer::start`] and
+/// [`RedisCluster::start`] start TLS servers (mutual TLS, a CA made for
+/// them), and their [`options`](RedisServer::options) trust it.
+/// `scripts/test` runs the fleet suites both ways.
+pub const TRANSPORT_VARIABLE: &str = "CALLSHAPER_TEST_REDIS";
+
+/// True when [`TRANSPORT_VARIABLE`] asks for TLS.
+///
+/// # Panics
+///
+/// When it holds anything but `tcp` or `tls`: a typo must not quietly run
+/// the suite over plain TCP.
+fn tls_asked() -> bool {
+    match std::env::var(TRANSPORT_VARIABLE).as_deref() {
+        Err(_) | Ok("" | "tcp") => false,
+        Ok("tls") => true,
+        Ok(other) => panic!("{TRANSPORT_VARIABLE}={other}: use `tcp` or `tls`"),
+    }
+}
+
+fn transport() -> Option<Arc<TestCa>> {
+    tls_asked().then(|| Arc::new(TestCa::new()))
+}
 
 /// A `redis-server` of its own on a free loopback port, no persistence,
 /// killed when dropped.
@@ -22,6 +51,7 @@ pub struct RedisServer {
     pub port: u16,
     dir: PathBuf,
     cluster: bool,
+    tls: Option<Arc<TestCa>>,
 }
 
 fn free_port() -> u16 {
@@ -40,12 +70,19 @@ fn command(port: u16, line: &str) -> Option<String> {
 }
 
 impl RedisServer {
-    /// Start one and wait until it answers `PING`.
+    /// Start one and wait until it answers `PING`: over plain TCP, or
+    /// over TLS when [`TRANSPORT_VARIABLE`] says `tls`.
     pub fn start() -> Self {
-        Self::launch(free_port(), false)
+        Self::launch(free_port(), false, transport())
     }
 
-    fn launch(port: u16, cluster: bool) -> Self {
+    /// Start one that speaks only TLS and asks every client for a
+    /// certificate (`tls-auth-clients yes`), with a [`TestCa`] of its own.
+    pub fn start_tls() -> Self {
+        Self::launch(free_port(), false, Some(Arc::new(TestCa::new())))
+    }
+
+    fn launch(port: u16, cluster: bool, tls: Option<Arc<TestCa>>) -> Self {
         let dir =
             std::env::temp_dir().join(format!("callshaper-redis-{port}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("a scratch directory for redis-server");
@@ -54,6 +91,7 @@ impl RedisServer {
             port,
             dir,
             cluster,
+            tls,
         };
         server.spawn();
         server
@@ -61,16 +99,32 @@ impl RedisServer {
 
     fn spawn(&mut self) {
         let port = self.port.to_string();
-        let mut args = vec![
-            "--port",
-            &port,
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ];
+        let files = self.tls.as_ref().map(|ca| {
+            ["server.crt", "server.key", "ca.crt"]
+                .map(|f| ca.path(f).to_string_lossy().into_owned())
+        });
+        let mut args = match &files {
+            None => vec!["--port", &port],
+            Some([cert, key, ca]) => vec![
+                "--port",
+                "0",
+                "--tls-port",
+                &port,
+                "--tls-cert-file",
+                cert,
+                "--tls-key-file",
+                key,
+                "--tls-ca-cert-file",
+                ca,
+                "--tls-auth-clients",
+                "yes",
+                "--tls-replication",
+                "yes",
+                "--tls-cluster",
+                "yes",
+            ],
+        };
+        args.extend(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]);
         let dir = self.dir.to_string_lossy().into_owned();
         args.extend(["--dir", &dir]);
         if self.cluster {
@@ -89,7 +143,7 @@ impl RedisServer {
             });
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while command(self.port, "PING").is_none_or(|reply| !reply.starts_with("+PONG")) {
+        while !self.answers_ping() {
             assert!(
                 Instant::now() < deadline,
                 "redis-server on {} did not answer PING",
@@ -99,9 +153,52 @@ impl RedisServer {
         }
     }
 
-    /// `redis://127.0.0.1:{port}`.
+    fn answers_ping(&self) -> bool {
+        match self.tls {
+            None => command(self.port, "PING").is_some_and(|reply| reply.starts_with("+PONG")),
+            Some(_) => self.cli(&["PING"]).starts_with("PONG"),
+        }
+    }
+
+    /// `redis://127.0.0.1:{port}`, or `rediss://` over TLS.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}", self.port)
+    }
+
+    /// The CA its certificate comes from, when it speaks TLS.
+    pub fn tls(&self) -> Option<&TestCa> {
+        self.tls.as_deref()
+    }
+
+    /// The default store options, trusting this server's CA and carrying
+    /// its client certificate when it speaks TLS.
+    ///
+    /// # Panics
+    ///
+    /// Over TLS without the `redis-tls` feature.
+    pub fn options(&self) -> RedisOptions {
+        with_certificates(RedisStore::options(), self.tls.as_deref())
+    }
+
+    /// Start it again on the same port with a certificate from a new CA,
+    /// as a rotation to a CA its clients do not trust looks to them.
+    ///
+    /// # Panics
+    ///
+    /// When it does not speak TLS.
+    pub fn reissue(&mut self) {
+        assert!(
+            self.tls.is_some(),
+            "reissue: this server does not speak TLS"
+        );
+        self.kill();
+        self.tls = Some(Arc::new(TestCa::new()));
+        self.spawn();
     }
 
     /// Kill it as a crash would (SIGKILL): no goodbye to clients.
@@ -158,11 +255,43 @@ impl RedisServer {
     pub fn cli(&self, args: &[&str]) -> String {
         let output = Command::new("redis-cli")
             .args(["-p", &self.port.to_string()])
+            .args(tls_args(self.tls.as_deref()))
             .args(args)
             .output()
             .expect("redis-cli (Debian: apt-get install redis-tools)");
         String::from_utf8_lossy(&output.stdout).into_owned()
     }
+}
+
+#[cfg(feature = "redis-tls")]
+fn with_certificates(options: RedisOptions, tls: Option<&TestCa>) -> RedisOptions {
+    match tls {
+        Some(ca) => options
+            .ca_roots(ca.ca_pem())
+            .client_certificate(ca.client_pem(), ca.client_key_pem()),
+        None => options,
+    }
+}
+
+#[cfg(not(feature = "redis-tls"))]
+fn with_certificates(options: RedisOptions, tls: Option<&TestCa>) -> RedisOptions {
+    assert!(tls.is_none(), "a TLS Redis needs the `redis-tls` feature");
+    options
+}
+
+/// `redis-cli`'s arguments for a server's TLS.
+fn tls_args(tls: Option<&TestCa>) -> Vec<String> {
+    let Some(ca) = tls else { return Vec::new() };
+    let file = |f: &str| ca.path(f).to_string_lossy().into_owned();
+    vec![
+        "--tls".to_owned(),
+        "--cacert".to_owned(),
+        file("ca.crt"),
+        "--cert".to_owned(),
+        file("client.crt"),
+        "--key".to_owned(),
+        file("client.key"),
+    ]
 }
 
 impl Drop for RedisServer {
@@ -205,8 +334,9 @@ impl RedisCluster {
     }
 
     fn form(replicas: usize) -> Self {
+        let tls = transport();
         let nodes: Vec<RedisServer> = (0..3 * (1 + replicas))
-            .map(|_| RedisServer::launch(free_port(), true))
+            .map(|_| RedisServer::launch(free_port(), true, tls.clone()))
             .collect();
         let addresses: Vec<String> = nodes
             .iter()
@@ -217,6 +347,7 @@ impl RedisCluster {
             .arg("create")
             .args(&addresses)
             .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+            .args(tls_args(tls.as_deref()))
             .output()
             .expect("redis-cli (Debian: apt-get install redis-tools)");
         assert!(
@@ -245,6 +376,19 @@ impl RedisCluster {
     /// Every node's URL.
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The default store options, with the nodes' CA and client
+    /// certificate when they speak TLS.
+    ///
+    /// # Panics
+    ///
+    /// As [`RedisServer::options`].
+    pub fn options(&self) -> RedisOptions {
+        with_certificates(
+            RedisStore::options(),
+            self.nodes.first().and_then(RedisServer::tls),
+        )
     }
 
     /// The index of the node that node `index` replicates, if it is a

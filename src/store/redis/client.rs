@@ -15,7 +15,9 @@ use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr
 use redis::{ErrorKind, FromRedisValue, Script, ServerErrorKind};
 use tokio::sync::oneshot;
 
+use super::errors::{answered, failed, within};
 use super::options::{Clock, RedisOptions};
+use super::scripts::PERMISSIONS;
 use crate::error::StoreError;
 use crate::gate::{Gate, PauseCause};
 use crate::sync::lock;
@@ -77,30 +79,6 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
-pub(super) fn failed(error: redis::RedisError) -> StoreError {
-    StoreError::Failed(error.to_string())
-}
-
-pub(super) async fn within<T>(
-    timeout: Duration,
-    call: impl Future<Output = redis::RedisResult<T>>,
-) -> Result<T, StoreError> {
-    answered(timeout, tokio::time::timeout(timeout, call).await)
-}
-
-pub(super) fn answered<T>(
-    timeout: Duration,
-    answer: Result<redis::RedisResult<T>, tokio::time::error::Elapsed>,
-) -> Result<T, StoreError> {
-    // The connection's own response timeout (the same length) often fires
-    // first: a timeout either way.
-    match answer {
-        Ok(Err(error)) if error.is_timeout() => Err(StoreError::Timeout(timeout)),
-        Ok(answer) => answer.map_err(failed),
-        Err(_) => Err(StoreError::Timeout(timeout)),
-    }
-}
-
 impl RedisStore {
     /// Options with their defaults.
     pub fn options() -> RedisOptions {
@@ -135,14 +113,14 @@ impl RedisStore {
             stopped,
             ready,
         ));
-        let timeout = options.timeout;
+        let timeout = options.connect_timeout;
         match tokio::time::timeout(timeout, subscribed).await {
             Ok(Ok(Ok(()))) => {}
             Ok(Ok(Err(error))) => return Err(error),
             Ok(Err(_)) => return Err(StoreError::Failed("pause listener ended".to_owned())),
             Err(_) => return Err(StoreError::Timeout(timeout)),
         }
-        Ok(Self {
+        let store = Self {
             inner: Arc::new(Inner {
                 conn,
                 options,
@@ -151,7 +129,9 @@ impl RedisStore {
                 round_trips: AtomicU64::new(0),
                 _listening: stop,
             }),
-        })
+        };
+        store.check_permissions().await?;
+        Ok(store)
     }
 
     /// Round trips to Redis so far (every script call, from every lane).
@@ -183,12 +163,49 @@ impl RedisStore {
         }
     }
 
+    /// Run `script` within the store's timeout, counted as a round trip.
     pub(super) async fn invoke<T: FromRedisValue>(
         &self,
         script: &Script,
         keys: &[String],
         args: &[i64],
         channel: Option<&str>,
+    ) -> Result<T, StoreError> {
+        self.inner.round_trips.fetch_add(1, Ordering::Relaxed);
+        let timeout = self.inner.options.timeout;
+        self.run(script, keys, args, channel, timeout).await
+    }
+
+    /// The first command of the scripts' the user may not run, as a
+    /// [`StoreError::NotPermitted`]: named now, not by a first request's
+    /// failure, whose message names none.
+    async fn check_permissions(&self) -> Result<(), StoreError> {
+        let key = self.key("_", "permissions");
+        let channel = self.inner.channel.as_str();
+        let timeout = self.inner.options.connect_timeout;
+        let refused: Option<String> = self
+            .run(&PERMISSIONS, &[key], &[], Some(channel), timeout)
+            .await?;
+        match refused {
+            None => Ok(()),
+            Some(command) => Err(StoreError::NotPermitted {
+                message: format!(
+                    "the ACL of the store's user refuses `{command}` on `{}*` (or the channel \
+                     `{channel}`), which the fleet's scripts run",
+                    self.inner.options.prefix
+                ),
+                command,
+            }),
+        }
+    }
+
+    async fn run<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[String],
+        args: &[i64],
+        channel: Option<&str>,
+        timeout: Duration,
     ) -> Result<T, StoreError> {
         let mut invocation = script.prepare_invoke();
         for key in keys {
@@ -200,8 +217,6 @@ impl RedisStore {
         if let Some(channel) = channel {
             invocation.arg(channel);
         }
-        self.inner.round_trips.fetch_add(1, Ordering::Relaxed);
-        let timeout = self.inner.options.timeout;
         match self.inner.conn.clone() {
             Conn::Single(mut conn) => within(timeout, invocation.invoke_async(&mut conn)).await,
             Conn::Cluster(mut conn) => {
@@ -325,13 +340,13 @@ impl RedisOptions {
     /// Connect to one Redis (or Valkey) node, e.g. `redis://127.0.0.1:6379`.
     /// Fails when it cannot be reached now: a wrong URL shows at startup.
     pub async fn connect(self, url: &str) -> Result<RedisStore, StoreError> {
-        let client = redis::Client::open(url).map_err(failed)?;
+        let client = self.tls.client(url)?;
         let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.timeout))
+            .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(Some(self.timeout))
             .set_number_of_retries(1);
         let connecting = ConnectionManager::new_with_config(client.clone(), config);
-        let conn = within(self.timeout, connecting).await?;
+        let conn = within(self.connect_timeout, connecting).await?;
         RedisStore::start(self, Conn::Single(conn), vec![client]).await
     }
 
@@ -349,15 +364,19 @@ impl RedisOptions {
         // the next node when its node fails.
         let nodes = urls
             .iter()
-            .map(|url| redis::Client::open(url.as_str()).map_err(failed))
+            .map(|url| self.tls.client(url))
             .collect::<Result<Vec<_>, _>>()?;
         let cluster = ClusterClient::builder(urls)
-            .connection_timeout(self.timeout)
+            .connection_timeout(self.connect_timeout)
             .response_timeout(self.timeout)
-            .retries(1)
-            .build()
-            .map_err(failed)?;
-        let conn = within(self.timeout, cluster.get_async_connection()).await?;
+            .retries(1);
+        #[cfg(feature = "redis-tls")]
+        let cluster = match self.tls.redis() {
+            Some(certificates) => cluster.certs(certificates),
+            None => cluster,
+        };
+        let cluster = cluster.build().map_err(failed)?;
+        let conn = within(self.connect_timeout, cluster.get_async_connection()).await?;
         RedisStore::start(self, Conn::Cluster(conn), nodes).await
     }
 }

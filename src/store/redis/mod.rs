@@ -5,14 +5,18 @@
 //! | file | what it owns |
 //! |---|---|
 //! | `options.rs` | [`RedisOptions`], [`Clock`] |
+//! | `tls.rs` | the CA roots and client certificate of `rediss://` connections |
+//! | `errors.rs` | what Redis's errors mean: timeout, TLS, an ACL's refusal |
 //! | `client.rs` | [`RedisStore`]: connecting, calling the scripts, the pause channel |
 //! | `lane.rs` | a lane's keys and meters as script arguments (`SharedStore`, `StoreLane`) |
 //! | `scripts.rs` | the Lua scripts, `meters.lua` before each |
 
 mod client;
+mod errors;
 mod lane;
 mod options;
 mod scripts;
+mod tls;
 
 pub use self::client::RedisStore;
 pub use self::options::{Clock, RedisOptions};

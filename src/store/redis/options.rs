@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use super::tls::Certificates;
+
 /// Whose clock the scripts read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -27,11 +29,13 @@ pub enum Clock {
 pub struct RedisOptions {
     pub(super) prefix: String,
     pub(super) timeout: Duration,
+    pub(super) connect_timeout: Duration,
     pub(super) batch: usize,
     pub(super) horizon: Duration,
     pub(super) probe_every: Duration,
     pub(super) fleet_size: u32,
     pub(super) clock: Clock,
+    pub(super) tls: Certificates,
 }
 
 impl Default for RedisOptions {
@@ -39,11 +43,13 @@ impl Default for RedisOptions {
         Self {
             prefix: "callshaper:".to_owned(),
             timeout: Duration::from_millis(250),
+            connect_timeout: Duration::from_secs(2),
             batch: 16,
             horizon: Duration::from_secs(1),
             probe_every: Duration::from_secs(1),
             fleet_size: 1,
             clock: Clock::Redis,
+            tls: Certificates::default(),
         }
     }
 }
@@ -59,6 +65,16 @@ impl RedisOptions {
     /// down (250 ms).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self
+    }
+
+    /// The longest connecting may take when the store starts (2 s): TCP,
+    /// the TLS handshakes, `AUTH`, a cluster's slot map and the pause
+    /// channel's subscription. Longer than one call's
+    /// [`timeout`](Self::timeout), since a TLS cluster makes a handshake
+    /// per node before its first answer.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
         self
     }
 
@@ -91,6 +107,28 @@ impl RedisOptions {
     /// Whose clock the scripts read ([`Clock::Redis`]).
     pub fn clock(mut self, clock: Clock) -> Self {
         self.clock = clock;
+        self
+    }
+
+    /// Trust these CA certificates (PEM, one or more) for `rediss://`
+    /// instead of the system's roots: a private CA, as managed Redis and
+    /// self-hosted TLS often use. Checked when the store connects.
+    #[cfg(feature = "redis-tls")]
+    pub fn ca_roots(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.roots = Some(pem.into());
+        self
+    }
+
+    /// Present this client certificate chain and its private key (both
+    /// PEM) to a Redis that asks for one (mutual TLS, `tls-auth-clients
+    /// yes`). Checked when the store connects.
+    #[cfg(feature = "redis-tls")]
+    pub fn client_certificate(
+        mut self,
+        chain_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.client = Some((chain_pem.into(), key_pem.into()));
         self
     }
 }

@@ -1,5 +1,5 @@
 //! The Lua scripts, each with the meters' arithmetic (`meters.lua`)
-//! before it.
+//! before it, and the check of the user's permissions a store runs once.
 
 use std::sync::LazyLock;
 
@@ -23,3 +23,5 @@ pub(super) static SETTLE: LazyLock<Script> = LazyLock::new(|| {
         include_str!("../settle.lua")
     ))
 });
+pub(super) static PERMISSIONS: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../permissions.lua")));

@@ -67,6 +67,8 @@ mod counting;
 mod llm;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "redis")]
+mod sentinel;
 mod server;
 mod style;
 #[cfg(feature = "redis")]
@@ -77,6 +79,8 @@ use self::counting::{Counting, Limiter, Nginx};
 pub use self::llm::LlmVendor;
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisCluster, RedisServer, TRANSPORT_VARIABLE};
+#[cfg(feature = "redis")]
+pub use self::sentinel::RedisSentinel;
 use self::server::take_down;
 pub use self::style::Style;
 use self::style::epoch_secs_after;

@@ -12,7 +12,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use callshaper::store::{RedisOptions, RedisStore, StoreError, StoreFailure, StoreMode};
-use callshaper::testing::{RedisServer, RetryAfter, TestCa, Vendor};
+use callshaper::testing::{RedisSentinel, RedisServer, RetryAfter, TestCa, Vendor};
 use callshaper::{Error, Shaper};
 use common::SECOND;
 
@@ -366,4 +366,103 @@ async fn deployments_under_their_own_prefix_keep_their_own_quotas() {
         default.trim().is_empty(),
         "keys outside the prefixes: {default}"
     );
+}
+
+// --- Sentinel --------------------------------------------------------------
+
+/// The master is killed: the sentinel promotes the replica a second or two
+/// later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_failover_after_a_crash_keeps_the_quota() {
+    failover_under_load(true).await;
+}
+
+/// An operator's `SENTINEL FAILOVER`: the old master keeps running as a
+/// replica, so the fleet's connections to it stay open and meet
+/// `READONLY`, not a closed socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_switchover_keeps_the_quota() {
+    failover_under_load(false).await;
+}
+
+/// Three fail-open instances follow the master a Sentinel names, with 25
+/// requests each; 1.5 s in, the master is killed (`crash`) or demoted by
+/// `SENTINEL FAILOVER`. Every request is served, the vendor sees at most
+/// 10 in any second and no 429, and no lane is off the store for longer
+/// than a probe interval and a call after the new master is announced
+/// (twice that, for a loaded machine's late timers).
+async fn failover_under_load(crash: bool) {
+    let mut deployment = RedisSentinel::start(1);
+    assert_eq!(deployment.master(), Some(0));
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let probe = Duration::from_millis(200);
+    let timeout = Duration::from_millis(100);
+    let mut shapers = Vec::new();
+    for _ in 0..3 {
+        let store = RedisStore::options()
+            .fleet_size(3)
+            .timeout(timeout)
+            .probe_every(probe)
+            .sentinel(deployment.urls(), deployment.service())
+            .await
+            .unwrap();
+        let shaper = instance(store, StoreFailure::Open);
+        let warm = shaper.get(format!("{}/warm", vendor.uri())).send().await;
+        assert_eq!(warm.unwrap().status(), 200);
+        shapers.push(shaper);
+    }
+    let tasks: Vec<_> = (0..75)
+        .map(|i| tokio::spawn(shapers[i % 3].get(format!("{}/r/{i}", vendor.uri())).send()))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+
+    if crash {
+        deployment.nodes[0].kill();
+    } else {
+        let reply = deployment.failover();
+        assert!(reply.starts_with("OK"), "SENTINEL FAILOVER: {reply}");
+    }
+    let killed = Instant::now();
+    let off = || {
+        shapers
+            .iter()
+            .any(|s| lane_mode(s) != Some(StoreMode::Shared))
+    };
+    let mut left = false;
+    while deployment.master() != Some(1) {
+        assert!(
+            killed.elapsed() < 15 * SECOND,
+            "the sentinel never promoted the replica"
+        );
+        left |= off();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let announced = killed.elapsed();
+    assert!(!crash || left, "no lane noticed its master was gone");
+    let mut back = Duration::ZERO;
+    while killed.elapsed() < announced + 3 * SECOND {
+        if off() {
+            back = killed.elapsed() - announced;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    println!("promoted {announced:?} after the kill, every lane on the store {back:?} later");
+    assert!(
+        back <= 2 * (probe + timeout),
+        "a lane was off the store {back:?} after the new master was announced"
+    );
+    let outcomes = tokio::time::timeout(Duration::from_secs(60), common::join_all(tasks))
+        .await
+        .expect("no request hangs");
+    for outcome in outcomes {
+        assert_eq!(outcome.expect("every request is served").status(), 200);
+    }
+    let busiest = vendor.max_in_any_window(SECOND);
+    println!(
+        "{} arrivals, at most {busiest} in any second, {} x 429",
+        vendor.arrivals().len(),
+        vendor.throttled()
+    );
+    assert!(busiest <= 10, "{busiest} in one second");
+    assert_eq!(vendor.throttled(), 0);
 }

@@ -52,9 +52,11 @@ pub struct RedisServer {
     dir: PathBuf,
     cluster: bool,
     tls: Option<Arc<TestCa>>,
+    /// More `redis-server` arguments (a replica's `--replicaof`).
+    extra: Vec<String>,
 }
 
-fn free_port() -> u16 {
+pub(super) fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
     listener.local_addr().expect("its address").port()
 }
@@ -76,25 +78,47 @@ impl RedisServer {
         Self::launch(free_port(), false, transport())
     }
 
+    /// Start one over plain TCP, whatever [`TRANSPORT_VARIABLE`] says.
+    pub(super) fn start_plain() -> Self {
+        Self::launch(free_port(), false, None)
+    }
+
     /// Start one that speaks only TLS and asks every client for a
     /// certificate (`tls-auth-clients yes`), with a [`TestCa`] of its own.
     pub fn start_tls() -> Self {
         Self::launch(free_port(), false, Some(Arc::new(TestCa::new())))
     }
 
+    /// A replica of `master`, on a free port, over the same transport.
+    pub(super) fn replica_of(master: &RedisServer) -> Self {
+        let mut replica = Self::new(free_port(), false, master.tls.clone());
+        replica.extra = vec![
+            "--replicaof".to_owned(),
+            "127.0.0.1".to_owned(),
+            master.port.to_string(),
+        ];
+        replica.spawn();
+        replica
+    }
+
     fn launch(port: u16, cluster: bool, tls: Option<Arc<TestCa>>) -> Self {
+        let mut server = Self::new(port, cluster, tls);
+        server.spawn();
+        server
+    }
+
+    fn new(port: u16, cluster: bool, tls: Option<Arc<TestCa>>) -> Self {
         let dir =
             std::env::temp_dir().join(format!("callshaper-redis-{port}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("a scratch directory for redis-server");
-        let mut server = Self {
+        Self {
             child: None,
             port,
             dir,
             cluster,
             tls,
-        };
-        server.spawn();
-        server
+            extra: Vec::new(),
+        }
     }
 
     fn spawn(&mut self) {
@@ -130,6 +154,7 @@ impl RedisServer {
         if self.cluster {
             args.extend(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"]);
         }
+        args.extend(self.extra.iter().map(String::as_str));
         let child = Command::new("redis-server")
             .args(&args)
             .stdout(Stdio::null())
@@ -280,7 +305,7 @@ fn with_certificates(options: RedisOptions, tls: Option<&TestCa>) -> RedisOption
 }
 
 /// `redis-cli`'s arguments for a server's TLS.
-fn tls_args(tls: Option<&TestCa>) -> Vec<String> {
+pub(super) fn tls_args(tls: Option<&TestCa>) -> Vec<String> {
     let Some(ca) = tls else { return Vec::new() };
     let file = |f: &str| ca.path(f).to_string_lossy().into_owned();
     vec![

@@ -2,12 +2,10 @@
 //! scripts' calls, and the pause channel that reaches every instance's
 //! gates.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use futures_util::StreamExt;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -17,10 +15,9 @@ use tokio::sync::oneshot;
 
 use super::errors::{answered, failed, within};
 use super::options::{Clock, RedisOptions};
+use super::pauses::{Nodes, Registry, listen};
 use super::scripts::PERMISSIONS;
 use crate::error::StoreError;
-use crate::gate::{Gate, PauseCause};
-use crate::sync::lock;
 use crate::time::micros;
 
 /// Lane state in Redis or Redis Cluster, shared by every instance that
@@ -69,6 +66,8 @@ pub(super) struct Inner {
 pub(super) enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    #[cfg(feature = "redis-sentinel")]
+    Sentinel(Arc<super::sentinel::Followed>),
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -90,6 +89,16 @@ impl RedisStore {
         Self::options().connect(url).await
     }
 
+    /// Follow the master `sentinels` name for `service`, with the default
+    /// options (feature `redis-sentinel`).
+    #[cfg(feature = "redis-sentinel")]
+    pub async fn sentinel<S: AsRef<str>>(
+        sentinels: impl IntoIterator<Item = S>,
+        service: &str,
+    ) -> Result<Self, StoreError> {
+        Self::options().sentinel(sentinels, service).await
+    }
+
     /// Connect to a cluster with the default options.
     pub async fn cluster<S: AsRef<str>>(
         urls: impl IntoIterator<Item = S>,
@@ -100,7 +109,7 @@ impl RedisStore {
     pub(super) async fn start(
         options: RedisOptions,
         conn: Conn,
-        pubsub: Vec<redis::Client>,
+        pubsub: Nodes,
     ) -> Result<Self, StoreError> {
         let channel = format!("{}pauses", options.prefix);
         let gates = Arc::default();
@@ -240,91 +249,17 @@ impl RedisStore {
                 }
                 answered(timeout, answer)
             }
-        }
-    }
-}
-
-/// Subscribe to the pause channel on one of `nodes` and apply every pause
-/// to the local gates of its key; when the connection drops, subscribe again
-/// on the next node, until the store goes.
-pub(super) async fn listen(
-    nodes: Vec<redis::Client>,
-    channel: String,
-    gates: Arc<Registry>,
-    mut stop: oneshot::Receiver<()>,
-    ready: oneshot::Sender<Result<(), StoreError>>,
-) {
-    let mut ready = Some(ready);
-    let mut failed_in_a_row = 0;
-    for client in nodes.iter().cycle() {
-        // A host that does not answer must not hold the listener forever.
-        let subscribed = within(Duration::from_secs(5), async {
-            let mut pubsub = client.get_async_pubsub().await?;
-            pubsub.subscribe(&channel).await?;
-            redis::RedisResult::Ok(pubsub)
-        });
-        let pubsub = tokio::select! {
-            _ = &mut stop => return,
-            subscribed = subscribed => subscribed,
-        };
-        match pubsub {
-            Ok(mut pubsub) => {
-                failed_in_a_row = 0;
-                if let Some(ready) = ready.take() {
-                    let _ = ready.send(Ok(()));
-                }
-                let mut messages = pubsub.on_message();
-                loop {
-                    tokio::select! {
-                        _ = &mut stop => return,
-                        message = messages.next() => match message {
-                            Some(message) => apply_pause(&gates, message.get_payload_bytes()),
-                            None => break,
-                        },
-                    }
-                }
-            }
-            Err(error) => {
-                failed_in_a_row += 1;
-                // At startup, every node gets one try before the store
-                // reports the failure.
-                if failed_in_a_row >= nodes.len()
-                    && let Some(ready) = ready.take()
-                {
-                    let _ = ready.send(Err(error));
-                    return;
-                }
+            #[cfg(feature = "redis-sentinel")]
+            Conn::Sentinel(followed) => {
+                let call = async {
+                    let mut master = followed.master().await?;
+                    invocation.invoke_async(&mut master).await
+                };
+                let answer = tokio::time::timeout(timeout, call).await;
+                followed.heard(&answer);
+                answered(timeout, answer)
             }
         }
-        if ready.is_some() {
-            continue;
-        }
-        // Lost: pauses published meanwhile still reach this instance with
-        // its next reservation, which starts after them.
-        tokio::select! {
-            _ = &mut stop => return,
-            () = tokio::time::sleep(Duration::from_millis(200)) => {}
-        }
-    }
-}
-
-/// A pause message: `key\nmicroseconds left`.
-pub(super) fn apply_pause(gates: &Registry, payload: &[u8]) {
-    let Ok(text) = std::str::from_utf8(payload) else {
-        return;
-    };
-    let Some((key, left)) = text.rsplit_once('\n') else {
-        return;
-    };
-    let Ok(left) = left.parse::<u64>() else {
-        return;
-    };
-    let local: Vec<Arc<Gate>> = lock(gates)
-        .get(key)
-        .map(|gates| gates.iter().filter_map(Weak::upgrade).collect())
-        .unwrap_or_default();
-    for gate in local {
-        gate.pause_for(Duration::from_micros(left), PauseCause::Fleet, None);
     }
 }
 
@@ -332,22 +267,14 @@ pub(super) fn duration(us: i64) -> Duration {
     Duration::from_micros(u64::try_from(us).unwrap_or(0))
 }
 
-/// Local gates by key: several shapers of one process may share a store,
-/// each with its own gate for a key.
-pub(super) type Registry = Mutex<HashMap<String, Vec<Weak<Gate>>>>;
-
 impl RedisOptions {
     /// Connect to one Redis (or Valkey) node, e.g. `redis://127.0.0.1:6379`.
     /// Fails when it cannot be reached now: a wrong URL shows at startup.
     pub async fn connect(self, url: &str) -> Result<RedisStore, StoreError> {
         let client = self.tls.client(url)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.connect_timeout))
-            .set_response_timeout(Some(self.timeout))
-            .set_number_of_retries(1);
-        let connecting = ConnectionManager::new_with_config(client.clone(), config);
+        let connecting = ConnectionManager::new_with_config(client.clone(), self.manager());
         let conn = within(self.connect_timeout, connecting).await?;
-        RedisStore::start(self, Conn::Single(conn), vec![client]).await
+        RedisStore::start(self, Conn::Single(conn), Nodes::Listed(vec![client])).await
     }
 
     /// Connect to a Redis Cluster through any of its nodes.
@@ -377,6 +304,39 @@ impl RedisOptions {
         };
         let cluster = cluster.build().map_err(failed)?;
         let conn = within(self.connect_timeout, cluster.get_async_connection()).await?;
-        RedisStore::start(self, Conn::Cluster(conn), nodes).await
+        RedisStore::start(self, Conn::Cluster(conn), Nodes::Listed(nodes)).await
+    }
+
+    /// Follow the master `sentinels` name for `service` (a Redis Sentinel
+    /// deployment), through every failover: each of `sentinels` is a URL
+    /// such as `redis://10.0.0.7:26379`. Fails when no sentinel names a
+    /// master now, or the master cannot be reached.
+    #[cfg(feature = "redis-sentinel")]
+    pub async fn sentinel<S: AsRef<str>>(
+        self,
+        sentinels: impl IntoIterator<Item = S>,
+        service: &str,
+    ) -> Result<RedisStore, StoreError> {
+        let sentinels: Vec<String> = sentinels
+            .into_iter()
+            .map(|u| u.as_ref().to_owned())
+            .collect();
+        let followed = Arc::new(super::sentinel::Followed::new(
+            sentinels,
+            service,
+            self.manager(),
+        )?);
+        within(self.connect_timeout, followed.master()).await?;
+        let nodes = Nodes::Sentinel(Arc::clone(&followed));
+        RedisStore::start(self, Conn::Sentinel(followed), nodes).await
+    }
+
+    /// How a connection to one node is kept: reconnect once within a call,
+    /// bounded by the timeouts.
+    fn manager(&self) -> ConnectionManagerConfig {
+        ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.timeout))
+            .set_number_of_retries(1)
     }
 }

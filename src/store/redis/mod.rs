@@ -7,7 +7,9 @@
 //! | `options.rs` | [`RedisOptions`], [`Clock`] |
 //! | `tls.rs` | the CA roots and client certificate of `rediss://` connections |
 //! | `errors.rs` | what Redis's errors mean: timeout, TLS, an ACL's refusal |
-//! | `client.rs` | [`RedisStore`]: connecting, calling the scripts, the pause channel |
+//! | `client.rs` | [`RedisStore`]: connecting (one node, a cluster, a Sentinel's master), calling the scripts |
+//! | `pauses.rs` | the pause channel every instance listens on |
+//! | `sentinel.rs` | the master a Sentinel names, followed through failovers |
 //! | `lane.rs` | a lane's keys and meters as script arguments (`SharedStore`, `StoreLane`) |
 //! | `scripts.rs` | the Lua scripts, `meters.lua` before each |
 
@@ -15,7 +17,10 @@ mod client;
 mod errors;
 mod lane;
 mod options;
+mod pauses;
 mod scripts;
+#[cfg(feature = "redis-sentinel")]
+mod sentinel;
 mod tls;
 
 pub use self::client::RedisStore;

@@ -1,0 +1,149 @@
+//! A real Redis Sentinel deployment for tests: a master, a replica, and
+//! one or three `redis-server --sentinel` processes watching them.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::redis::{RedisServer, free_port};
+
+/// The service name the sentinels watch.
+const SERVICE: &str = "callshaper";
+
+/// A master and its replica on free loopback ports, watched by sentinels
+/// that fail over one second after the master stops answering
+/// (`down-after-milliseconds 1000`). Plain TCP: every process is killed
+/// when dropped.
+///
+/// # Panics
+///
+/// [`start`](Self::start) panics when `redis-server` is missing, or the
+/// sentinels do not see the replica and each other within 20 s.
+#[derive(Debug)]
+pub struct RedisSentinel {
+    /// The data nodes: the first master first, then its replica.
+    pub nodes: Vec<RedisServer>,
+    sentinels: Vec<(Child, u16)>,
+    dir: PathBuf,
+}
+
+impl RedisSentinel {
+    /// Start a master, a replica in sync with it, and `sentinels` sentinels
+    /// (a quorum of a majority of them).
+    pub fn start(sentinels: usize) -> Self {
+        let master = RedisServer::start_plain();
+        let replica = RedisServer::replica_of(&master);
+        let dir = std::env::temp_dir().join(format!(
+            "callshaper-sentinel-{}-{}",
+            master.port,
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).expect("a scratch directory for the sentinels");
+        let quorum = sentinels / 2 + 1;
+        let mut deployment = Self {
+            nodes: vec![master, replica],
+            sentinels: Vec::new(),
+            dir,
+        };
+        for _ in 0..sentinels {
+            let port = free_port();
+            let conf = deployment.dir.join(format!("sentinel-{port}.conf"));
+            let text = format!(
+                "port {port}\nbind 127.0.0.1\ndir {}\n\
+                 sentinel monitor {SERVICE} 127.0.0.1 {} {quorum}\n\
+                 sentinel down-after-milliseconds {SERVICE} 1000\n\
+                 sentinel failover-timeout {SERVICE} 5000\n",
+                deployment.dir.display(),
+                deployment.nodes[0].port
+            );
+            std::fs::write(&conf, text).expect("a sentinel's configuration");
+            let child = Command::new("redis-server")
+                .arg(&conf)
+                .arg("--sentinel")
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("redis-server, to run as a sentinel");
+            deployment.sentinels.push((child, port));
+        }
+        deployment.wait_until_ready(sentinels);
+        deployment
+    }
+
+    fn wait_until_ready(&self, sentinels: usize) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let replica = self.nodes[1].port.to_string();
+        for &(_, port) in &self.sentinels {
+            let ready = || {
+                let replicas = sentinel_cli(port, &["sentinel", "replicas", SERVICE]);
+                let known = sentinel_cli(port, &["sentinel", "sentinels", SERVICE]);
+                let synced = self.nodes[1]
+                    .cli(&["info", "replication"])
+                    .contains("master_link_status:up");
+                replicas.contains(&replica)
+                    && synced
+                    && known.matches("\nip\n").count() + 1 >= sentinels
+            };
+            while !ready() {
+                assert!(
+                    Instant::now() < deadline,
+                    "the sentinel on {port} did not see the replica and the other sentinels"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+
+    /// Every sentinel's URL.
+    pub fn urls(&self) -> Vec<String> {
+        self.sentinels
+            .iter()
+            .map(|(_, port)| format!("redis://127.0.0.1:{port}"))
+            .collect()
+    }
+
+    /// The service the sentinels watch: the name to give
+    /// `RedisStore::sentinel`.
+    pub fn service(&self) -> &str {
+        SERVICE
+    }
+
+    /// The index in [`nodes`](Self::nodes) of the master the sentinels
+    /// name now.
+    pub fn master(&self) -> Option<usize> {
+        let &(_, port) = self.sentinels.first()?;
+        let reply = sentinel_cli(port, &["sentinel", "get-master-addr-by-name", SERVICE]);
+        let master: u16 = reply.lines().nth(1)?.trim().parse().ok()?;
+        self.nodes.iter().position(|node| node.port == master)
+    }
+}
+
+impl RedisSentinel {
+    /// Ask the first sentinel for a failover now (`SENTINEL FAILOVER`),
+    /// without agreement from the others: its reply.
+    pub fn failover(&self) -> String {
+        let Some(&(_, port)) = self.sentinels.first() else {
+            return String::new();
+        };
+        sentinel_cli(port, &["sentinel", "failover", SERVICE])
+    }
+}
+
+fn sentinel_cli(port: u16, args: &[&str]) -> String {
+    let output = Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("redis-cli (Debian: apt-get install redis-tools)");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+impl Drop for RedisSentinel {
+    fn drop(&mut self) {
+        for (child, _) in &mut self.sentinels {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -1,7 +1,7 @@
-//! Releases per second through one local Redis, with 1, 8 and 64 callers
-//! waiting at once, batched reservations (16 slots per round trip) and not
-//! (1), and the Redis round trips each release costs; side by side with the
-//! in-memory lane.
+//! Releases per second through one local Redis, over plain TCP and over
+//! mutual TLS, with 1, 8 and 64 callers waiting at once, batched
+//! reservations (16 slots per round trip) and not (1), and the Redis round
+//! trips each release costs; side by side with the in-memory lane.
 //!
 //! ```text
 //! cargo bench --bench store
@@ -12,14 +12,15 @@
 //! Requests are answered by a transport that never touches the network:
 //! what is measured is the lane and the store. Each Redis run is sized to
 //! last about two seconds. Redis: `REDIS_URL`, or a `redis-server` the
-//! benchmark starts on a free loopback port.
+//! benchmark starts on a free loopback port; the TLS one is always its own
+//! (certificates made with `openssl`).
 
 use std::time::{Duration, Instant};
 
 use callshaper::Shaper;
 use callshaper::shaper::BoxFuture;
 use callshaper::shaper::Transport;
-use callshaper::store::RedisStore;
+use callshaper::store::{RedisOptions, RedisStore};
 use callshaper::testing::RedisServer;
 
 /// Answers 200 at once.
@@ -78,31 +79,48 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         || std::env::var("REDIS_URL").unwrap_or_default(),
         RedisServer::url,
     );
-    println!("releases per second (round trips per release), one lane, Redis at {url}\n");
+    let tls = RedisServer::start_tls();
+    let targets = [
+        (RedisStore::options(), url.clone()),
+        (tls.options(), tls.url()),
+    ];
     println!(
-        "{:>8}  {:>16}  {:>26}  {:>26}",
-        "waiters", "in memory", "Redis, batch 16", "Redis, batch 1"
+        "releases per second (round trips per release), one lane, Redis at {url} and {}\n",
+        tls.url()
+    );
+    println!(
+        "{:>8}  {:>10}  {:>22}  {:>22}  {:>22}  {:>22}",
+        "waiters", "in memory", "TCP, batch 16", "TCP, batch 1", "TLS, batch 16", "TLS, batch 1"
     );
     for waiters in [1, 8, 64] {
         let memory = run(&shaper(None), waiters, 200_000).await;
-        let mut cells = vec![format!("{memory:>16.0}")];
-        for batch in [16, 1] {
-            let store = RedisStore::options().batch(batch).connect(&url).await?;
-            let shaper = shaper(Some(store.clone()));
-            // Warm up (connection, script load), and size the run to last
-            // about two seconds: a short one swings with the scheduler.
-            run(&shaper, waiters, 64).await;
-            let guess = run(&shaper, waiters, 2_048).await;
-            let total = ((guess * 2.0) as usize).clamp(2_048, 1_000_000);
-            let before = store.round_trips();
-            let rate = run(&shaper, waiters, total).await;
-            let trips = (store.round_trips() - before) as f64 / (total / waiters * waiters) as f64;
-            cells.push(format!("{rate:>16.0} ({trips:.3})"));
+        let mut cells = vec![format!("{memory:>10.0}")];
+        for (options, url) in &targets {
+            for batch in [16, 1] {
+                cells.push(through(options.clone().batch(batch), url, waiters).await?);
+            }
         }
-        println!(
-            "{waiters:>8}  {}  {:>26}  {:>26}",
-            cells[0], cells[1], cells[2]
-        );
+        println!("{waiters:>8}  {}", cells.join("  "));
     }
     Ok(())
+}
+
+/// One cell: releases per second through the store `options` connect to
+/// at `url`, and round trips per release.
+async fn through(
+    options: RedisOptions,
+    url: &str,
+    waiters: usize,
+) -> Result<String, Box<dyn std::error::Error>> {
+    let store = options.connect(url).await?;
+    let shaper = shaper(Some(store.clone()));
+    // Warm up (connection, script load), and size the run to last about
+    // two seconds: a short one swings with the scheduler.
+    run(&shaper, waiters, 64).await;
+    let guess = run(&shaper, waiters, 2_048).await;
+    let total = ((guess * 2.0) as usize).clamp(2_048, 1_000_000);
+    let before = store.round_trips();
+    let rate = run(&shaper, waiters, total).await;
+    let trips = (store.round_trips() - before) as f64 / (total / waiters * waiters) as f64;
+    Ok(format!("{rate:>14.0} ({trips:.3})"))
 }

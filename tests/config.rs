@@ -402,7 +402,7 @@ async fn a_store_table_is_checked_before_it_connects() {
         (
             "redis = \"redis://127.0.0.1:1\"\ncluster = [\"redis://127.0.0.1:2\"]",
             "store.cluster",
-            "not both",
+            "give one of",
         ),
         (
             "redis = \"redis://a\"\nfleet_size = 0",
@@ -449,6 +449,31 @@ async fn a_store_table_is_checked_before_it_connects() {
             "store.password",
             "unknown field",
         ),
+        (
+            "redis = \"rediss://a\"\nclient_cert_file = \"c.pem\"",
+            "store.client_key_file",
+            "needs its key",
+        ),
+        (
+            "redis = \"rediss://a\"\nca_file = \"/nonexistent/ca.pem\"",
+            "store.ca_file",
+            "cannot read /nonexistent/ca.pem",
+        ),
+        (
+            "sentinels = [\"redis://a:26379\"]",
+            "store.service",
+            "master name",
+        ),
+        (
+            "redis = \"redis://a\"\nsentinels = [\"redis://a:26379\"]\nservice = \"m\"",
+            "store.cluster",
+            "one of",
+        ),
+        (
+            "redis = \"redis://a\"\nconnect_timeout = \"2min\"",
+            "store.connect_timeout",
+            "at most 1m",
+        ),
     ];
     for (store, field, problem) in cases {
         let file = format!("[defaults]\n{quotas}\n[store]\n{store}");
@@ -472,6 +497,46 @@ async fn a_store_table_is_checked_before_it_connects() {
     let error = config.connect().await.map(|_| ()).expect_err("unreachable");
     assert_eq!(error.field, "store.redis", "{error}");
     assert!(error.problem.contains("cannot connect"), "{error}");
+}
+
+/// A `[store]` over mutual TLS: the CA and the client certificate come
+/// from the files the table names.
+#[tokio::test]
+async fn a_store_table_connects_over_tls_with_its_files() {
+    let redis = callshaper::testing::RedisServer::start_tls();
+    let ca = redis.tls().unwrap();
+    let file = format!(
+        r#"
+        [defaults]
+        quotas = [{{ algorithm = "leaky_bucket", count = 2, per = "1s" }}]
+        [store]
+        redis = "{}"
+        ca_file = "{}"
+        client_cert_file = "{}"
+        client_key_file = "{}"
+        "#,
+        redis.url(),
+        ca.path("ca.crt").display(),
+        ca.path("client.crt").display(),
+        ca.path("client.key").display(),
+    );
+    let config = ShaperConfig::from_toml(&file).unwrap();
+    config.connect().await.unwrap().build().unwrap();
+
+    // Without the client certificate, the server refuses the handshake.
+    let without = file
+        .lines()
+        .filter(|line| !line.contains("client_"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let error = ShaperConfig::from_toml(&without)
+        .unwrap()
+        .connect()
+        .await
+        .map(|_| ())
+        .expect_err("no client certificate");
+    assert_eq!(error.field, "store.redis", "{error}");
+    assert!(error.problem.contains("TLS"), "{error}");
 }
 
 /// Two shapers built from one file with a `[store]` share its quotas: the

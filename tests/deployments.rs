@@ -466,3 +466,59 @@ async fn failover_under_load(crash: bool) {
     assert!(busiest <= 10, "{busiest} in one second");
     assert_eq!(vendor.throttled(), 0);
 }
+
+/// On a Redis Cluster, the rule and `+cluster|slots +readonly +readwrite`
+/// (the slot map, and the flags redis-rs sets on each connection): the
+/// fleet holds the quota as that user.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_on_a_cluster_runs_as_that_user_too() {
+    let cluster = callshaper::testing::RedisCluster::start();
+    let mut urls = Vec::new();
+    for node in &cluster.nodes {
+        let url = add_user(node, "fleet", &[]);
+        let reply = node.cli(&[
+            "ACL",
+            "SETUSER",
+            "fleet",
+            "+cluster|slots",
+            "+readonly",
+            "+readwrite",
+        ]);
+        assert!(reply.starts_with("OK"), "{reply}");
+        urls.push(url.replacen("redis://", &format!("{}://", scheme(&node.url())), 1));
+    }
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let mut shapers = Vec::new();
+    for _ in 0..2 {
+        let store = cluster.options().cluster(&urls).await.unwrap();
+        shapers.push(instance(store, StoreFailure::Closed));
+    }
+    assert_fleet_holds(&shapers, &vendor, 30, 0.9).await;
+}
+
+fn scheme(url: &str) -> &str {
+    url.split_once("://").map_or("redis", |(scheme, _)| scheme)
+}
+
+/// `[store] sentinels` and `service` in a file reach the same store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_file_follows_a_sentinel_too() {
+    let deployment = RedisSentinel::start(1);
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let sentinels: Vec<String> = deployment
+        .urls()
+        .iter()
+        .map(|url| format!("\"{url}\""))
+        .collect();
+    let file = format!(
+        "[defaults]\nquotas = [{{ algorithm = \"leaky_bucket\", count = 10, per = \"1s\" }}]\n\
+         [store]\nsentinels = [{}]\nservice = \"{}\"\n",
+        sentinels.join(", "),
+        deployment.service()
+    );
+    let config = callshaper::config::ShaperConfig::from_toml(&file).unwrap();
+    let shaper = config.connect().await.unwrap().build().unwrap();
+    let response = shaper.get(vendor.uri()).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(lane_mode(&shaper), Some(StoreMode::Shared));
+}

@@ -14,6 +14,7 @@ use crate::time::human;
 /// [store]
 /// redis = "redis://10.0.0.5:6379"       # one node, or:
 /// # cluster = ["redis://10.0.0.5:7000", "redis://10.0.0.6:7000"]
+/// # sentinels = ["redis://10.0.0.7:26379"], service = "mymaster"   # feature `redis-sentinel`
 /// fleet_size = 3                         # what a fail-open lane divides by
 /// prefix = "callshaper:"                 # keys and the pause channel
 /// timeout = "250ms"
@@ -36,6 +37,12 @@ pub struct StoreConfig {
     /// A Redis Cluster, through any of its nodes.
     #[serde(default)]
     pub cluster: Vec<String>,
+    /// Redis Sentinel: the sentinels that name `service`'s master (feature
+    /// `redis-sentinel`).
+    #[serde(default)]
+    pub sentinels: Vec<String>,
+    /// The service (master name) the sentinels watch.
+    pub service: Option<String>,
     /// How many instances share the quotas (default 1).
     pub fleet_size: Option<u32>,
     /// Prefix of every key and of the pause channel (default `callshaper:`).
@@ -82,14 +89,31 @@ impl StoreConfig {
     /// outsized duration or batch, a zero fleet.
     pub(super) fn check(&self) -> Result<(), ConfigError> {
         let within = |e: ConfigError| e.within("store");
-        match (&self.redis, self.cluster.is_empty()) {
-            (None, true) => Err(ConfigError::new(
+        let shapes = [
+            self.redis.is_some(),
+            !self.cluster.is_empty(),
+            !self.sentinels.is_empty(),
+        ];
+        match shapes.iter().filter(|&&given| given).count() {
+            0 => Err(ConfigError::new(
                 "redis",
-                "a store needs `redis = \"redis://…\"` or `cluster = [\"redis://…\", …]`",
+                "a store needs `redis = \"redis://…\"`, `cluster = [\"redis://…\", …]` or `sentinels`",
             )),
-            (Some(_), false) => Err(ConfigError::new(
+            1 => Ok(()),
+            _ => Err(ConfigError::new(
                 "cluster",
-                "give `redis` (one node) or `cluster`, not both",
+                "give one of `redis` (one node), `cluster` and `sentinels`",
+            )),
+        }
+        .map_err(within)?;
+        match (self.sentinels.is_empty(), &self.service) {
+            (false, None) => Err(ConfigError::new(
+                "service",
+                "sentinels need the `service` (master name) they watch",
+            )),
+            (true, Some(_)) => Err(ConfigError::new(
+                "sentinels",
+                "`service` is the master name of `sentinels`",
             )),
             _ => Ok(()),
         }
@@ -176,13 +200,36 @@ impl StoreConfig {
             options = options.clock(Clock::Instances);
         }
         options = self.with_certificates(options)?;
-        let (field, connected) = match &self.redis {
-            Some(url) => ("store.redis", options.connect(url).await),
-            None => ("store.cluster", options.cluster(&self.cluster).await),
+        let (field, connected) = match (&self.redis, &self.service) {
+            (Some(url), _) => ("store.redis", options.connect(url).await),
+            (None, Some(service)) => ("store.sentinels", self.sentinel(options, service).await?),
+            (None, None) => ("store.cluster", options.cluster(&self.cluster).await),
         };
         connected
             .map(Into::into)
             .map_err(|e| ConfigError::new(field, format!("cannot connect: {e}")))
+    }
+
+    #[cfg(feature = "redis-sentinel")]
+    async fn sentinel(
+        &self,
+        options: crate::store::RedisOptions,
+        service: &str,
+    ) -> Result<Result<crate::store::RedisStore, crate::store::StoreError>, ConfigError> {
+        Ok(options.sentinel(&self.sentinels, service).await)
+    }
+
+    #[cfg(all(feature = "redis", not(feature = "redis-sentinel")))]
+    async fn sentinel(
+        &self,
+        _: crate::store::RedisOptions,
+        _: &str,
+    ) -> Result<Result<crate::store::RedisStore, crate::store::StoreError>, ConfigError> {
+        Err(ConfigError::new(
+            "sentinels",
+            "Sentinel needs callshaper's `redis-sentinel` feature",
+        )
+        .within("store"))
     }
 
     /// The options with the TLS files' certificates, read now.

@@ -16,17 +16,7 @@ use callshaper::testing::{RedisSentinel, RedisServer, RetryAfter, TestCa, Vendor
 use callshaper::{Error, Shaper};
 use common::SECOND;
 
-const HEADROOM: Duration = Duration::from_millis(30);
-
-fn instance(store: RedisStore, failure: StoreFailure) -> Shaper {
-    Shaper::builder()
-        .rate(10, SECOND)
-        .headroom(HEADROOM)
-        .store(store)
-        .on_store_failure(failure)
-        .build()
-        .unwrap()
-}
+use common::fleet_instance as instance;
 
 /// `total` requests over `shapers` at once; every one served, none
 /// refused by the vendor, at most 10 in any second, and at least `floor`

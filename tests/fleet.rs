@@ -17,13 +17,7 @@ use callshaper::{Error, Quota, Shaper};
 use common::SECOND;
 use tokio::task::JoinHandle;
 
-/// Jitter between instances and the vendor (timers, two cores, HTTP) is
-/// what the headroom absorbs. With the fleet tests running at once on two
-/// cores, 20 ms let one 429 through in about one run in five, and 15 ms
-/// (the 3- and 8-instance fleets, for 98.5 % of the quota) in one run of
-/// about twelve; 30 ms keeps the loaded machine inside the quota and still
-/// uses 97 % of it.
-const HEADROOM: Duration = Duration::from_millis(30);
+const HEADROOM: Duration = common::FLEET_HEADROOM;
 
 fn instance(store: RedisStore) -> Shaper {
     instance_failing(store, StoreFailure::default())
@@ -31,13 +25,7 @@ fn instance(store: RedisStore) -> Shaper {
 
 /// An instance at 10/s with this policy for when Redis fails.
 fn instance_failing(store: RedisStore, failure: StoreFailure) -> Shaper {
-    Shaper::builder()
-        .rate(10, SECOND)
-        .headroom(HEADROOM)
-        .store(store)
-        .on_store_failure(failure)
-        .build()
-        .unwrap()
+    common::fleet_instance(store, failure)
 }
 
 /// The timeout of the outage tests' stores.

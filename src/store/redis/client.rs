@@ -323,7 +323,7 @@ impl RedisOptions {
             .collect();
         let followed = Arc::new(super::sentinel::Followed::new(
             sentinels,
-            service,
+            service.to_owned(),
             self.manager(),
         )?);
         within(self.connect_timeout, followed.master()).await?;

@@ -30,7 +30,7 @@ impl Followed {
     /// made by the first call.
     pub(super) fn new(
         sentinels: Vec<String>,
-        service: &str,
+        service: String,
         config: ConnectionManagerConfig,
     ) -> Result<Self, StoreError> {
         if sentinels.is_empty() {

@@ -465,6 +465,21 @@ async fn a_store_table_is_checked_before_it_connects() {
             "master name",
         ),
         (
+            "redis = \"redis://a\"\nmaster_password_env = \"P\"",
+            "store.master_password_env",
+            "Sentinel's master",
+        ),
+        (
+            "sentinels = [\"redis://a:26379\"]\nservice = \"m\"\nmaster_password_env = \"CALLSHAPER_TEST_UNSET_VARIABLE\"",
+            "store.master_password_env",
+            "is not set",
+        ),
+        (
+            "sentinels = [\"redis://a:26379\"]\nservice = \"m\"\nmaster_user = \"fleet\"",
+            "store.master_password_env",
+            "needs the variable",
+        ),
+        (
             "redis = \"redis://a\"\nsentinels = [\"redis://a:26379\"]\nservice = \"m\"",
             "store.cluster",
             "one of",

@@ -364,7 +364,35 @@ async fn deployments_under_their_own_prefix_keep_their_own_quotas() {
 /// later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sentinel_failover_after_a_crash_keeps_the_quota() {
-    failover_under_load(true).await;
+    failover_under_load(RedisSentinel::start(1), true).await;
+}
+
+/// The same over mutual TLS, every process, with a password on the master
+/// and its replica: the store reaches the new master with the same
+/// certificates and password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_failover_over_tls_with_a_password_keeps_the_quota() {
+    let deployment = RedisSentinel::secured(1, "sentinel-test-secret");
+    assert!(deployment.urls()[0].starts_with("rediss://"));
+    // Without the password the master refuses the store.
+    let refused = RedisStore::options()
+        .sentinel(deployment.urls(), deployment.service())
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert!(matches!(refused, StoreError::Tls(_)), "{refused:?}");
+    let no_password = deployment.nodes[0]
+        .options()
+        .sentinel(deployment.urls(), deployment.service())
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    println!("without the password: {no_password}");
+    assert!(
+        no_password.to_string().to_lowercase().contains("auth"),
+        "{no_password:?}"
+    );
+    failover_under_load(deployment, true).await;
 }
 
 /// An operator's `SENTINEL FAILOVER`: the old master keeps running as a
@@ -372,7 +400,7 @@ async fn a_sentinel_failover_after_a_crash_keeps_the_quota() {
 /// `READONLY`, not a closed socket.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sentinel_switchover_keeps_the_quota() {
-    failover_under_load(false).await;
+    failover_under_load(RedisSentinel::start(1), false).await;
 }
 
 /// Three fail-open instances follow the master a Sentinel names, with 25
@@ -381,15 +409,15 @@ async fn a_sentinel_switchover_keeps_the_quota() {
 /// 10 in any second and no 429, and no lane is off the store for longer
 /// than a probe interval and a call after the new master is announced
 /// (twice that, for a loaded machine's late timers).
-async fn failover_under_load(crash: bool) {
-    let mut deployment = RedisSentinel::start(1);
+async fn failover_under_load(mut deployment: RedisSentinel, crash: bool) {
     assert_eq!(deployment.master(), Some(0));
     let vendor = Vendor::strict(10, SECOND).start().await;
     let probe = Duration::from_millis(200);
     let timeout = Duration::from_millis(100);
     let mut shapers = Vec::new();
     for _ in 0..3 {
-        let store = RedisStore::options()
+        let store = deployment
+            .options()
             .fleet_size(3)
             .timeout(timeout)
             .probe_every(probe)

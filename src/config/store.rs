@@ -15,6 +15,7 @@ use crate::time::human;
 /// redis = "redis://10.0.0.5:6379"       # one node, or:
 /// # cluster = ["redis://10.0.0.5:7000", "redis://10.0.0.6:7000"]
 /// # sentinels = ["redis://10.0.0.7:26379"], service = "mymaster"   # feature `redis-sentinel`
+/// # master_user = "default", master_password_env = "REDIS_PASSWORD"  # the master's AUTH
 /// fleet_size = 3                         # what a fail-open lane divides by
 /// prefix = "callshaper:"                 # keys and the pause channel
 /// timeout = "250ms"
@@ -43,6 +44,13 @@ pub struct StoreConfig {
     pub sentinels: Vec<String>,
     /// The service (master name) the sentinels watch.
     pub service: Option<String>,
+    /// The user a Sentinel's master and replicas want (default `default`,
+    /// with `master_password_env`).
+    pub master_user: Option<String>,
+    /// The environment variable holding the password of a Sentinel's
+    /// master and replicas: never the password itself, as files are often
+    /// committed.
+    pub master_password_env: Option<String>,
     /// How many instances share the quotas (default 1).
     pub fleet_size: Option<u32>,
     /// Prefix of every key and of the pause channel (default `callshaper:`).
@@ -106,6 +114,19 @@ impl StoreConfig {
             )),
         }
         .map_err(within)?;
+        if self.sentinels.is_empty()
+            && let Some(field) = [
+                ("master_user", self.master_user.is_some()),
+                ("master_password_env", self.master_password_env.is_some()),
+            ]
+            .into_iter()
+            .find_map(|(field, given)| given.then_some(field))
+        {
+            return Err(within(ConfigError::new(
+                field,
+                "is for a Sentinel's master: a node's URL carries its own credentials",
+            )));
+        }
         match (self.sentinels.is_empty(), &self.service) {
             (false, None) => Err(ConfigError::new(
                 "service",
@@ -213,9 +234,29 @@ impl StoreConfig {
     #[cfg(feature = "redis-sentinel")]
     async fn sentinel(
         &self,
-        options: crate::store::RedisOptions,
+        mut options: crate::store::RedisOptions,
         service: &str,
     ) -> Result<Result<crate::store::RedisStore, crate::store::StoreError>, ConfigError> {
+        if let Some(variable) = &self.master_password_env {
+            let password = std::env::var(variable)
+                .ok()
+                .filter(|password| !password.is_empty())
+                .ok_or_else(|| {
+                    ConfigError::new(
+                        "master_password_env",
+                        format!("`{variable}` is not set, or empty"),
+                    )
+                    .within("store")
+                })?;
+            let user = self.master_user.as_deref().unwrap_or("default");
+            options = options.master_auth(user, password);
+        } else if self.master_user.is_some() {
+            return Err(ConfigError::new(
+                "master_password_env",
+                "`master_user` needs the variable that holds its password",
+            )
+            .within("store"));
+        }
         Ok(options.sentinel(&self.sentinels, service).await)
     }
 

@@ -54,6 +54,8 @@ pub struct RedisServer {
     tls: Option<Arc<TestCa>>,
     /// More `redis-server` arguments (a replica's `--replicaof`).
     extra: Vec<String>,
+    /// Its `requirepass` (and `masterauth`), when it has one.
+    password: Option<String>,
 }
 
 pub(super) fn free_port() -> u16 {
@@ -78,18 +80,24 @@ impl RedisServer {
         Self::launch(free_port(), false, transport())
     }
 
-    /// Start one over plain TCP, whatever [`TRANSPORT_VARIABLE`] says.
-    pub(super) fn start_plain() -> Self {
-        Self::launch(free_port(), false, None)
-    }
-
     /// Start one that speaks only TLS and asks every client for a
     /// certificate (`tls-auth-clients yes`), with a [`TestCa`] of its own.
     pub fn start_tls() -> Self {
         Self::launch(free_port(), false, Some(Arc::new(TestCa::new())))
     }
 
-    /// A replica of `master`, on a free port, over the same transport.
+    /// A master for a Sentinel deployment: over TLS with `tls`, asking for
+    /// `password` when given (also as its `masterauth`, for when it is
+    /// demoted).
+    pub(super) fn secured(tls: Option<Arc<TestCa>>, password: Option<&str>) -> Self {
+        let mut server = Self::new(free_port(), false, tls);
+        server.protect(password);
+        server.spawn();
+        server
+    }
+
+    /// A replica of `master`, on a free port, over the same transport and
+    /// with the same password.
     pub(super) fn replica_of(master: &RedisServer) -> Self {
         let mut replica = Self::new(free_port(), false, master.tls.clone());
         replica.extra = vec![
@@ -97,8 +105,17 @@ impl RedisServer {
             "127.0.0.1".to_owned(),
             master.port.to_string(),
         ];
+        replica.protect(master.password.as_deref());
         replica.spawn();
         replica
+    }
+
+    fn protect(&mut self, password: Option<&str>) {
+        if let Some(password) = password {
+            self.extra
+                .extend(["--requirepass", password, "--masterauth", password].map(str::to_owned));
+            self.password = Some(password.to_owned());
+        }
     }
 
     fn launch(port: u16, cluster: bool, tls: Option<Arc<TestCa>>) -> Self {
@@ -118,6 +135,7 @@ impl RedisServer {
             cluster,
             tls,
             extra: Vec::new(),
+            password: None,
         }
     }
 
@@ -179,9 +197,11 @@ impl RedisServer {
     }
 
     fn answers_ping(&self) -> bool {
-        match self.tls {
-            None => command(self.port, "PING").is_some_and(|reply| reply.starts_with("+PONG")),
-            Some(_) => self.cli(&["PING"]).starts_with("PONG"),
+        match (&self.tls, &self.password) {
+            (None, None) => {
+                command(self.port, "PING").is_some_and(|reply| reply.starts_with("+PONG"))
+            }
+            _ => self.cli(&["PING"]).starts_with("PONG"),
         }
     }
 
@@ -281,6 +301,11 @@ impl RedisServer {
         let output = Command::new("redis-cli")
             .args(["-p", &self.port.to_string()])
             .args(tls_args(self.tls.as_deref()))
+            .args(
+                self.password
+                    .iter()
+                    .flat_map(|p| ["--no-auth-warning", "-a", p]),
+            )
             .args(args)
             .output()
             .expect("redis-cli (Debian: apt-get install redis-tools)");

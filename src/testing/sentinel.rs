@@ -3,17 +3,22 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::redis::{RedisServer, free_port};
+use super::redis::{RedisServer, free_port, tls_args};
+use super::tls::TestCa;
+use crate::store::RedisOptions;
 
 /// The service name the sentinels watch.
 const SERVICE: &str = "callshaper";
 
 /// A master and its replica on free loopback ports, watched by sentinels
 /// that fail over one second after the master stops answering
-/// (`down-after-milliseconds 1000`). Plain TCP: every process is killed
-/// when dropped.
+/// (`down-after-milliseconds 1000`): over plain TCP without passwords
+/// ([`start`](Self::start)), or with every process speaking mutual TLS and
+/// the data nodes asking for a password ([`secured`](Self::secured)).
+/// Every process is killed when dropped.
 ///
 /// # Panics
 ///
@@ -25,13 +30,26 @@ pub struct RedisSentinel {
     pub nodes: Vec<RedisServer>,
     sentinels: Vec<(Child, u16)>,
     dir: PathBuf,
+    tls: Option<Arc<TestCa>>,
+    password: Option<String>,
 }
 
 impl RedisSentinel {
     /// Start a master, a replica in sync with it, and `sentinels` sentinels
     /// (a quorum of a majority of them).
     pub fn start(sentinels: usize) -> Self {
-        let master = RedisServer::start_plain();
+        Self::launch(sentinels, None, None)
+    }
+
+    /// As [`start`](Self::start), with every process on mutual TLS (a
+    /// [`TestCa`] of its own) and the master and replica asking for the
+    /// password `password` (user `default`).
+    pub fn secured(sentinels: usize, password: &str) -> Self {
+        Self::launch(sentinels, Some(Arc::new(TestCa::new())), Some(password))
+    }
+
+    fn launch(sentinels: usize, tls: Option<Arc<TestCa>>, password: Option<&str>) -> Self {
+        let master = RedisServer::secured(tls.clone(), password);
         let replica = RedisServer::replica_of(&master);
         let dir = std::env::temp_dir().join(format!(
             "callshaper-sentinel-{}-{}",
@@ -44,18 +62,33 @@ impl RedisSentinel {
             nodes: vec![master, replica],
             sentinels: Vec::new(),
             dir,
+            tls,
+            password: password.map(str::to_owned),
         };
         for _ in 0..sentinels {
             let port = free_port();
             let conf = deployment.dir.join(format!("sentinel-{port}.conf"));
-            let text = format!(
-                "port {port}\nbind 127.0.0.1\ndir {}\n\
+            let mut text = match &deployment.tls {
+                None => format!("port {port}\n"),
+                Some(ca) => format!(
+                    "port 0\ntls-port {port}\ntls-cert-file {}\ntls-key-file {}\n\
+                     tls-ca-cert-file {}\ntls-auth-clients yes\ntls-replication yes\n",
+                    ca.path("server.crt").display(),
+                    ca.path("server.key").display(),
+                    ca.path("ca.crt").display(),
+                ),
+            };
+            text.push_str(&format!(
+                "bind 127.0.0.1\ndir {}\n\
                  sentinel monitor {SERVICE} 127.0.0.1 {} {quorum}\n\
                  sentinel down-after-milliseconds {SERVICE} 1000\n\
                  sentinel failover-timeout {SERVICE} 5000\n",
                 deployment.dir.display(),
                 deployment.nodes[0].port
-            );
+            ));
+            if let Some(password) = &deployment.password {
+                text.push_str(&format!("sentinel auth-pass {SERVICE} {password}\n"));
+            }
             std::fs::write(&conf, text).expect("a sentinel's configuration");
             let child = Command::new("redis-server")
                 .arg(&conf)
@@ -75,8 +108,8 @@ impl RedisSentinel {
         let replica = self.nodes[1].port.to_string();
         for &(_, port) in &self.sentinels {
             let ready = || {
-                let replicas = sentinel_cli(port, &["sentinel", "replicas", SERVICE]);
-                let known = sentinel_cli(port, &["sentinel", "sentinels", SERVICE]);
+                let replicas = self.sentinel_cli(port, &["sentinel", "replicas", SERVICE]);
+                let known = self.sentinel_cli(port, &["sentinel", "sentinels", SERVICE]);
                 let synced = self.nodes[1]
                     .cli(&["info", "replication"])
                     .contains("master_link_status:up");
@@ -94,12 +127,28 @@ impl RedisSentinel {
         }
     }
 
-    /// Every sentinel's URL.
+    /// Every sentinel's URL: `rediss://` when [`secured`](Self::secured).
     pub fn urls(&self) -> Vec<String> {
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
         self.sentinels
             .iter()
-            .map(|(_, port)| format!("redis://127.0.0.1:{port}"))
+            .map(|(_, port)| format!("{scheme}://127.0.0.1:{port}"))
             .collect()
+    }
+
+    /// The default store options, with this deployment's CA, client
+    /// certificate and the master's password when
+    /// [`secured`](Self::secured).
+    ///
+    /// # Panics
+    ///
+    /// When secured without the `redis-tls` and `redis-sentinel` features.
+    pub fn options(&self) -> RedisOptions {
+        secure(self.nodes[0].options(), self.password.as_deref())
     }
 
     /// The service the sentinels watch: the name to give
@@ -112,7 +161,7 @@ impl RedisSentinel {
     /// name now.
     pub fn master(&self) -> Option<usize> {
         let &(_, port) = self.sentinels.first()?;
-        let reply = sentinel_cli(port, &["sentinel", "get-master-addr-by-name", SERVICE]);
+        let reply = self.sentinel_cli(port, &["sentinel", "get-master-addr-by-name", SERVICE]);
         let master: u16 = reply.lines().nth(1)?.trim().parse().ok()?;
         self.nodes.iter().position(|node| node.port == master)
     }
@@ -125,17 +174,35 @@ impl RedisSentinel {
         let Some(&(_, port)) = self.sentinels.first() else {
             return String::new();
         };
-        sentinel_cli(port, &["sentinel", "failover", SERVICE])
+        self.sentinel_cli(port, &["sentinel", "failover", SERVICE])
+    }
+
+    fn sentinel_cli(&self, port: u16, args: &[&str]) -> String {
+        let output = Command::new("redis-cli")
+            .args(["-p", &port.to_string()])
+            .args(tls_args(self.tls.as_deref()))
+            .args(args)
+            .output()
+            .expect("redis-cli (Debian: apt-get install redis-tools)");
+        String::from_utf8_lossy(&output.stdout).into_owned()
     }
 }
 
-fn sentinel_cli(port: u16, args: &[&str]) -> String {
-    let output = Command::new("redis-cli")
-        .args(["-p", &port.to_string()])
-        .args(args)
-        .output()
-        .expect("redis-cli (Debian: apt-get install redis-tools)");
-    String::from_utf8_lossy(&output.stdout).into_owned()
+#[cfg(feature = "redis-sentinel")]
+fn secure(options: RedisOptions, password: Option<&str>) -> RedisOptions {
+    match password {
+        Some(password) => options.master_auth("default", password),
+        None => options,
+    }
+}
+
+#[cfg(not(feature = "redis-sentinel"))]
+fn secure(options: RedisOptions, password: Option<&str>) -> RedisOptions {
+    assert!(
+        password.is_none(),
+        "a master's password needs the `redis-sentinel` feature"
+    );
+    options
 }
 
 impl Drop for RedisSentinel {

@@ -322,8 +322,9 @@ impl RedisOptions {
             .map(|u| u.as_ref().to_owned())
             .collect();
         let followed = Arc::new(super::sentinel::Followed::new(
-            sentinels,
-            service.to_owned(),
+            &sentinels,
+            service,
+            &self,
             self.manager(),
         )?);
         within(self.connect_timeout, followed.master()).await?;

@@ -36,6 +36,8 @@ pub struct RedisOptions {
     pub(super) fleet_size: u32,
     pub(super) clock: Clock,
     pub(super) tls: Certificates,
+    #[cfg(feature = "redis-sentinel")]
+    pub(super) master_auth: Option<super::sentinel::MasterAuth>,
 }
 
 impl Default for RedisOptions {
@@ -50,6 +52,8 @@ impl Default for RedisOptions {
             fleet_size: 1,
             clock: Clock::Redis,
             tls: Certificates::default(),
+            #[cfg(feature = "redis-sentinel")]
+            master_auth: None,
         }
     }
 }
@@ -107,6 +111,18 @@ impl RedisOptions {
     /// Whose clock the scripts read ([`Clock::Redis`]).
     pub fn clock(mut self, clock: Clock) -> Self {
         self.clock = clock;
+        self
+    }
+
+    /// The user and password a Sentinel's master and replicas want (their
+    /// `requirepass`: user `default`, or an ACL user); a sentinel's own
+    /// credentials go in its URL, as a node's do.
+    #[cfg(feature = "redis-sentinel")]
+    pub fn master_auth(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.master_auth = Some(super::sentinel::MasterAuth {
+            user: user.into(),
+            password: password.into(),
+        });
         self
     }
 

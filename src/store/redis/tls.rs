@@ -34,6 +34,13 @@ impl Certificates {
     /// A client for the node at `url`, with these certificates when it is
     /// a `rediss://` URL.
     pub(super) fn client(&self, url: &str) -> Result<redis::Client, StoreError> {
+        self.check(url)?;
+        self.tls_client(url)
+    }
+
+    /// Whether these certificates can serve `url`: PEM where PEM is given,
+    /// TLS only on a `rediss://` URL, and the feature for it.
+    pub(super) fn check(&self, url: &str) -> Result<(), StoreError> {
         let tls = url.starts_with("rediss://");
         if tls && !cfg!(feature = "redis-tls") {
             return Err(StoreError::Tls(format!(
@@ -61,7 +68,7 @@ impl Certificates {
                 redact(url)
             )));
         }
-        self.tls_client(url)
+        Ok(())
     }
 
     #[cfg(feature = "redis-tls")]

@@ -464,7 +464,10 @@ async fn failover_under_load(mut deployment: RedisSentinel, crash: bool) {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    println!("promoted {announced:?} after the kill, every lane on the store {back:?} later");
+    println!(
+        "{}: promoted {announced:?} after the fault, every lane on the store {back:?} later",
+        if crash { "crash" } else { "switchover" }
+    );
     assert!(
         back <= 2 * (probe + timeout),
         "a lane was off the store {back:?} after the new master was announced"

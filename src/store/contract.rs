@@ -11,6 +11,21 @@ use crate::error::StoreError;
 use crate::gate::Gate;
 use crate::meters::Quota;
 
+/// Changes each time the store's master moves (a Sentinel names a new
+/// one) and each time a connection to a master is made: a lane off the
+/// store tries it again then, not at its next probe.
+pub(crate) type Moves = tokio::sync::watch::Receiver<MasterMoves>;
+
+/// What [`Moves`] counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct MasterMoves {
+    /// New masters announced: the new one may lack the old one's last
+    /// writes.
+    pub(crate) announced: u64,
+    /// Connections made to a master.
+    pub(crate) connected: u64,
+}
+
 /// A boxed future a store's link returns.
 pub(crate) type Pending<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -32,6 +47,13 @@ pub(crate) trait SharedStore: Send + Sync + fmt::Debug + 'static {
         keep: Duration,
         gates: &[Arc<Gate>],
     ) -> Box<dyn StoreLane>;
+
+    /// Where to hear that the store's master moved, for a store whose
+    /// master can move under one address book (Sentinel); `None` for one
+    /// whose lanes find out by calling.
+    fn moves(&self) -> Option<Moves> {
+        None
+    }
 }
 
 /// One lane's gates in a store. Times are the store's clock in

@@ -57,6 +57,7 @@ impl Store {
             .saturating_add(Duration::from_secs(1));
         let link = self.inner.lane(names, quotas, headroom, keep, &gates);
         Remote::new(link, gates, self.inner.settings(), keep, failure, metrics)
+            .with_moves(self.inner.moves())
     }
 }
 

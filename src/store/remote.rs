@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::clock::StoreClock;
-use super::contract::{StoreLane, StoreSettings};
+use super::contract::{MasterMoves, Moves, StoreLane, StoreSettings};
 use super::policy::{StoreFailure, StoreMode};
 use crate::error::StoreError;
 use crate::gate::{Booked, Gate};
@@ -39,6 +39,8 @@ pub(crate) struct Remote {
     failure: StoreFailure,
     state: Mutex<State>,
     metrics: StoreMetrics,
+    /// Where the store says its master moved, if it can move.
+    moves: Option<Moves>,
 }
 
 struct State {
@@ -49,6 +51,10 @@ struct State {
     /// Back from an outage: until then, keep to the local share too.
     probation: Option<Instant>,
     clock: StoreClock,
+    /// The master's moves when the store last failed.
+    moves_seen: MasterMoves,
+    /// The announced moves the lane has kept its share for.
+    announced_seen: u64,
 }
 
 /// Slots reserved in one round trip, on this instance's clock.
@@ -88,9 +94,27 @@ impl Remote {
                 last_error: None,
                 probation: None,
                 clock: StoreClock::new(keep),
+                moves_seen: MasterMoves::default(),
+                announced_seen: 0,
             }),
             metrics,
+            moves: None,
         }
+    }
+
+    /// Where the store says its master moved (Sentinel), counted from now.
+    pub(super) fn with_moves(mut self, moves: Option<Moves>) -> Self {
+        if let Some(moves) = &moves {
+            let now = *moves.borrow();
+            let state = self
+                .state
+                .get_mut()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            state.moves_seen = now;
+            state.announced_seen = now.announced;
+        }
+        self.moves = moves;
+        self
     }
 
     /// Each gate's pace now (a learned quota, a vendor bucket's leak, or
@@ -215,9 +239,21 @@ impl Remote {
             .unwrap_or_else(|| StoreError::Failed("unavailable".to_owned()))
     }
 
-    /// True while a lane back from an outage also keeps to its local share.
+    /// True while a lane back from an outage, or on a master that just
+    /// moved, also keeps to its local share.
     pub(crate) fn on_probation(&self, now: Instant) -> bool {
         let mut state = lock(&self.state);
+        if let Some(moves) = &self.moves
+            && moves.borrow().announced != state.announced_seen
+        {
+            // Replication is asynchronous: the new master may lack the
+            // slots the old one booked last, which a lane would then be
+            // handed again. Until every instance is on the new master and
+            // those slots have left their window, the share holds too.
+            state.announced_seen = moves.borrow().announced;
+            let settle = self.settings.probe_every.saturating_add(self.keep);
+            state.probation = Some(later(now, settle));
+        }
         match state.probation {
             Some(until) if until > now => true,
             Some(_) => {
@@ -234,15 +270,35 @@ impl Remote {
         let state = lock(&self.state);
         match state.mode {
             StoreMode::Shared => Source::Store,
-            _ if now >= state.probe_at => Source::Store,
+            _ if now >= state.probe_at || self.moved_since(&state) => Source::Store,
             StoreMode::Fallback => Source::Fallback,
             StoreMode::Unavailable => Source::Refuse,
         }
     }
 
-    /// When a lane off the store tries it again.
+    /// When a lane off the store tries it again, at the latest.
     pub(crate) fn probe_at(&self) -> Instant {
         lock(&self.state).probe_at
+    }
+
+    fn moved_since(&self, state: &State) -> bool {
+        self.moves
+            .as_ref()
+            .is_some_and(|moves| *moves.borrow() != state.moves_seen)
+    }
+
+    /// Ends when the store's master moves after the last failure: a lane
+    /// off the store waits for this beside its next probe. `None` when the
+    /// store's master cannot move.
+    pub(crate) fn master_moved(&self) -> Option<impl Future<Output = ()> + Send + 'static> {
+        let mut moves = self.moves.clone()?;
+        let seen = lock(&self.state).moves_seen;
+        Some(async move {
+            if moves.wait_for(|&count| count != seen).await.is_err() {
+                // The store is gone: only the probe is left.
+                std::future::pending::<()>().await;
+            }
+        })
     }
 
     /// A call failed: fall back or close, per the lane's policy; try again
@@ -272,6 +328,9 @@ impl Remote {
         state.mode = mode;
         state.probe_at = later(Instant::now(), self.settings.probe_every);
         state.last_error = Some(error);
+        if let Some(moves) = &self.moves {
+            state.moves_seen = *moves.borrow();
+        }
         mode
     }
 

@@ -371,11 +371,21 @@ impl Reserved {
     /// Release from the local fallback share. Its next release may be a
     /// horizon away (see `Remote::failed`): the lane wakes for the next
     /// probe before that, so it is back on the store within a probe
-    /// interval of the store's return.
+    /// interval of the store's return, or at once when the store says its
+    /// master moved (Sentinel).
     fn fallback(&mut self, ready: &mut Ready<'_>, head: Head, now: Instant) -> Step {
         match self.local.step(ready, head, now) {
             Step::Wait(Blocked::Until(at)) => {
-                Step::Wait(Blocked::Until(at.min(self.remote.probe_at())))
+                let at = at.min(self.remote.probe_at());
+                match self.remote.master_moved() {
+                    None => Step::Wait(Blocked::Until(at)),
+                    Some(moved) => Step::Wait(Blocked::Turn(Box::pin(async move {
+                        tokio::select! {
+                            () = tokio::time::sleep_until(at) => {}
+                            () = moved => {}
+                        }
+                    }))),
+                }
             }
             step => step,
         }

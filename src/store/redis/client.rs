@@ -328,6 +328,7 @@ impl RedisOptions {
             self.manager(),
         )?);
         within(self.connect_timeout, followed.master()).await?;
+        followed.listen();
         let nodes = Nodes::Sentinel(Arc::clone(&followed));
         RedisStore::start(self, Conn::Sentinel(followed), nodes).await
     }

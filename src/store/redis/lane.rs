@@ -11,7 +11,7 @@ use crate::error::StoreError;
 use crate::gate::Gate;
 use crate::meters::{Algorithm, Quota, Unit};
 use crate::store::contract::{
-    FleetBooked, Pending, Reservation, SharedStore, StoreLane, StoreSettings,
+    FleetBooked, Moves, Pending, Reservation, SharedStore, StoreLane, StoreSettings,
 };
 use crate::store::handle::Store;
 use crate::sync::{lock, shrink};
@@ -58,6 +58,14 @@ impl SharedStore for RedisStore {
             horizon: options.horizon,
             probe_every: options.probe_every,
             fleet_size: options.fleet_size,
+        }
+    }
+
+    fn moves(&self) -> Option<Moves> {
+        match &self.inner.conn {
+            #[cfg(feature = "redis-sentinel")]
+            super::client::Conn::Sentinel(followed) => Some(followed.moves()),
+            _ => None,
         }
     }
 

@@ -32,13 +32,14 @@ pub(crate) fn shrink<K: Eq + std::hash::Hash, V>(map: &mut HashMap<K, V>) {
 /// Values shared by name, held weakly: each lives as long as something
 /// holds it, and leaves the map when the last holder lets go (its
 /// [`Listing`] drops with it).
-pub(crate) type Listings<T> = Mutex<HashMap<String, Weak<T>>>;
+pub(crate) type Listings<T> = Mutex<HashMap<Arc<str>, Weak<T>>>;
 
 /// Where a value is listed in its [`Listings`], so that it leaves them
 /// when dropped. A field of the value: it drops with it.
 pub(crate) struct Listing<T> {
     map: Weak<Listings<T>>,
-    key: String,
+    /// The map's own key: one allocation for both.
+    key: Arc<str>,
 }
 
 impl<T> Drop for Listing<T> {
@@ -69,11 +70,12 @@ pub(crate) fn listed<T>(
     if let Some(value) = values.get(key).and_then(Weak::upgrade) {
         return value;
     }
+    let key: Arc<str> = Arc::from(key);
     let listing = Listing {
         map: Arc::downgrade(map),
-        key: key.to_owned(),
+        key: key.clone(),
     };
     let value = Arc::new(make(listing));
-    values.insert(key.to_owned(), Arc::downgrade(&value));
+    values.insert(key, Arc::downgrade(&value));
     value
 }

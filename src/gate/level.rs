@@ -34,8 +34,8 @@ pub(crate) struct GateSettings {
 /// (`vendor/`), which paces these meters.
 pub(crate) struct Gate {
     /// The level whose quotas it holds, by name: a live change of them
-    /// finds its gates by it.
-    level: String,
+    /// finds its gates by it. Shared by the level's gates.
+    level: Arc<str>,
     /// The largest request cost every meter can ever allow (an atomic, so
     /// admission needs no lock to check it).
     capacity: AtomicU64,
@@ -45,24 +45,37 @@ pub(crate) struct Gate {
     /// The request side of the gate's quotas (not of the local share a
     /// fleet's fallback meters hold).
     requests: Mutex<Requests>,
-    paused_until: Mutex<Option<Paused>>,
-    /// Lanes whose head only this gate holds back, by how long they have
-    /// waited: the gate's next slot goes to the first.
-    queue: Mutex<BTreeSet<Contender>>,
-    /// Woken when the gate's first waiter changes; made when a lane first
-    /// waits for it (a tenant's gate nobody waits at has none).
-    turn: OnceLock<Arc<Notify>>,
+    /// Its pause, stop and queue, made the first time one is needed.
+    cold: OnceLock<Box<Cold>>,
     /// Where a shared gate is listed, to leave the map when dropped.
     _listing: Option<Listing<Gate>>,
-    /// The vendor said no pause helps (out of credit): until then, every
-    /// request ends at once. The flag spares the hot path a lock.
-    stopped: Mutex<Option<(Instant, Arc<Stop>)>>,
+    /// A stop is in force (see [`Cold::stopped`]): the flag spares the hot
+    /// path a lock.
     is_stopped: AtomicBool,
     /// The vendor has answered (the meters know it too): every later
     /// answer skips their lock.
     heard: AtomicBool,
     /// When the last request really went, for strict spacing.
     departures: Departures,
+}
+
+/// What most gates never need: a lane per tenant holds a gate each, and
+/// nearly all of them see no pause, no stop and no other lane waiting.
+/// Kept apart, made on first use, so such a gate carries a pointer for it;
+/// a gate without it has none of them, which the hot path reads without a
+/// lock.
+#[derive(Default)]
+struct Cold {
+    paused: Mutex<Option<Paused>>,
+    /// Lanes whose head only this gate holds back, by how long they have
+    /// waited: the gate's next slot goes to the first.
+    queue: Mutex<BTreeSet<Contender>>,
+    /// Woken when the gate's first waiter changes; made when a lane first
+    /// waits for it.
+    turn: OnceLock<Arc<Notify>>,
+    /// The vendor said no pause helps (out of credit): until then, every
+    /// request ends at once.
+    stopped: Mutex<Option<(Instant, Arc<Stop>)>>,
 }
 
 /// A lane waiting at a gate: since when, and which lane.
@@ -73,31 +86,29 @@ impl Gate {
     /// a shared store the quotas live there, and the local meters are the
     /// fallback: one `share` of each quota.
     pub(crate) fn new(
-        level: &str,
-        quotas: &[Quota],
+        level: Arc<str>,
+        quotas: Arc<[Quota]>,
         settings: GateSettings,
         listing: Option<Listing<Gate>>,
         share: u32,
     ) -> Self {
         let now = Instant::now();
-        let mut meters = Meters::new(quotas, settings.headroom, now);
+        let requests = Requests::of(&quotas);
+        let mut meters = Meters::new(quotas.clone(), settings.headroom, now);
         let capacity = meters.capacity();
         if share > 1 {
-            let local: Vec<Quota> = quotas.iter().map(|q| q.share(share)).collect();
-            meters = Meters::new(&local, settings.headroom, now);
+            let local: Arc<[Quota]> = quotas.iter().map(|q| q.share(share)).collect();
+            meters = Meters::new(local, settings.headroom, now);
         }
         Self {
-            level: level.to_owned(),
+            level,
             capacity: AtomicU64::new(capacity),
             meters: Mutex::new(meters),
-            requests: Mutex::new(Requests::of(quotas)),
+            requests: Mutex::new(requests),
             headroom: settings.headroom,
             max_pause: settings.max_pause,
-            paused_until: Mutex::new(None),
-            queue: Mutex::new(BTreeSet::new()),
-            turn: OnceLock::new(),
+            cold: OnceLock::new(),
             _listing: listing,
-            stopped: Mutex::new(None),
             is_stopped: AtomicBool::new(false),
             heard: AtomicBool::new(false),
             departures: Departures::new(now),
@@ -107,7 +118,7 @@ impl Gate {
     /// Refuse every request for `period` from now: the vendor said no pause
     /// helps.
     pub(crate) fn stop_for(&self, period: Duration, stop: Stop) {
-        *lock(&self.stopped) = Some((later(Instant::now(), period), Arc::new(stop)));
+        *lock(&self.cold().stopped) = Some((later(Instant::now(), period), Arc::new(stop)));
         self.is_stopped.store(true, Ordering::Release);
     }
 
@@ -116,7 +127,7 @@ impl Gate {
         if !self.is_stopped.load(Ordering::Acquire) {
             return None;
         }
-        let mut stopped = lock(&self.stopped);
+        let mut stopped = lock(&self.cold().stopped);
         match &*stopped {
             Some((until, stop)) if *until > Instant::now() => Some(stop.clone()),
             _ => {
@@ -125,6 +136,10 @@ impl Gate {
                 None
             }
         }
+    }
+
+    fn cold(&self) -> &Cold {
+        self.cold.get_or_init(Box::default)
     }
 
     /// The gate's meters, locked. Lanes holding several gates lock them in
@@ -136,7 +151,7 @@ impl Gate {
     /// A wake-up for when the first waiter in the gate's queue changes,
     /// enabled now so no change after this call is missed.
     pub(crate) fn next_turn(&self) -> std::pin::Pin<Box<OwnedNotified>> {
-        let turn = self.turn.get_or_init(|| Arc::new(Notify::new()));
+        let turn = self.cold().turn.get_or_init(|| Arc::new(Notify::new()));
         let mut turn = Box::pin(turn.clone().notified_owned());
         turn.as_mut().enable();
         turn
@@ -146,19 +161,20 @@ impl Gate {
     /// waits before the wake-up is made, and whoever makes it checks the
     /// gate after: no change is missed.
     fn wake_first(&self) {
-        if let Some(turn) = self.turn.get() {
+        if let Some(turn) = self.cold.get().and_then(|cold| cold.turn.get()) {
             turn.notify_waiters();
         }
     }
 
     /// Join the gate's queue of waiting lanes (again: no change).
     pub(crate) fn enlist(&self, waiter: Contender) {
-        lock(&self.queue).insert(waiter);
+        lock(&self.cold().queue).insert(waiter);
     }
 
     /// Leave the gate's queue; wakes the others if the first changed.
     pub(crate) fn delist(&self, waiter: Contender) {
-        let mut queue = lock(&self.queue);
+        let Some(cold) = self.cold.get() else { return };
+        let mut queue = lock(&cold.queue);
         let was_first = queue.first() == Some(&waiter);
         if queue.remove(&waiter) && was_first {
             self.wake_first();
@@ -167,14 +183,18 @@ impl Gate {
 
     /// True when some lane waits for this gate: newcomers queue behind it.
     pub(crate) fn has_queue(&self) -> bool {
-        !lock(&self.queue).is_empty()
+        self.cold
+            .get()
+            .is_some_and(|cold| !lock(&cold.queue).is_empty())
     }
 
     /// True when no other lane waits ahead of `waiter`.
     pub(crate) fn is_first(&self, waiter: Contender) -> bool {
-        lock(&self.queue)
-            .first()
-            .is_none_or(|first| *first == waiter)
+        self.cold.get().is_none_or(|cold| {
+            lock(&cold.queue)
+                .first()
+                .is_none_or(|first| *first == waiter)
+        })
     }
 
     /// The smallest capacity a request of `cost` exceeds, if any.
@@ -185,7 +205,8 @@ impl Gate {
 
     /// The pause in force at `now`, if any.
     pub(crate) fn paused_until(&self, now: Instant) -> Option<Instant> {
-        lock(&self.paused_until)
+        let cold = self.cold.get()?;
+        lock(&cold.paused)
             .as_ref()
             .map(|pause| pause.until)
             .filter(|until| *until > now)
@@ -193,7 +214,8 @@ impl Gate {
 
     /// The pause in force at `now` and why, if any.
     pub(crate) fn pause(&self, now: Instant) -> Option<Paused> {
-        lock(&self.paused_until)
+        let cold = self.cold.get()?;
+        lock(&cold.paused)
             .as_ref()
             .filter(|pause| pause.until > now)
             .cloned()
@@ -209,7 +231,7 @@ impl Gate {
         said: Option<&Arc<str>>,
     ) -> Instant {
         let until = later(Instant::now(), pause.min(self.max_pause));
-        let mut paused = lock(&self.paused_until);
+        let mut paused = lock(&self.cold().paused);
         match paused.as_ref() {
             Some(current) if current.until >= until => current.until,
             _ => {

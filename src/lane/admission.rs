@@ -226,7 +226,11 @@ mod tests {
     const SECOND: Duration = Duration::from_secs(1);
 
     fn meters(quota: Quota, now: Instant) -> Mutex<Meters> {
-        Mutex::new(Meters::new(&[quota], Duration::ZERO, now))
+        Mutex::new(Meters::new(
+            std::sync::Arc::from([quota]),
+            Duration::ZERO,
+            now,
+        ))
     }
 
     #[tokio::test(start_paused = true)]

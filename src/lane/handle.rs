@@ -76,7 +76,13 @@ impl Lane {
                 "a lane runs its dispatcher on tokio: create it within a runtime",
             ));
         }
-        let own = Arc::new(Gate::new("", &quotas, policy.gate_settings(), None, 1));
+        let own = Arc::new(Gate::new(
+            Arc::from(""),
+            Arc::from(quotas.as_slice()),
+            policy.gate_settings(),
+            None,
+            1,
+        ));
         let settings = policy.vendor_settings(RetryBudget::default());
         let vendor = Arc::new(VendorModel::new(own.clone(), settings, None));
         let key: Arc<str> = key.into().into();

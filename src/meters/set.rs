@@ -2,6 +2,7 @@
 //! and what slows them (a learned pace, a vendor's leak, strict spacing),
 //! charged all or none.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -36,8 +37,9 @@ pub(crate) struct Meters {
     /// Lateness a pace forgives (half the headroom, as the declared
     /// buckets).
     slack: Duration,
-    /// The quotas the meters count, in the same order.
-    quotas: Vec<Quota>,
+    /// The quotas the meters count, in the same order: shared by the gates
+    /// of a level.
+    quotas: Arc<[Quota]>,
     /// The first release, and whether the vendor has answered since: a
     /// burst waits for the vendor's first word (see [`FIRST_WORD`]).
     first: Option<Instant>,
@@ -106,7 +108,7 @@ fn ledger(quotas: &[Quota], headroom: Duration) -> Option<Releases> {
 }
 
 impl Meters {
-    pub(crate) fn new(quotas: &[Quota], headroom: Duration, now: Instant) -> Self {
+    pub(crate) fn new(quotas: Arc<[Quota]>, headroom: Duration, now: Instant) -> Self {
         Self {
             meters: quotas
                 .iter()
@@ -115,13 +117,13 @@ impl Meters {
             pace: None,
             leak: None,
             last: None,
-            releases: ledger(quotas, headroom),
+            releases: ledger(&quotas, headroom),
             slack: headroom / 2,
-            quotas: quotas.to_vec(),
             first: None,
             heard: false,
-            strict: strict_spacing(quotas, headroom),
+            strict: strict_spacing(&quotas, headroom),
             learned_spacing: None,
+            quotas,
         }
     }
 
@@ -138,8 +140,12 @@ impl Meters {
             .as_ref()
             .map(|releases| releases.instants().collect())
             .unwrap_or_default();
-        let mut old: Vec<(Quota, Counting)> =
-            self.quotas.drain(..).zip(self.meters.drain(..)).collect();
+        let mut old: Vec<(Quota, Counting)> = self
+            .quotas
+            .iter()
+            .cloned()
+            .zip(self.meters.drain(..))
+            .collect();
         self.meters = quotas
             .iter()
             .map(|quota| {
@@ -163,7 +169,7 @@ impl Meters {
             releases
         });
         self.strict = strict_spacing(quotas, headroom);
-        self.quotas = quotas.to_vec();
+        self.quotas = Arc::from(quotas);
     }
 
     /// The strict spacing in force (see `spacing.rs`): no request less than
@@ -406,7 +412,7 @@ impl Meters {
     fn bursting(&mut self) -> impl Iterator<Item = &mut (dyn Meter + 'static)> {
         self.meters
             .iter_mut()
-            .zip(&self.quotas)
+            .zip(self.quotas.iter())
             .filter(|(_, quota)| quota.counts_requests() && quota.bursts())
             .map(|((meter, _), _)| meter.as_mut())
     }
@@ -435,7 +441,7 @@ mod tests {
         let headroom = Duration::ZERO;
         for (after, expected) in [(0, 9), (7, 8), (5_000, 9)] {
             let t0 = Instant::now();
-            let mut meters = Meters::new(std::slice::from_ref(&quota), headroom, t0);
+            let mut meters = Meters::new(Arc::from([quota.clone()]), headroom, t0);
             meters.commit(1, t0);
             let heard = t0 + Duration::from_millis(after);
             assert!(meters.heard(heard), "the first word");
@@ -452,7 +458,7 @@ mod tests {
     async fn a_read_leak_lets_the_reported_room_go_then_refills_at_its_rate() {
         let now = Instant::now();
         let quota = Quota::token_bucket(60, 30, Duration::from_secs(1));
-        let mut meters = Meters::new(&[quota], Duration::ZERO, now);
+        let mut meters = Meters::new(Arc::from([quota]), Duration::ZERO, now);
         meters.heard(now);
         meters.hold_to(10, now, now);
         meters.set_leak(Some((40, Duration::from_millis(50))), now);

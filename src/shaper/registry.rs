@@ -34,8 +34,11 @@ pub(crate) struct Registry {
     vendors: Arc<VendorMap>,
     /// Lanes' labels and series, by labels (see [`Series`]).
     series: Arc<Listings<Series>>,
-    /// Levels whose quotas changed while the shaper ran, by name.
-    changed: Mutex<HashMap<String, Vec<Quota>>>,
+    /// Each level's quotas now, by name: as built, or as last changed
+    /// live. One list per level, which its gates share.
+    quotas: Mutex<HashMap<String, Arc<[Quota]>>>,
+    /// Each level's name, which its gates share.
+    names: HashMap<String, Arc<str>>,
     /// How every lane behaves (its quotas come from the levels).
     policy: LanePolicy,
     /// `policy` for lanes on no route, shared by all of them.
@@ -92,7 +95,17 @@ impl Registry {
             gates: Arc::default(),
             vendors: Arc::default(),
             series: Arc::default(),
-            changed: Mutex::default(),
+            names: plan
+                .levels
+                .iter()
+                .map(|level| (level.name.clone(), Arc::from(level.name.as_str())))
+                .collect(),
+            quotas: Mutex::new(
+                plan.levels
+                    .iter()
+                    .map(|level| (level.name.clone(), Arc::from(level.quotas.as_slice())))
+                    .collect(),
+            ),
             policy: plan.policy,
             budget: plan.budget,
             routes: plan.routes,
@@ -173,7 +186,7 @@ impl Registry {
         // a gate made before the change is requoted below, one made after
         // reads the new quotas.
         let gates = lock(&self.gates);
-        lock(&self.changed).insert(level.to_owned(), quotas.clone());
+        lock(&self.quotas).insert(level.to_owned(), Arc::from(quotas.as_slice()));
         let changed: Vec<Arc<Gate>> = gates
             .values()
             .filter_map(Weak::upgrade)
@@ -284,7 +297,8 @@ impl Registry {
             let failure = route
                 .and_then(|route| route.store_failure)
                 .unwrap_or(self.store_failure);
-            let quotas: Vec<Vec<Quota>> = levels.iter().map(|l| self.quotas_of(l)).collect();
+            let quotas: Vec<Vec<Quota>> =
+                levels.iter().map(|l| self.quotas_of(l).to_vec()).collect();
             let headroom = self.policy.headroom;
             let metrics =
                 StoreMetrics::new(&labels, per_lane, &StoreMode::ALL.map(StoreMode::label));
@@ -325,11 +339,11 @@ impl Registry {
     }
 
     /// The quotas of `level` now: as built, or as last changed live.
-    fn quotas_of(&self, level: &Level) -> Vec<Quota> {
-        lock(&self.changed)
+    fn quotas_of(&self, level: &Level) -> Arc<[Quota]> {
+        lock(&self.quotas)
             .get(&level.name)
             .cloned()
-            .unwrap_or_else(|| level.quotas.clone())
+            .unwrap_or_else(|| Arc::from(level.quotas.as_slice()))
     }
 
     /// The shared gate of `level` for `key`, created on first use.
@@ -338,7 +352,12 @@ impl Registry {
         listed(&self.gates, key, |listing| {
             let settings = self.policy.gate_settings();
             let quotas = self.quotas_of(level);
-            Gate::new(&level.name, &quotas, settings, Some(listing), share)
+            let name = self
+                .names
+                .get(&level.name)
+                .cloned()
+                .unwrap_or_else(|| Arc::from(level.name.as_str()));
+            Gate::new(name, quotas, settings, Some(listing), share)
         })
     }
 

@@ -381,7 +381,13 @@ mod tests {
             headroom: Duration::ZERO,
             max_pause: Duration::from_secs(60),
         };
-        let gate = Arc::new(Gate::new("vendor", &quotas, settings, None, 2));
+        let gate = Arc::new(Gate::new(
+            Arc::from("vendor"),
+            Arc::from(quotas.as_slice()),
+            settings,
+            None,
+            2,
+        ));
         let metrics = StoreMetrics::new(&Labels::standalone("vendor"), None, &[]);
         let remote = store.link(
             vec![gate.clone()],

@@ -18,7 +18,13 @@ fn model(quotas: &[Quota]) -> VendorModel {
         headroom: Duration::ZERO,
         max_pause: Duration::from_secs(120),
     };
-    let gate = Arc::new(Gate::new("", quotas, settings, None, 1));
+    let gate = Arc::new(Gate::new(
+        Arc::from(""),
+        Arc::from(quotas),
+        settings,
+        None,
+        1,
+    ));
     let settings = VendorSettings {
         fallback: Backoff::new(Duration::from_secs(1), Duration::from_secs(60)),
         adaptive: None,

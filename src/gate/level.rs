@@ -55,16 +55,14 @@ pub(crate) struct Gate {
     /// The vendor has answered (the meters know it too): every later
     /// answer skips their lock.
     heard: AtomicBool,
-    /// When the last request really went, for strict spacing.
-    departures: Departures,
 }
 
 /// What most gates never need: a lane per tenant holds a gate each, and
-/// nearly all of them see no pause, no stop and no other lane waiting.
+/// nearly all of them see no pause, no stop, no other lane waiting and no
+/// strict spacing.
 /// Kept apart, made on first use, so such a gate carries a pointer for it;
 /// a gate without it has none of them, which the hot path reads without a
 /// lock.
-#[derive(Default)]
 struct Cold {
     paused: Mutex<Option<Paused>>,
     /// Lanes whose head only this gate holds back, by how long they have
@@ -76,6 +74,20 @@ struct Cold {
     /// The vendor said no pause helps (out of credit): until then, every
     /// request ends at once.
     stopped: Mutex<Option<(Instant, Arc<Stop>)>>,
+    /// When the last request really went, for strict spacing.
+    departures: Departures,
+}
+
+impl Default for Cold {
+    fn default() -> Self {
+        Self {
+            paused: Mutex::default(),
+            queue: Mutex::default(),
+            turn: OnceLock::new(),
+            stopped: Mutex::default(),
+            departures: Departures::new(Instant::now()),
+        }
+    }
 }
 
 /// A lane waiting at a gate: since when, and which lane.
@@ -111,7 +123,6 @@ impl Gate {
             _listing: listing,
             is_stopped: AtomicBool::new(false),
             heard: AtomicBool::new(false),
-            departures: Departures::new(now),
         }
     }
 
@@ -248,13 +259,13 @@ impl Gate {
     /// When the last request through this gate really went, and whether a
     /// turn is still on its way to the wire (see `spacing.rs`).
     pub(crate) fn departures(&self) -> &Departures {
-        &self.departures
+        &self.cold().departures
     }
 
     /// A strict turn through this gate went on the wire at `at` (`None`:
     /// it never went); a lane waiting for that word looks again.
     pub(crate) fn went(&self, at: Option<Instant>) {
-        self.departures.went(at);
+        self.cold().departures.went(at);
         self.wake_first();
     }
 

@@ -347,6 +347,10 @@ pub enum StoreError {
     /// server refused, or a `rediss://` URL without the `redis-tls` feature.
     #[error("TLS with Redis failed: {0}")]
     Tls(String),
+    /// Redis refused the store's credentials: a wrong password or user
+    /// (`WRONGPASS`), or none where one is needed (`NOAUTH`).
+    #[error("Redis refused the store's credentials: {0}")]
+    Auth(String),
     /// The store's user may not run a command the fleet needs: its Redis
     /// ACL lacks the command, the key pattern or the pause channel. The
     /// README's "Running a fleet" has the rule that grants what is needed.

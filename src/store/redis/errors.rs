@@ -1,6 +1,6 @@
-//! What Redis's errors mean to a lane: a timeout, a TLS failure, a
-//! permission the store's ACL user lacks, or any other failure
-//! ([`StoreError`]).
+//! What Redis's errors mean to a lane: a timeout, a TLS failure, refused
+//! credentials, a permission the store's ACL user lacks, or any other
+//! failure ([`StoreError`]).
 
 use std::time::Duration;
 
@@ -19,6 +19,13 @@ pub(super) fn failed(error: RedisError) -> StoreError {
     }
     if is_tls(&text) {
         return StoreError::Tls(text);
+    }
+    if error.kind() == ErrorKind::AuthenticationFailed
+        || ["NOAUTH", "WRONGPASS"]
+            .iter()
+            .any(|code| text.contains(code))
+    {
+        return StoreError::Auth(text);
     }
     StoreError::Failed(text)
 }

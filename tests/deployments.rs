@@ -559,3 +559,56 @@ async fn a_store_file_follows_a_sentinel_too() {
     assert_eq!(response.status(), 200);
     assert_eq!(lane_mode(&shaper), Some(StoreMode::Shared));
 }
+
+/// Hostile numbers in the options: `Duration::MAX` timeouts connect and
+/// serve (no overflow inside redis-rs or tokio), `u32::MAX` instances and
+/// a zero batch are held to what works, and zero timeouts (held to 1 ms,
+/// a timer tick) end in a typed outcome at once, never a hang: served, or
+/// refused with `Timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_store_options_saturate_or_fail_typed() {
+    let redis = RedisServer::start();
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let huge = redis
+        .options()
+        .timeout(Duration::MAX)
+        .connect_timeout(Duration::MAX)
+        .probe_every(Duration::MAX)
+        .horizon(Duration::MAX)
+        .fleet_size(u32::MAX)
+        .batch(0)
+        .connect(&redis.url())
+        .await
+        .unwrap();
+    let shaper = instance(huge, StoreFailure::Closed);
+    let response = shaper.get(vendor.uri()).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+
+    let started = Instant::now();
+    let connected = redis
+        .options()
+        .connect_timeout(Duration::ZERO)
+        .timeout(Duration::ZERO)
+        .connect(&redis.url())
+        .await;
+    assert!(started.elapsed() < SECOND, "{:?}", started.elapsed());
+    match connected {
+        Err(StoreError::Timeout(_)) => {}
+        Err(other) => panic!("a zero connect timeout: expected Timeout, got {other:?}"),
+        Ok(store) => {
+            let shaper = instance(store, StoreFailure::Closed);
+            let outcome = tokio::time::timeout(5 * SECOND, shaper.get(vendor.uri()).send())
+                .await
+                .expect("a zero timeout never hangs");
+            match outcome {
+                Ok(response) => assert_eq!(response.status(), 200),
+                Err(Error::StoreUnavailable {
+                    source: StoreError::Timeout(_),
+                    ..
+                }) => {}
+                Err(other) => panic!("a zero call timeout: expected Timeout, got {other}"),
+            }
+        }
+    }
+    assert_eq!(vendor.throttled(), 0);
+}

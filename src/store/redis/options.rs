@@ -66,9 +66,9 @@ impl RedisOptions {
     }
 
     /// The longest any Redis call may take before the lane treats Redis as
-    /// down (250 ms).
+    /// down (250 ms; at least 1 ms, tokio's timer tick).
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
+        self.timeout = timeout.max(Duration::from_millis(1));
         self
     }
 
@@ -76,9 +76,9 @@ impl RedisOptions {
     /// the TLS handshakes, `AUTH`, a cluster's slot map and the pause
     /// channel's subscription. Longer than one call's
     /// [`timeout`](Self::timeout), since a TLS cluster makes a handshake
-    /// per node before its first answer.
+    /// per node before its first answer. At least 1 ms.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
+        self.connect_timeout = timeout.max(Duration::from_millis(1));
         self
     }
 

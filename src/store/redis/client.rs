@@ -311,6 +311,23 @@ impl RedisOptions {
     /// deployment), through every failover: each of `sentinels` is a URL
     /// such as `redis://10.0.0.7:26379`. Fails when no sentinel names a
     /// master now, or the master cannot be reached.
+    ///
+    /// ```
+    /// use callshaper::store::RedisStore;
+    /// # use callshaper::testing::RedisSentinel;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let deployment = RedisSentinel::start(1);
+    /// # let sentinels = deployment.urls();
+    /// // `sentinels`: ["redis://10.0.0.7:26379", …], say.
+    /// let redis = RedisStore::options()
+    ///     .fleet_size(3)
+    ///     .sentinel(&sentinels, "callshaper")
+    ///     .await?;
+    /// # drop(redis);
+    /// # Ok(()) }
+    /// ```
     #[cfg(feature = "redis-sentinel")]
     pub async fn sentinel<S: AsRef<str>>(
         self,

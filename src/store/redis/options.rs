@@ -129,6 +129,27 @@ impl RedisOptions {
     /// Trust these CA certificates (PEM, one or more) for `rediss://`
     /// instead of the system's roots: a private CA, as managed Redis and
     /// self-hosted TLS often use. Checked when the store connects.
+    ///
+    /// ```
+    /// use callshaper::store::RedisStore;
+    /// # use callshaper::testing::RedisServer;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = RedisServer::start_tls();
+    /// # let ca = server.tls().unwrap();
+    /// # let (ca_pem, chain_pem, key_pem) = (ca.ca_pem(), ca.client_pem(), ca.client_key_pem());
+    /// # let url = server.url();
+    /// // `url`: "rediss://redis.internal:6380", say; the PEM files' bytes,
+    /// // as `std::fs::read("/etc/callshaper/redis-ca.pem")?` gives them.
+    /// let redis = RedisStore::options()
+    ///     .ca_roots(ca_pem)
+    ///     .client_certificate(chain_pem, key_pem)
+    ///     .connect(&url)
+    ///     .await?;
+    /// # drop(redis);
+    /// # Ok(()) }
+    /// ```
     #[cfg(feature = "redis-tls")]
     pub fn ca_roots(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.tls.roots = Some(pem.into());

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use super::handle::{Lane, Place, Slot};
 use super::policy::Priority;
-use super::shared::earliest;
+use super::turn::earliest;
 use super::turn::{Door, Transit, Turn, departure};
 use super::waiter::Waiter;
 use crate::error::Error;
@@ -139,7 +139,7 @@ impl Lane {
             }
             // Strict: not before the last send's word, released no sooner
             // than its door allows, charged at it (see `lane/turn.rs`).
-            let door = departure(shared, meters, cost, now).ok()?;
+            let door = departure(&shared.gates, meters, cost, now).ok()?;
             if door.is_some_and(|door| door.release() > now) {
                 return None;
             }
@@ -147,7 +147,7 @@ impl Lane {
             for meter in meters.iter_mut() {
                 meter.commit(cost, charged);
             }
-            let transit = door.map(|_| Transit::leave(shared));
+            let transit = door.map(|_| Transit::leave(&shared.gates));
             Some((charged, transit, door.and_then(|door| door.shut(now))))
         })?;
         shared.released.fetch_add(1, Ordering::Relaxed);

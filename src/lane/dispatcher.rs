@@ -15,7 +15,7 @@
 //! successor, never to one that is leaving.
 
 use std::future::Future;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::{Instant, sleep, sleep_until};
@@ -32,15 +32,8 @@ use crate::sync::write;
 /// (`Burst`) lives in the task.
 const LINGER: Duration = Duration::from_secs(1);
 
-/// Where tickets go while a dispatcher runs; `None` while none does.
-/// Tickets are sent under its read side (many at once), and a dispatcher
-/// starts and retires under its write side, so none is sent to one that is
-/// leaving.
-pub(super) type Door = RwLock<Option<async_channel::Sender<Ticket>>>;
-
 pub(super) struct Dispatcher<R> {
     shared: Arc<Shared>,
-    door: Arc<Door>,
     tickets: async_channel::Receiver<Ticket>,
     queue: Queue<Waiting>,
     engine: R,
@@ -49,15 +42,10 @@ pub(super) struct Dispatcher<R> {
 impl<R: Release> Dispatcher<R> {
     /// Run a dispatcher of `shared`'s lane on the current runtime, until
     /// the lane is closed, or it has had nothing to do for a while.
-    pub(super) fn spawn(
-        (shared, door): (Arc<Shared>, Arc<Door>),
-        tickets: async_channel::Receiver<Ticket>,
-        engine: R,
-    ) {
+    pub(super) fn spawn(shared: Arc<Shared>, tickets: async_channel::Receiver<Ticket>, engine: R) {
         let queue = Queue::new(shared.policy.batch_share);
         let dispatcher = Self {
             shared,
-            door,
             tickets,
             queue,
             engine,
@@ -172,7 +160,7 @@ impl<R: Release> Dispatcher<R> {
     /// lock, which every ticket is sent under, so the next one starts a
     /// successor.
     fn retire(&self) -> bool {
-        let mut door = write(&self.door);
+        let mut door = write(&self.shared.door);
         if !self.tickets.is_empty() || !self.queue.is_empty() {
             return false;
         }

@@ -8,10 +8,10 @@ use std::time::Duration;
 use tokio::sync::{Notify, Semaphore, oneshot};
 use tokio::time::{Instant, sleep_until};
 
-use super::dispatcher::{Dispatcher, Door};
+use super::dispatcher::Dispatcher;
 use super::policy::{LanePolicy, Priority};
 use super::release::{Local, Reserved};
-use super::shared::{Shared, since_epoch};
+use super::shared::{Door, Shared, since_epoch};
 use super::snapshot::LaneSnapshot;
 use super::turn::{Ticket, Turn};
 use super::waiter::Waiter;
@@ -52,9 +52,6 @@ use crate::vendor::{Spending, VendorModel, explains};
 #[derive(Clone)]
 pub struct Lane {
     pub(super) shared: Arc<Shared>,
-    /// The door to its dispatcher, while one runs: a lane nobody waits in
-    /// has no task, channel or queue (see `dispatcher.rs`).
-    door: Arc<Door>,
 }
 
 impl Lane {
@@ -113,7 +110,7 @@ impl Lane {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             series,
             key,
-            gates,
+            gates: gates.into(),
             vendor,
             in_flight: policy
                 .max_in_flight
@@ -128,12 +125,10 @@ impl Lane {
             closed: AtomicBool::new(false),
             active_at: AtomicU64::new(since_epoch(Instant::now())),
             retired,
+            door: Door::default(),
         });
         shared.report_quota();
-        Self {
-            shared,
-            door: Arc::default(),
-        }
+        Self { shared }
     }
 
     /// The lane's key.
@@ -186,7 +181,7 @@ impl Lane {
         // Unsent, the ticket is dropped with its sender: the waiter
         // counts itself out as it drops.
         let shared = &self.shared;
-        let running = read(&self.door);
+        let running = read(&self.shared.door);
         let ticket = match running.as_ref() {
             Some(tickets) => match tickets.try_send(ticket) {
                 Ok(()) => None,
@@ -197,7 +192,7 @@ impl Lane {
         };
         drop(running);
         if let Some(ticket) = ticket {
-            let mut door = write(&self.door);
+            let mut door = write(&self.shared.door);
             if shared.closed.load(Ordering::Acquire) {
                 return Err(Error::Shutdown);
             }
@@ -218,7 +213,7 @@ impl Lane {
     /// the in-memory path pays nothing for the store's.
     fn start_dispatcher(&self) -> async_channel::Sender<Ticket> {
         let (tickets, tickets_rx) = async_channel::unbounded();
-        let lane = (self.shared.clone(), self.door.clone());
+        let lane = self.shared.clone();
         match self.shared.remote.clone() {
             None => Dispatcher::spawn(lane, tickets_rx, Local::default()),
             Some(remote) => Dispatcher::spawn(lane, tickets_rx, Reserved::new(remote)),
@@ -316,7 +311,7 @@ impl Lane {
             remote.settle(charged, actual, at);
             return;
         }
-        for gate in &self.shared.gates {
+        for gate in self.shared.gates.iter() {
             gate.meters().settle(charged, actual, at);
         }
     }
@@ -504,7 +499,7 @@ impl Lane {
         let (turn, _) = oneshot::channel();
         let seq = self.shared.next_seq.fetch_add(1, Ordering::Relaxed);
         // A closed lane, or one nobody waits in, has nothing to wake.
-        if let Some(tickets) = &*read(&self.door) {
+        if let Some(tickets) = &*read(&self.shared.door) {
             let _ = tickets.try_send(Ticket {
                 seq,
                 cost: 0,
@@ -637,13 +632,13 @@ impl Lane {
     /// True while a dispatcher runs for the lane: someone waits, or did
     /// within its linger.
     pub(crate) fn is_busy(&self) -> bool {
-        read(&self.door).is_some()
+        read(&self.shared.door).is_some()
     }
 
     /// Refuse new requests and end every waiting one with
     /// [`Error::Shutdown`].
     pub(crate) fn close(&self) {
-        let mut door = write(&self.door);
+        let mut door = write(&self.shared.door);
         self.shared.closed.store(true, Ordering::Release);
         if let Some(tickets) = door.take() {
             tickets.close();

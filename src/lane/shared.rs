@@ -11,18 +11,20 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use super::policy::LanePolicy;
+use super::turn::{Fleet, Ticket};
 use crate::error::Error;
-use crate::gate::{Booked, Gate, Stop};
+use crate::gate::{Gate, Stop};
 use crate::meters::Meters;
 use crate::observability::Series;
 use crate::store::Remote;
 use crate::sync::lock;
 use crate::vendor::VendorModel;
 
-/// What a fleet booked in each of a lane's gates' windows ending at one
-/// slot (see `Reserved`), shared by the slot and its turn. Behind one thin
-/// pointer: every waiting request's answer has room for a turn.
-pub(crate) type Fleet = Arc<Vec<Option<Booked>>>;
+/// Where tickets go while a dispatcher runs; `None` while none does.
+/// Tickets are sent under its read side (many at once), and a dispatcher
+/// starts and retires under its write side, so none is sent to one that is
+/// leaving.
+pub(super) type Door = std::sync::RwLock<Option<async_channel::Sender<Ticket>>>;
 
 pub(super) struct Shared {
     /// Tells lanes apart in a gate's queue.
@@ -37,7 +39,7 @@ pub(super) struct Shared {
     /// The gates a release must pass, narrowest level first; the last one
     /// is the vendor's. A standalone [`Lane`] has one of its own; a
     /// shaper's lane holds the shared gate of each of its levels.
-    pub(super) gates: Vec<Arc<Gate>>,
+    pub(super) gates: Arc<[Arc<Gate>]>,
     /// The model of the vendor whose gate is the last of `gates`.
     pub(super) vendor: Arc<VendorModel>,
     pub(super) in_flight: Option<Arc<Semaphore>>,
@@ -62,6 +64,9 @@ pub(super) struct Shared {
     /// Told when a dispatcher retires: its owner's sweep may find the
     /// lane due.
     pub(super) retired: Option<Arc<tokio::sync::Notify>>,
+    /// The door to its dispatcher, while one runs: a lane nobody waits in
+    /// has none.
+    pub(super) door: Door,
 }
 
 /// The instant lane activity is counted from.
@@ -166,13 +171,4 @@ impl Shared {
             _ => f(&mut self.meters()),
         }
     }
-}
-
-/// When every meter of `meters` allows a request of `cost`.
-pub(super) fn earliest(meters: &[MutexGuard<'_, Meters>], cost: u64, now: Instant) -> Instant {
-    meters
-        .iter()
-        .map(|m| m.earliest(cost, now))
-        .max()
-        .unwrap_or(now)
 }

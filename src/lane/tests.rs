@@ -246,7 +246,7 @@ async fn a_lane_alone_does_not_share_its_gate_with_its_vendor_model() {
     let shared = &lane.shared;
     assert!(!shared.is_shared(&shared.gates[0]));
     let series = Arc::new(Series::new(Labels::standalone("twin"), None, None));
-    let gates = (shared.gates.clone(), shared.vendor.clone());
+    let gates = (shared.gates.to_vec(), shared.vendor.clone());
     let twin = Lane::open(
         "twin".into(),
         series,

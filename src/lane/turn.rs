@@ -21,8 +21,9 @@ use tokio::sync::{OwnedSemaphorePermit, oneshot};
 use tokio::time::{Instant, sleep_until};
 
 use super::policy::Priority;
-use super::shared::{Fleet, Shared, earliest};
+
 use crate::error::Error;
+use crate::gate::{Booked, Gate};
 use crate::meters::Meters;
 use crate::time::later;
 
@@ -46,25 +47,30 @@ pub struct Turn {
 }
 
 /// A strict turn's lane, told when the turn went, or that it never did.
-pub(super) struct Transit(Arc<Shared>);
+/// What a fleet booked in each of a lane's gates' windows ending at one
+/// slot (see `Reserved`), shared by the slot and its turn. Behind one thin
+/// pointer: every waiting request's answer has room for a turn.
+pub(crate) type Fleet = Arc<Vec<Option<Booked>>>;
+
+pub(super) struct Transit(Arc<[Arc<Gate>]>);
 
 impl std::fmt::Debug for Transit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("Transit").field(&self.0.key).finish()
+        f.debug_tuple("Transit").field(&self.0.len()).finish()
     }
 }
 
 impl Transit {
     /// The turn is about to be released: its gates wait for its word.
-    pub(super) fn leave(shared: &Arc<Shared>) -> Self {
-        for gate in &shared.gates {
+    pub(super) fn leave(gates: &Arc<[Arc<Gate>]>) -> Self {
+        for gate in gates.iter() {
             gate.departures().leave();
         }
-        Self(shared.clone())
+        Self(gates.clone())
     }
 
     fn went(self, at: Option<Instant>) {
-        for gate in &self.0.gates {
+        for gate in self.0.iter() {
             gate.went(at);
         }
     }
@@ -151,14 +157,14 @@ const EARLY: Duration = Duration::from_millis(2);
 /// to the wire: its word says when it went, which the next is measured
 /// from.
 pub(super) fn departure(
-    shared: &Shared,
+    gates: &[Arc<Gate>],
     meters: &[MutexGuard<'_, Meters>],
     cost: u64,
     now: Instant,
 ) -> Result<Option<Door>, Pin<Box<OwnedNotified>>> {
     let mut strict = false;
     let mut at = now;
-    for (meters, gate) in meters.iter().zip(&shared.gates) {
+    for (meters, gate) in meters.iter().zip(gates) {
         let Some(gap) = meters.spacing() else {
             continue;
         };
@@ -220,4 +226,13 @@ async fn on_time(at: Instant) {
     if Instant::now() < at {
         sleep_until(at).await;
     }
+}
+
+/// When every meter of `meters` allows a request of `cost`.
+pub(super) fn earliest(meters: &[MutexGuard<'_, Meters>], cost: u64, now: Instant) -> Instant {
+    meters
+        .iter()
+        .map(|m| m.earliest(cost, now))
+        .max()
+        .unwrap_or(now)
 }

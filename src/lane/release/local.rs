@@ -18,7 +18,8 @@ use tokio::time::Instant;
 use super::engine::{Blocked, Release, Step};
 use super::ready::Ready;
 use crate::lane::queue::Head;
-use crate::lane::shared::{Shared, earliest};
+use crate::lane::shared::Shared;
+use crate::lane::turn::earliest;
 use crate::lane::turn::{Door, departure};
 use crate::meters::Meters;
 
@@ -37,7 +38,7 @@ impl Release for Local {
 
     fn step_aside(&mut self, shared: &Shared) {
         if let Some(since) = self.since.take() {
-            for gate in &shared.gates {
+            for gate in shared.gates.iter() {
                 gate.delist((since, shared.id));
             }
         }
@@ -51,7 +52,7 @@ impl Release for Local {
 fn first_word(shared: &Shared, meters: &[MutexGuard<'_, Meters>], at: Instant) -> Option<Blocked> {
     let (_, gate) = meters
         .iter()
-        .zip(&shared.gates)
+        .zip(shared.gates.iter())
         .find(|(meters, _)| meters.first_word() == Some(at))?;
     let answer = gate.next_turn();
     Some(Blocked::Turn(Box::pin(async move {
@@ -84,7 +85,8 @@ impl Local {
         let handed = shared.with_meters(|meters| {
             // Strict: released ahead of its door, charged at it (see
             // `lane/turn.rs`).
-            let door = departure(shared, meters, cost, now).map_err(|word| Blocked::Turn(word))?;
+            let door =
+                departure(&shared.gates, meters, cost, now).map_err(|word| Blocked::Turn(word))?;
             let at = door.map_or_else(|| earliest(meters, cost, now), Door::release);
             if let Some(blocked) = self.queue_up(shared, meters, cost, now) {
                 return Err(blocked);

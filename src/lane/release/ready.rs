@@ -10,7 +10,8 @@ use tokio::time::Instant;
 
 use crate::error::Error;
 use crate::lane::queue::{Costed, Head, Queue};
-use crate::lane::shared::{Fleet, Shared};
+use crate::lane::shared::Shared;
+use crate::lane::turn::Fleet;
 use crate::lane::turn::{Answer, Transit, Turn};
 
 /// A waiting ticket, as the dispatcher's queue holds it.
@@ -93,7 +94,7 @@ impl<'a> Ready<'a> {
             in_flight: self.permit.take(),
             at: now,
             fleet,
-            transit: strict.then(|| Transit::leave(self.shared)),
+            transit: strict.then(|| Transit::leave(&self.shared.gates)),
             door,
         };
         // Sent, the turn is counted out here; unsent, its caller counted

@@ -39,8 +39,10 @@ pub(crate) struct Gate {
     /// The largest request cost every meter can ever allow (an atomic, so
     /// admission needs no lock to check it).
     capacity: AtomicU64,
-    headroom: Duration,
-    max_pause: Duration,
+    /// The settings' headroom and longest pause, in nanoseconds (saturated
+    /// at 584 years): half the room of two `Duration`s, in every gate.
+    headroom: u64,
+    max_pause: u64,
     meters: Mutex<Meters>,
     /// The request side of the gate's quotas (not of the local share a
     /// fleet's fallback meters hold).
@@ -117,8 +119,8 @@ impl Gate {
             capacity: AtomicU64::new(capacity),
             meters: Mutex::new(meters),
             requests: Mutex::new(requests),
-            headroom: settings.headroom,
-            max_pause: settings.max_pause,
+            headroom: nanos(settings.headroom),
+            max_pause: nanos(settings.max_pause),
             cold: OnceLock::new(),
             _listing: listing,
             is_stopped: AtomicBool::new(false),
@@ -241,7 +243,7 @@ impl Gate {
         cause: PauseCause,
         said: Option<&Arc<str>>,
     ) -> Instant {
-        let until = later(Instant::now(), pause.min(self.max_pause));
+        let until = later(Instant::now(), pause.min(self.max_pause()));
         let mut paused = lock(&self.cold().paused);
         match paused.as_ref() {
             Some(current) if current.until >= until => current.until,
@@ -291,17 +293,17 @@ impl Gate {
 
     /// The spacing of the declared request rate, if any.
     pub(crate) fn request_interval(&self) -> Option<Duration> {
-        self.declared().map(|rate| rate.interval(self.headroom))
+        self.declared().map(|rate| rate.interval(self.headroom()))
     }
 
     /// What every quota of the gate is stretched by.
     pub(crate) fn headroom(&self) -> Duration {
-        self.headroom
+        Duration::from_nanos(self.headroom)
     }
 
     /// The longest the gate pauses, or spaces its requests.
     pub(crate) fn max_pause(&self) -> Duration {
-        self.max_pause
+        Duration::from_nanos(self.max_pause)
     }
 
     /// The vendor answered: true when this was its first word, which a
@@ -333,7 +335,7 @@ impl Gate {
         *lock(&self.requests) = Requests::of(quotas);
         {
             let mut meters = lock(&self.meters);
-            meters.requote(quotas, self.headroom, Instant::now());
+            meters.requote(quotas, self.headroom(), Instant::now());
             self.capacity.store(meters.capacity(), Ordering::Relaxed);
         }
         self.wake_first();
@@ -342,4 +344,9 @@ impl Gate {
     pub(crate) fn is_idle(&self, now: Instant) -> bool {
         self.paused_until(now).is_none() && lock(&self.meters).is_idle(now)
     }
+}
+
+/// `duration` in nanoseconds, saturated.
+fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }

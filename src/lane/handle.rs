@@ -1,8 +1,8 @@
 //! The [`Lane`] handle: a caller's place and its wait, pauses, the
 //! snapshot; what the lane's dispatcher and the shaper ask of a lane.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{Notify, Semaphore, oneshot};
@@ -21,7 +21,7 @@ use crate::meters::{Quota, Rate};
 use crate::observability::{InFlight, Labels, Series};
 use crate::retry::RetryBudget;
 use crate::store::{Remote, StoreMode};
-use crate::sync::{lock, read, write};
+use crate::sync::{read, write};
 use crate::time::later;
 use crate::vendor::{Spending, VendorModel, explains};
 
@@ -117,8 +117,7 @@ impl Lane {
                 .map(|n| Arc::new(Semaphore::new(n.min(Semaphore::MAX_PERMITS)))),
             next_seq: AtomicU64::new(0),
             released: AtomicU64::new(0),
-            latest_fleet: Mutex::new(None),
-            throttles: AtomicU64::new(0),
+            throttles: AtomicU32::new(0),
             waiting: AtomicUsize::new(0),
             policy,
             remote,
@@ -353,7 +352,7 @@ impl Lane {
         status: u16,
         cause: PauseCause,
     ) -> Duration {
-        self.shared.throttles.fetch_add(1, Ordering::Relaxed);
+        self.shared.throttled();
         self.shared.series.metrics.throttled(status, cause.label());
         self.shared.vendor.throttled(hint)
     }
@@ -380,7 +379,7 @@ impl Lane {
     /// A refusal read as spacing, kept `gap` apart from now on: counted as
     /// the throttle it was.
     fn spaced(&self, status: u16, gap: Duration) -> Duration {
-        self.shared.throttles.fetch_add(1, Ordering::Relaxed);
+        self.shared.throttled();
         self.shared
             .series
             .metrics
@@ -412,9 +411,8 @@ impl Lane {
         let Some(booked) = of(fleet) else {
             return Spending::Unknown;
         };
-        let latest = of(lock(&self.shared.latest_fleet)
-            .as_deref()
-            .map(Vec::as_slice));
+        let latest_fleet = self.shared.remote.as_ref().and_then(|r| r.latest_fleet());
+        let latest = of(latest_fleet.as_deref().map(Vec::as_slice));
         let count = latest.map_or(booked.count, |latest| latest.count.max(booked.count));
         Spending::Fleet(Booked { count, ..booked })
     }
@@ -664,7 +662,7 @@ impl Lane {
             pause_cause: pause.as_ref().map(|pause| pause.cause),
             pause_said: pause.and_then(|pause| pause.said.as_deref().map(str::to_owned)),
             released: self.shared.released.load(Ordering::Relaxed),
-            throttles: self.shared.throttles.load(Ordering::Relaxed),
+            throttles: u64::from(self.shared.throttles.load(Ordering::Relaxed)),
             interval: self
                 .shared
                 .meters()

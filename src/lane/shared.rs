@@ -3,8 +3,8 @@
 //! the store link; what a fleet booked for a turn; when it was last
 //! active.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
@@ -17,7 +17,6 @@ use crate::gate::{Gate, Stop};
 use crate::meters::Meters;
 use crate::observability::Series;
 use crate::store::Remote;
-use crate::sync::lock;
 use crate::vendor::VendorModel;
 
 /// Where tickets go while a dispatcher runs; `None` while none does.
@@ -45,10 +44,8 @@ pub(super) struct Shared {
     pub(super) in_flight: Option<Arc<Semaphore>>,
     pub(super) next_seq: AtomicU64,
     pub(super) released: AtomicU64,
-    /// What the store counted for the latest turn handed out on a shared
-    /// store (see [`Lane::spending`]).
-    pub(super) latest_fleet: Mutex<Option<Fleet>>,
-    pub(super) throttles: AtomicU64,
+    /// Throttles seen, saturating: 32 bits, which pack with `closed`.
+    pub(super) throttles: AtomicU32,
     /// Requests waiting for a turn, in the channel or held by the
     /// dispatcher. Raised before a ticket is sent, lowered when the
     /// dispatcher lets it go, so "zero" really means nobody is ahead; also
@@ -78,6 +75,13 @@ pub(super) fn since_epoch(at: Instant) -> u64 {
 }
 
 impl Shared {
+    /// One more throttle seen.
+    pub(super) fn throttled(&self) {
+        let _ = self
+            .throttles
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_add(1));
+    }
+
     /// A turn was released at `at`.
     pub(super) fn active(&self, at: Instant) {
         self.active_at.store(since_epoch(at), Ordering::Relaxed);
@@ -113,7 +117,9 @@ impl Shared {
     /// whether or not its caller is still there: a slot whose caller left
     /// serves the next, with the same count.
     pub(super) fn handed_fleet(&self, fleet: &Fleet) {
-        *lock(&self.latest_fleet) = Some(fleet.clone());
+        if let Some(remote) = &self.remote {
+            remote.handed(fleet);
+        }
     }
 
     /// A request stops waiting: released, refused or gone.

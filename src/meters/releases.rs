@@ -7,14 +7,15 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::time::later;
+use crate::time::Stamp;
 
-/// Release instants within the last `window`, at most `cap` of them.
+/// Release instants within the last `window`, at most `cap` of them, kept
+/// as 8-byte stamps: a lane per tenant keeps a ledger each.
 #[derive(Debug)]
 pub(crate) struct Releases {
     window: Duration,
-    cap: usize,
-    at: VecDeque<Instant>,
+    cap: u32,
+    at: VecDeque<Stamp>,
     /// The quota is above [`MOST`]: the cap may forget releases still in
     /// the window.
     truncated: bool,
@@ -36,7 +37,8 @@ impl Releases {
     pub(crate) fn new(window: Duration, count: u64) -> Self {
         Self {
             window,
-            cap: usize::try_from(count).unwrap_or(MOST).clamp(1, MOST),
+            cap: u32::try_from(usize::try_from(count).unwrap_or(MOST).clamp(1, MOST))
+                .unwrap_or(u32::MAX),
             at: VecDeque::new(),
             truncated: usize::try_from(count).map_or(true, |count| count > MOST),
             lost: None,
@@ -46,19 +48,20 @@ impl Releases {
 
     /// Every release it holds, oldest first.
     pub(crate) fn instants(&self) -> impl Iterator<Item = Instant> + '_ {
-        self.at.iter().copied()
+        self.at.iter().map(|stamp| stamp.instant())
     }
 
     pub(crate) fn record(&mut self, now: Instant) {
+        let now = Stamp::of(now);
         while let Some(&oldest) = self.at.front() {
-            if later(oldest, self.window) > now {
-                if self.at.len() < self.cap {
+            if oldest.plus(self.window) > now {
+                if self.at.len() < self.cap as usize {
                     break;
                 }
                 // Within its quota, a release past the cap is the lateness
                 // the meters forgive: the cap is still the count.
                 if self.truncated {
-                    self.lost = Some(oldest);
+                    self.lost = Some(oldest.instant());
                 }
             }
             self.at.pop_front();
@@ -70,6 +73,7 @@ impl Releases {
     /// How many releases were recorded before `at`, and how many at it
     /// (a release still within the window).
     pub(crate) fn around(&self, at: Instant) -> (u64, u64) {
+        let at = Stamp::of(at);
         let (mut after, mut together) = (0_u64, 0_u64);
         for &t in self.at.iter().rev().take_while(|&&t| t >= at) {
             if t > at {
@@ -86,14 +90,16 @@ impl Releases {
 
     /// The last release before `at`, if the ledger still holds it.
     pub(crate) fn before(&self, at: Instant) -> Option<Instant> {
-        self.at.iter().rev().find(|&&t| t < at).copied()
+        let at = Stamp::of(at);
+        self.at.iter().rev().find(|&&t| t < at).map(|t| t.instant())
     }
 
     /// Releases at or after `since` and before `until`, and the first of
     /// them.
     pub(crate) fn between(&self, since: Instant, until: Instant) -> (u64, Option<Instant>) {
+        let (since, until) = (Stamp::of(since), Stamp::of(until));
         let mut inside = self.at.iter().filter(|&&at| at >= since && at < until);
-        let first = inside.next().copied();
+        let first = inside.next().map(|t| t.instant());
         let count = u64::try_from(inside.count()).unwrap_or(u64::MAX);
         (count + u64::from(first.is_some()), first)
     }
@@ -103,11 +109,12 @@ impl Releases {
     pub(crate) fn longest_gap(&self, since: Instant, until: Instant) -> Duration {
         let mut previous = None;
         let mut longest = Duration::ZERO;
+        let (from, to) = (Stamp::of(since), Stamp::of(until));
         let inside = self
             .at
             .iter()
-            .copied()
-            .filter(|&at| at >= since && at < until);
+            .filter(|&&at| at >= from && at < to)
+            .map(|at| at.instant());
         for at in inside.chain(std::iter::once(until)) {
             if let Some(before) = previous {
                 longest = longest.max(at.saturating_duration_since(before));
@@ -123,7 +130,11 @@ impl Releases {
         if self.forgot_since(since) {
             return None;
         }
-        self.at.iter().copied().find(|&at| at >= since)
+        let since = Stamp::of(since);
+        self.at
+            .iter()
+            .find(|&&at| at >= since)
+            .map(|at| at.instant())
     }
 
     /// Releases at or after `since`; `u64::MAX` ("more than it holds")
@@ -132,6 +143,7 @@ impl Releases {
         if self.forgot_since(since) {
             return u64::MAX;
         }
+        let since = Stamp::of(since);
         let counted = self.at.iter().rev().take_while(|&&at| at >= since).count();
         u64::try_from(counted).unwrap_or(u64::MAX)
     }

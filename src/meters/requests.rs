@@ -11,7 +11,9 @@ use super::rate::Rate;
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub(crate) struct Requests {
     pub(crate) rate: Option<Rate>,
-    pub(crate) bucket: Option<u64>,
+    /// The smallest declared bucket's capacity (`NonZeroU64`: a bucket
+    /// holds at least one, and the option costs no room).
+    pub(crate) bucket: Option<std::num::NonZeroU64>,
 }
 
 impl Requests {
@@ -19,7 +21,10 @@ impl Requests {
         let counting = || quotas.iter().filter(|q| q.counts_requests());
         Self {
             rate: counting().map(Quota::rate).min_by(|a, b| a.cmp_speed(b)),
-            bucket: counting().filter_map(Quota::bucket_capacity).min(),
+            bucket: counting()
+                .filter_map(Quota::bucket_capacity)
+                .filter_map(std::num::NonZeroU64::new)
+                .min(),
         }
     }
 }
@@ -44,7 +49,7 @@ mod tests {
         ];
         let requests = Requests::of(&quotas);
         assert_eq!(requests.rate, Some(Rate::new(300, minute)));
-        assert_eq!(requests.bucket, Some(5));
+        assert_eq!(requests.bucket.map(std::num::NonZeroU64::get), Some(5));
         assert_eq!(Requests::of(&quotas[3..]), Requests::default());
     }
 }

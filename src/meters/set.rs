@@ -12,14 +12,15 @@ use super::meter::Meter;
 use super::quota::{Algorithm, Quota, Unit};
 use super::releases::Releases;
 use super::token_bucket::TokenBucket;
-use crate::time::later;
+use crate::time::{Stamp, later};
 
 /// A lane's meters, checked together: a request goes when every meter
 /// allows it, and none is charged unless all are, so waiting on one
 /// dimension never leaks capacity from another.
 #[derive(Debug)]
 pub(crate) struct Meters {
-    meters: Vec<Counting>,
+    /// Boxed, not a `Vec`: its length changes only with the quotas.
+    meters: Box<[Counting]>,
     /// A slower pace than declared (a quota the vendor announced, or
     /// adaptive pacing), counting requests.
     /// Boxed, as `leak`: most gates never have one, and a lane per tenant
@@ -31,24 +32,50 @@ pub(crate) struct Meters {
     /// reports and paces at the leak only when the bucket is full.
     leak: Option<Box<TokenBucket>>,
     /// The last release, so a new pace counts from it.
-    last: Option<Instant>,
+    last: Stamp,
     /// Releases over the request quota's window, when there is one.
     releases: Option<Releases>,
     /// Lateness a pace forgives (half the headroom, as the declared
     /// buckets).
-    slack: Duration,
+    slack: Nanos,
     /// The quotas the meters count, in the same order: shared by the gates
     /// of a level.
     quotas: Arc<[Quota]>,
     /// The first release, and whether the vendor has answered since: a
     /// burst waits for the vendor's first word (see [`FIRST_WORD`]).
-    first: Option<Instant>,
+    first: Stamp,
     heard: bool,
     /// Strict spacing declared ([`Quota::strict`]): the widest interval
     /// among the strict quotas.
-    strict: Option<Duration>,
+    strict: Nanos,
     /// Strict spacing a vendor's refusals taught (`spacing.rs`).
-    learned_spacing: Option<Duration>,
+    learned_spacing: Nanos,
+}
+
+/// A duration in nanoseconds (saturated at 584 years), 0 for none: half
+/// the room of a `Duration` (a third of an `Option<Duration>`), in every
+/// gate's meters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Nanos(u64);
+
+impl Nanos {
+    const NONE: Self = Self(0);
+
+    fn of(duration: Duration) -> Self {
+        Self(u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    fn or_none(duration: Option<Duration>) -> Self {
+        duration.map_or(Self::NONE, Self::of)
+    }
+
+    fn duration(self) -> Duration {
+        Duration::from_nanos(self.0)
+    }
+
+    fn get(self) -> Option<Duration> {
+        (self.0 > 0).then(|| self.duration())
+    }
 }
 
 /// The strict spacing `quotas` declare: the widest interval among the
@@ -116,13 +143,13 @@ impl Meters {
                 .collect(),
             pace: None,
             leak: None,
-            last: None,
+            last: Stamp::NONE,
             releases: ledger(&quotas, headroom),
-            slack: headroom / 2,
-            first: None,
+            slack: Nanos::of(headroom / 2),
+            first: Stamp::NONE,
             heard: false,
-            strict: strict_spacing(&quotas, headroom),
-            learned_spacing: None,
+            strict: Nanos::or_none(strict_spacing(&quotas, headroom)),
+            learned_spacing: Nanos::NONE,
             quotas,
         }
     }
@@ -144,7 +171,7 @@ impl Meters {
             .quotas
             .iter()
             .cloned()
-            .zip(self.meters.drain(..))
+            .zip(std::mem::take(&mut self.meters).into_vec())
             .collect();
         self.meters = quotas
             .iter()
@@ -168,7 +195,7 @@ impl Meters {
             }
             releases
         });
-        self.strict = strict_spacing(quotas, headroom);
+        self.strict = Nanos::or_none(strict_spacing(quotas, headroom));
         self.quotas = Arc::from(quotas);
     }
 
@@ -176,13 +203,13 @@ impl Meters {
     /// this after the last one, released or sent; `None`: the meters
     /// alone decide.
     pub(crate) fn spacing(&self) -> Option<Duration> {
-        self.strict.max(self.learned_spacing)
+        self.strict.max(self.learned_spacing).get()
     }
 
     /// Keep requests at least `gap` apart on the wire, as a vendor's
     /// spacing refusals taught.
     pub(crate) fn set_spacing(&mut self, gap: Option<Duration>) {
-        self.learned_spacing = gap;
+        self.learned_spacing = Nanos::or_none(gap);
     }
 
     /// The ledger of releases over the request window (`None` when no
@@ -229,6 +256,7 @@ impl Meters {
     /// Until when a burst waits for the vendor's first answer, if it does.
     pub(crate) fn first_word(&self) -> Option<Instant> {
         self.first
+            .get()
             .filter(|_| !self.heard && self.bursts())
             .map(|first| later(first, FIRST_WORD))
     }
@@ -255,10 +283,10 @@ impl Meters {
         if std::mem::replace(&mut self.heard, true) {
             return false;
         }
-        let Some(first) = self.first else {
+        let Some(first) = self.first.get() else {
             return false;
         };
-        if now.saturating_duration_since(first) > self.slack {
+        if now.saturating_duration_since(first) > self.slack.duration() {
             for meter in self.bursting() {
                 meter.commit(1, now);
             }
@@ -300,7 +328,7 @@ impl Meters {
     }
 
     pub(crate) fn commit(&mut self, cost: u64, now: Instant) {
-        for (meter, unit) in &mut self.meters {
+        for (meter, unit) in self.meters.iter_mut() {
             meter.commit(Self::units(*unit, cost), now);
         }
         if let Some(pace) = &mut self.pace {
@@ -312,12 +340,14 @@ impl Meters {
         if let Some(releases) = &mut self.releases {
             releases.record(now);
         }
-        self.last = Some(now);
-        self.first.get_or_insert(now);
+        self.last = Stamp::of(now);
+        if self.first == Stamp::NONE {
+            self.first = self.last;
+        }
     }
 
     pub(crate) fn settle(&mut self, charged: u64, actual: u64, at: Instant) {
-        for (meter, unit) in &mut self.meters {
+        for (meter, unit) in self.meters.iter_mut() {
             if *unit == Unit::Cost {
                 meter.settle(charged, actual, at);
             }
@@ -360,8 +390,8 @@ impl Meters {
             (None, pace) => *pace = None,
             (Some(interval), Some(pace)) => pace.set_interval(interval),
             (Some(interval), pace @ None) => {
-                let mut bucket = LeakyBucket::with_interval(interval, self.slack);
-                if let Some(last) = self.last {
+                let mut bucket = LeakyBucket::with_interval(interval, self.slack.duration());
+                if let Some(last) = self.last.get() {
                     bucket.commit(1, last);
                 }
                 *pace = Some(Box::new(bucket));
@@ -391,7 +421,7 @@ impl Meters {
             return;
         }
         self.leak = leak.map(|(capacity, interval)| {
-            let mut bucket = TokenBucket::with_interval(capacity, interval, self.slack);
+            let mut bucket = TokenBucket::with_interval(capacity, interval, self.slack.duration());
             let allowed = self
                 .meters
                 .iter()

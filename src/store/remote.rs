@@ -41,6 +41,9 @@ pub(crate) struct Remote {
     metrics: StoreMetrics,
     /// Where the store says its master moved, if it can move.
     moves: Option<Moves>,
+    /// What the store counted for the latest turn handed out (see
+    /// `Lane::spending`): kept here, as only a lane on a store has one.
+    latest_fleet: Mutex<Option<Arc<Vec<Option<Booked>>>>>,
 }
 
 struct State {
@@ -99,6 +102,7 @@ impl Remote {
             }),
             metrics,
             moves: None,
+            latest_fleet: Mutex::new(None),
         }
     }
 
@@ -179,6 +183,16 @@ impl Remote {
             paused: reservation.paused,
             seqs: reservation.seqs,
         })
+    }
+
+    /// A turn the store counted `fleet` for is being handed out.
+    pub(crate) fn handed(&self, fleet: &Arc<Vec<Option<Booked>>>) {
+        *lock(&self.latest_fleet) = Some(fleet.clone());
+    }
+
+    /// What the store counted for the latest turn handed out.
+    pub(crate) fn latest_fleet(&self) -> Option<Arc<Vec<Option<Booked>>>> {
+        lock(&self.latest_fleet).clone()
     }
 
     /// Give back slots nobody used, latest first: `(store time, cost)`.

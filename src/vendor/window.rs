@@ -38,7 +38,7 @@ impl Window {
             // A quota the vendor announced and the lane now keeps to counts
             // as declared.
             kept: learned.unwrap_or(declared),
-            bucket: requests.bucket,
+            bucket: requests.bucket.map(std::num::NonZeroU64::get),
         })
     }
 

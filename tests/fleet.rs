@@ -77,7 +77,7 @@ fn spawn_calls(shaper: &Shaper, vendor: &Vendor, tag: &str, n: usize) -> Vec<Joi
 }
 
 /// After an outage: the fail-closed lane serves again within `within`, and
-/// the fail-open one is back on the store after its next probe.
+/// the fail-open one is back on the store within a few probes of it.
 async fn assert_back_on_the_store(
     open: &Shaper,
     closed: &Shaper,
@@ -97,9 +97,24 @@ async fn assert_back_on_the_store(
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let response = open.get(format!("{}/back", vendor.uri())).send().await;
-    assert_eq!(response.unwrap().status(), 200);
+    // The fail-open lane tries the store only with a request, and its
+    // first call after the restart may meet the connection the crash
+    // dropped (redis-rs reconnects behind it): it serves from its share
+    // and tries again at its next probe (200 ms). Every request is served
+    // meanwhile; five probes are the bound.
+    let back = Instant::now() + Duration::from_millis(1_000);
+    loop {
+        let response = open.get(format!("{}/back", vendor.uri())).send().await;
+        assert_eq!(response.unwrap().status(), 200, "fail-open keeps serving");
+        if store_mode(open) == Some(StoreMode::Shared) {
+            break;
+        }
+        assert!(
+            Instant::now() < back,
+            "the fail-open lane was not back on the store within five probes"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     for shaper in [open, closed] {
         assert_eq!(store_mode(shaper), Some(StoreMode::Shared));
     }

@@ -332,8 +332,10 @@ async fn a_user_missing_a_permission_is_told_which() {
 // --- Key prefix ----------------------------------------------------------
 
 /// Two deployments on one Redis, each with its own prefix and its own
-/// vendor account at 10/s: each uses its own quota in full, and each one's
-/// keys are under its prefix. The same prefix would have halved both.
+/// vendor account at 10/s: each uses its own quota in full, each one's
+/// keys are under its prefix, and none is under the default. (The two
+/// vendors are on different ports, so their lanes' keys differ anyway:
+/// the scan of the keys is what fails if a prefix is ignored.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deployments_under_their_own_prefix_keep_their_own_quotas() {
     let redis = RedisServer::start();

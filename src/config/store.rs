@@ -85,6 +85,21 @@ pub struct StoreConfig {
     pub client_key_file: Option<PathBuf>,
 }
 
+/// Two fields that go together: the first given without the second is
+/// refused naming the second (`needs_second`), and the other way round.
+fn together(
+    (first, has_first): (&str, bool),
+    (second, has_second): (&str, bool),
+    needs_second: &str,
+    needs_first: &str,
+) -> Result<(), ConfigError> {
+    match (has_first, has_second) {
+        (true, false) => Err(ConfigError::new(second, needs_second)),
+        (false, true) => Err(ConfigError::new(first, needs_first)),
+        _ => Ok(()),
+    }
+}
+
 /// The largest batch a file may ask for: more slots per round trip than
 /// this only reserves ahead what a crash would strand.
 const MOST_BATCH: usize = 1024;
@@ -127,29 +142,19 @@ impl StoreConfig {
                 "is for a Sentinel's master: a node's URL carries its own credentials",
             )));
         }
-        match (self.sentinels.is_empty(), &self.service) {
-            (false, None) => Err(ConfigError::new(
-                "service",
-                "sentinels need the `service` (master name) they watch",
-            )),
-            (true, Some(_)) => Err(ConfigError::new(
-                "sentinels",
-                "`service` is the master name of `sentinels`",
-            )),
-            _ => Ok(()),
-        }
+        together(
+            ("sentinels", !self.sentinels.is_empty()),
+            ("service", self.service.is_some()),
+            "sentinels need the `service` (master name) they watch",
+            "`service` is the master name of `sentinels`",
+        )
         .map_err(within)?;
-        match (&self.client_cert_file, &self.client_key_file) {
-            (Some(_), None) => Err(ConfigError::new(
-                "client_key_file",
-                "a client certificate needs its key",
-            )),
-            (None, Some(_)) => Err(ConfigError::new(
-                "client_cert_file",
-                "a client key needs its certificate",
-            )),
-            _ => Ok(()),
-        }
+        together(
+            ("client_cert_file", self.client_cert_file.is_some()),
+            ("client_key_file", self.client_key_file.is_some()),
+            "a client certificate needs its key",
+            "a client key needs its certificate",
+        )
         .map_err(within)?;
         if self.fleet_size == Some(0) {
             return Err(within(ConfigError::new(

@@ -298,19 +298,36 @@ impl RedisServer {
     ///
     /// When `redis-cli` is missing.
     pub fn cli(&self, args: &[&str]) -> String {
-        let output = Command::new("redis-cli")
-            .args(["-p", &self.port.to_string()])
-            .args(tls_args(self.tls.as_deref()))
-            .args(
-                self.password
-                    .iter()
-                    .flat_map(|p| ["--no-auth-warning", "-a", p]),
-            )
-            .args(args)
-            .output()
-            .expect("redis-cli (Debian: apt-get install redis-tools)");
-        String::from_utf8_lossy(&output.stdout).into_owned()
+        redis_cli(
+            self.port,
+            self.tls.as_deref(),
+            self.password.as_deref(),
+            args,
+        )
     }
+}
+
+/// Run `redis-cli` against the server (or sentinel) on `port`, over TLS
+/// with `tls`'s client certificate, authenticated with `password`; its
+/// output.
+///
+/// # Panics
+///
+/// When `redis-cli` is missing.
+pub(super) fn redis_cli(
+    port: u16,
+    tls: Option<&TestCa>,
+    password: Option<&str>,
+    args: &[&str],
+) -> String {
+    let output = Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(tls_args(tls))
+        .args(password.iter().flat_map(|p| ["--no-auth-warning", "-a", p]))
+        .args(args)
+        .output()
+        .expect("redis-cli (Debian: apt-get install redis-tools)");
+    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 #[cfg(feature = "redis-tls")]
@@ -330,7 +347,7 @@ fn with_certificates(options: RedisOptions, tls: Option<&TestCa>) -> RedisOption
 }
 
 /// `redis-cli`'s arguments for a server's TLS.
-pub(super) fn tls_args(tls: Option<&TestCa>) -> Vec<String> {
+fn tls_args(tls: Option<&TestCa>) -> Vec<String> {
     let Some(ca) = tls else { return Vec::new() };
     let file = |f: &str| ca.path(f).to_string_lossy().into_owned();
     vec![

@@ -6,7 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::redis::{RedisServer, free_port, tls_args};
+use super::redis::{RedisServer, free_port, redis_cli};
 use super::tls::TestCa;
 use crate::store::RedisOptions;
 
@@ -178,13 +178,7 @@ impl RedisSentinel {
     }
 
     fn sentinel_cli(&self, port: u16, args: &[&str]) -> String {
-        let output = Command::new("redis-cli")
-            .args(["-p", &port.to_string()])
-            .args(tls_args(self.tls.as_deref()))
-            .args(args)
-            .output()
-            .expect("redis-cli (Debian: apt-get install redis-tools)");
-        String::from_utf8_lossy(&output.stdout).into_owned()
+        redis_cli(port, self.tls.as_deref(), None, args)
     }
 }
 

@@ -139,6 +139,9 @@ pub struct Defaults {
     pub metrics_per_lane: bool,
     /// See [`ShaperBuilder::max_lanes`].
     pub max_lanes: Option<usize>,
+    /// The most redirects a request follows, each hop through its lane;
+    /// see [`ShaperBuilder::redirects`].
+    pub redirects: Option<u32>,
 }
 
 /// One vendor.
@@ -270,6 +273,9 @@ impl ShaperConfig {
         }
         if let Some(n) = d.max_lanes {
             builder = builder.max_lanes(n);
+        }
+        if let Some(hops) = d.redirects {
+            builder = builder.redirects(hops);
         }
         if let Some(failure) = d.on_store_failure {
             builder = builder.on_store_failure(failure);

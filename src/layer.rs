@@ -14,7 +14,10 @@
 //!
 //! Put the shaper innermost of the layers that retry or time out a whole
 //! call: each of its attempts then passes the lane, and it owns the
-//! retries (see [next to other retry layers](crate::retry#next-to-other-retry-layers)). Errors are tower's
+//! retries (see [next to other retry layers](crate::retry#next-to-other-retry-layers)).
+//! A client below that follows redirects sends each hop without a turn:
+//! build it with `redirect(reqwest::redirect::Policy::none())`, and send
+//! a redirect's hop through the layer again. Errors are tower's
 //! `BoxError`: a [`crate::Error`] when the shaper ended the request (it
 //! downcasts), else the inner service's error after the shaper's last
 //! attempt. On an `http::Request`, per-request settings travel as its
@@ -218,7 +221,7 @@ where
         let request = Request::try_from(request).map_err(Error::InvalidRequest);
         Box::pin(async move {
             let request = request?;
-            let sent = shaper.drive(request, options, move |request: Request| {
+            let sent = shaper.drive(request, &options, move |request: Request| {
                 let inner = inner.clone();
                 async move {
                     let request = http::Request::try_from(request)
@@ -255,7 +258,7 @@ where
             // the shaper's defaults only.
             let options = Options::default();
             let send = move |request| attempt(inner.clone(), request);
-            shaper.drive(request, options, send).await.map_err(boxed)
+            shaper.drive(request, &options, send).await.map_err(boxed)
         })
     }
 }

@@ -13,7 +13,10 @@
 //! shaper's give-ups are final for them. A retry layer below the shaper,
 //! or a `reqwest::Client` whose own retry policy resends throttled
 //! answers, sends copies the shaper never sees: unpaced, even during a
-//! pause.
+//! pause. So does a client that follows redirects: each hop it follows
+//! goes without a turn. Build it with
+//! `redirect(reqwest::redirect::Policy::none())`, and send a redirect's
+//! hop through the stack again.
 //!
 //! When the shaper ends a request, the chain's error is
 //! `reqwest_middleware::Error::Middleware` around a [`crate::Error`];
@@ -48,7 +51,7 @@ impl Middleware for Shaper {
         options.logical = Some(logical.clone());
         let shared = extensions.clone();
         let outcome = self
-            .drive(request, options, |attempt| {
+            .drive(request, &options, |attempt| {
                 let next = next.clone();
                 let mut extensions = shared.clone();
                 async move { next.run(attempt, &mut extensions).await }

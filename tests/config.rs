@@ -200,6 +200,7 @@ fn every_setting_reads_from_a_file() {
         adaptive = { decrease = 0.5 }
         batch_share = 7
         max_lanes = 100000
+        redirects = 3
         tokens = "anthropic"
         answers = { throttles = [429, 420], out_of_credit = ["no_credit"] }
         retry = { max_attempts = 5, backoff = { base = "50ms", cap = "2s" }, budget = { ratio = 0.1 } }
@@ -211,6 +212,7 @@ fn every_setting_reads_from_a_file() {
     assert_eq!(d.max_wait, Some(Duration::from_millis(1_500)));
     assert_eq!(d.idle_timeout, Some(Duration::from_secs(120)));
     assert_eq!(d.max_lanes, Some(100_000));
+    assert_eq!(d.redirects, Some(3));
     assert_eq!(d.tokens, Some(callshaper::tokens::TokenCost::anthropic()));
     assert_eq!(
         d.fallback_pause,

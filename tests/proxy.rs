@@ -574,3 +574,44 @@ async fn a_large_body_reaches_the_vendor_before_the_client_finishes_it() {
     }
     assert!(answer.starts_with(b"HTTP/1.1 200"));
 }
+
+/// The proxy relays a redirect rather than following it, with a
+/// `Location` under the upstream's base kept under the proxy: the client
+/// follows it through the proxy, so that hop takes its turn too (as
+/// nginx's `proxy_redirect default` keeps clients on the proxy).
+#[tokio::test]
+async fn a_redirect_is_relayed_and_followed_through_the_proxy() {
+    let server = MockServer::start().await;
+    let moved = format!("{}/v1/new?page=2", server.uri());
+    Mock::given(wiremock::matchers::path("/v1/old"))
+        .respond_with(ResponseTemplate::new(302).insert_header("location", moved.as_str()))
+        .expect(2)
+        .mount(&server)
+        .await;
+    Mock::given(wiremock::matchers::path("/v1/new"))
+        .respond_with(ResponseTemplate::new(200).set_body_string("moved here"))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let shaper = Shaper::builder().rate(100, SECOND).build().unwrap();
+    let base = format!("{}/v1", server.uri());
+    let address = serve(proxy_of(shaper, "vendor", &base)).await;
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let relayed = client
+        .get(format!("http://{address}/vendor/old"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(relayed.status(), 302);
+    assert_eq!(relayed.headers()["location"], "/vendor/new?page=2");
+    // A client that follows redirects stays on the proxy.
+    let followed = reqwest::get(format!("http://{address}/vendor/old"))
+        .await
+        .unwrap();
+    assert_eq!(followed.url().authority(), address);
+    assert_eq!(followed.url().path(), "/vendor/new");
+    assert_eq!(followed.text().await.unwrap(), "moved here");
+}

@@ -175,3 +175,120 @@ async fn an_error_chain_prints_each_cause_once() {
     assert_eq!(invalid.to_string(), "invalid request");
     assert!(std::error::Error::source(&invalid).is_some());
 }
+
+/// A redirect is followed by the shaper, not its client: the second hop
+/// waits for its own turn in the lane (a second at 1 a second), so no
+/// hop reaches the vendor unmetered.
+#[tokio::test(start_paused = true)]
+async fn each_hop_of_a_redirect_takes_its_turn() {
+    let server = MockServer::start().await;
+    Mock::given(path("/old"))
+        .respond_with(ResponseTemplate::new(301).insert_header("location", "/new"))
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(path("/new"))
+        .respond_with(ResponseTemplate::new(200).set_body_string("here"))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let shaper = shaper(1).build().unwrap();
+    let started = tokio::time::Instant::now();
+    let response = shaper.get(format!("{}/old", server.uri())).send().await;
+    let response = response.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.url().path(), "/new");
+    assert_eq!(response.text().await.unwrap(), "here");
+    let waited = started.elapsed();
+    assert!((SECOND..2 * SECOND).contains(&waited), "{waited:?}");
+}
+
+/// A `303` after a `POST` fetches the result with a `GET` and no body; a
+/// `307` sends the same method and body again.
+#[tokio::test(start_paused = true)]
+async fn see_other_gets_and_a_temporary_redirect_sends_again() {
+    let server = MockServer::start().await;
+    let to =
+        |status, location: &str| ResponseTemplate::new(status).insert_header("location", location);
+    Mock::given(method("POST"))
+        .and(path("/jobs"))
+        .respond_with(to(303, "/jobs/7"))
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/jobs/7"))
+        .and(body_string(""))
+        .respond_with(ResponseTemplate::new(200))
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("PUT"))
+        .and(path("/a"))
+        .respond_with(to(307, "/b"))
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("PUT"))
+        .and(path("/b"))
+        .and(body_string("payload"))
+        .respond_with(ResponseTemplate::new(204))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let shaper = shaper(10).build().unwrap();
+    let base = server.uri();
+    let posted = shaper.post(format!("{base}/jobs")).body("job").send();
+    assert_eq!(posted.await.unwrap().status(), 200);
+    let put = shaper.put(format!("{base}/a")).body("payload").send();
+    assert_eq!(put.await.unwrap().status(), 204);
+}
+
+/// A hop to another origin (here another port) carries no credentials;
+/// one on the same origin keeps them.
+#[tokio::test(start_paused = true)]
+async fn credentials_stay_with_their_origin() {
+    let (home, abroad) = (MockServer::start().await, MockServer::start().await);
+    Mock::given(path("/here"))
+        .respond_with(ResponseTemplate::new(302).insert_header("location", "/still-here"))
+        .mount(&home)
+        .await;
+    let elsewhere = format!("{}/there", abroad.uri());
+    Mock::given(path("/still-here"))
+        .and(header("authorization", "Bearer key"))
+        .respond_with(ResponseTemplate::new(302).insert_header("location", elsewhere.as_str()))
+        .expect(1)
+        .mount(&home)
+        .await;
+    Mock::given(path("/there"))
+        .respond_with(ResponseTemplate::new(200))
+        .expect(1)
+        .mount(&abroad)
+        .await;
+    let shaper = shaper(10).build().unwrap();
+    let sent = shaper
+        .get(format!("{}/here", home.uri()))
+        .bearer_auth("key");
+    assert_eq!(sent.send().await.unwrap().status(), 200);
+    let abroad = abroad.received_requests().await.unwrap();
+    assert!(abroad[0].headers.get("authorization").is_none());
+}
+
+/// Past the limit the last redirect is the answer, and no more hops are
+/// sent: the shaper's limit, or the request's own (0: none followed).
+#[tokio::test(start_paused = true)]
+async fn redirects_stop_at_their_limit() {
+    let server = MockServer::start().await;
+    Mock::given(path("/loop"))
+        .respond_with(ResponseTemplate::new(302).insert_header("location", "/loop"))
+        .mount(&server)
+        .await;
+    let shaper = shaper(100).redirects(2).build().unwrap();
+    let url = format!("{}/loop", server.uri());
+    assert_eq!(shaper.get(&url).send().await.unwrap().status(), 302);
+    assert_eq!(server.received_requests().await.unwrap().len(), 3);
+    let once = shaper.get(&url).redirects(0).send().await.unwrap();
+    assert_eq!(once.status(), 302);
+    assert_eq!(once.headers()["location"], "/loop");
+    assert_eq!(server.received_requests().await.unwrap().len(), 4);
+}

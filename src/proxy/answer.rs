@@ -4,11 +4,12 @@
 
 use std::time::Duration;
 
-use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use http::header::{self, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
+use reqwest::Url;
 
 use super::body::{ProxyBody, full, relay};
-use super::forward::{Refusal, end_to_end};
+use super::forward::{Refusal, end_to_end, relocated};
 use crate::error::Error;
 use crate::lane::LaneSnapshot;
 use crate::shaper::handle::Shaper;
@@ -16,13 +17,24 @@ use crate::shaper::handle::Shaper;
 /// The header naming why the proxy answered by itself.
 pub(super) const REASON: &str = "x-callshaper-reason";
 
-/// The vendor's answer, hop-by-hop headers aside, its body relayed.
-pub(super) fn vendor(response: reqwest::Response) -> Response<ProxyBody> {
+/// The vendor's answer from the upstream `name` at `base`, hop-by-hop
+/// headers aside, a redirect under the base kept under the proxy (see
+/// [`relocated`]), its body relayed.
+pub(super) fn vendor(response: reqwest::Response, name: &str, base: &Url) -> Response<ProxyBody> {
+    let location = response
+        .headers()
+        .get(header::LOCATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|location| relocated(location, response.url(), name, base))
+        .and_then(|location| HeaderValue::try_from(location).ok());
     let (parts, body) = http::Response::<reqwest::Body>::from(response).into_parts();
     // Status and headers only: the version is the client's connection's.
     let mut answer = Response::new(relay(body));
     *answer.status_mut() = parts.status;
     *answer.headers_mut() = end_to_end(&parts.headers);
+    if let Some(location) = location {
+        answer.headers_mut().insert(header::LOCATION, location);
+    }
     answer
 }
 

@@ -56,13 +56,14 @@ pub(super) fn admitted(headers: &HeaderMap, token: Option<&str>) -> Result<(), R
     Ok(())
 }
 
-/// The upstream a request to `uri` (origin-form: `/NAME/rest?q`) names,
-/// and its URL there, by the `upstreams` it may go to.
+/// The upstream a request to `uri` (origin-form: `/NAME/rest?q`) names
+/// (its name and base), and its URL there, by the `upstreams` it may go
+/// to.
 pub(super) fn target<'a>(
     method: &Method,
     uri: &Uri,
     upstreams: &'a BTreeMap<String, Url>,
-) -> Result<(&'a str, Url), Refusal> {
+) -> Result<((&'a str, &'a Url), Url), Refusal> {
     if method == Method::CONNECT || uri.scheme().is_some() || uri.authority().is_some() {
         return Err(Refusal::NotAProxy);
     }
@@ -78,7 +79,33 @@ pub(super) fn target<'a>(
     let prefix = base.path().trim_end_matches('/');
     url.set_path(&format!("{prefix}/{rest}"));
     url.set_query(uri.query());
-    Ok((name, url))
+    Ok(((name, base), url))
+}
+
+/// Where a vendor's `Location` (from its answer to `answered`) sends the
+/// client, as the client must follow it to stay shaped: a URL under the
+/// upstream's `base` becomes the same path under the proxy's `/{name}`
+/// (as nginx's `proxy_redirect default` does); one elsewhere stays as the
+/// vendor wrote it (`None`).
+pub(super) fn relocated(location: &str, answered: &Url, name: &str, base: &Url) -> Option<String> {
+    let to = answered.join(location).ok()?;
+    let same_origin = to.scheme() == base.scheme()
+        && to.host_str() == base.host_str()
+        && to.port_or_known_default() == base.port_or_known_default();
+    let rest = to.path().strip_prefix(base.path().trim_end_matches('/'))?;
+    if !same_origin || !(rest.is_empty() || rest.starts_with('/')) {
+        return None;
+    }
+    let mut relocated = format!("/{name}{rest}");
+    if let Some(query) = to.query() {
+        relocated.push('?');
+        relocated.push_str(query);
+    }
+    if let Some(fragment) = to.fragment() {
+        relocated.push('#');
+        relocated.push_str(fragment);
+    }
+    Some(relocated)
 }
 
 /// `.` or `..`, written plainly or percent-encoded: a URL parser resolves
@@ -188,6 +215,35 @@ mod tests {
             ("llm".to_owned(), base("https://api.llm.example/v1")),
             ("pay".to_owned(), base("http://127.0.0.1:9000/")),
         ])
+    }
+
+    /// A redirect under the upstream's base, absolute or not, stays under
+    /// the proxy's prefix; one elsewhere, or beside the base's path, is
+    /// the vendor's as written.
+    #[test]
+    fn a_location_under_the_base_stays_under_the_proxy() {
+        let upstreams = upstreams();
+        let llm = &upstreams["llm"];
+        let answered = Url::parse("https://api.llm.example/v1/chat?x=1").unwrap();
+        let relocate = |location| relocated(location, &answered, "llm", llm);
+        assert_eq!(
+            relocate("https://api.llm.example/v1/jobs/7?page=2#top").as_deref(),
+            Some("/llm/jobs/7?page=2#top")
+        );
+        assert_eq!(relocate("/v1/jobs/8").as_deref(), Some("/llm/jobs/8"));
+        assert_eq!(relocate("jobs/9").as_deref(), Some("/llm/jobs/9"));
+        assert_eq!(
+            relocate("https://api.llm.example/v1").as_deref(),
+            Some("/llm")
+        );
+        assert_eq!(relocate("https://api.llm.example/v10/x"), None);
+        assert_eq!(relocate("/v2/jobs"), None);
+        assert_eq!(relocate("http://api.llm.example/v1/jobs"), None);
+        assert_eq!(relocate("https://files.example/v1/blob"), None);
+        let pay = &upstreams["pay"];
+        let answered = Url::parse("http://127.0.0.1:9000/charges").unwrap();
+        let relocated = relocated("/charges/ch_1", &answered, "pay", pay);
+        assert_eq!(relocated.as_deref(), Some("/pay/charges/ch_1"));
     }
 
     fn target_of(method: Method, uri: &str) -> Result<String, Refusal> {

@@ -56,6 +56,12 @@
 //!   by one. A request holds its lane's `max_in_flight` slot until that
 //!   body's last byte, and a client that goes away mid-stream ends the
 //!   upstream call and frees the slot, even while the vendor is silent.
+//! - **A redirect** is relayed, not followed: the client follows it, and
+//!   that hop takes its turn like any request. A `Location` under the
+//!   upstream's base (absolute or relative) becomes the same path under
+//!   the proxy's prefix (`/NAME/...`), as nginx's `proxy_redirect
+//!   default` does, so a client that follows it stays shaped; one
+//!   elsewhere (a download host) stays as the vendor wrote it.
 //! - **When the shaper ends a request** the proxy answers by itself: 429
 //!   when the queue is full or the wait would pass the client's deadline,
 //!   503 for a store down under a closed policy, a shutdown, or a pause

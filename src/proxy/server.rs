@@ -103,7 +103,7 @@ async fn handle(served: &Served, request: Request<Incoming>) -> Response<ProxyBo
     if let Err(refusal) = admitted(&parts.headers, served.client_token.as_deref()) {
         return answer::refused(&refusal, &[]);
     }
-    let (name, url) = match target(&parts.method, &parts.uri, &served.upstreams) {
+    let ((name, base), url) = match target(&parts.method, &parts.uri, &served.upstreams) {
         Ok(target) => target,
         Err(refusal) => {
             let names: Vec<&str> = served.upstreams.keys().map(String::as_str).collect();
@@ -130,13 +130,16 @@ async fn handle(served: &Served, request: Request<Incoming>) -> Response<ProxyBo
         .headers(end_to_end(&parts.headers))
         .body(body)
         .options(&options)
+        // A redirect is the client's to follow, through the proxy again
+        // (see `answer::vendor`): each hop then takes its turn.
+        .redirects(0)
         // The body relays to the client as it arrives: on the wire until
         // its last byte, or until the client goes.
         .in_flight_through_body();
     match send.send().await {
         Ok(response) => {
             tracing::debug!(%method, path, status = response.status().as_u16(), "callshaper proxy: answered");
-            answer::vendor(response)
+            answer::vendor(response, name, base)
         }
         Err(error) => {
             tracing::debug!(%method, path, %error, "callshaper proxy: ended by the shaper");

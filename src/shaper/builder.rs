@@ -7,6 +7,7 @@ use std::time::Duration;
 use reqwest::Request;
 
 use super::handle::{CostFn, Inner, Shaper};
+use super::redirect::DEFAULT_REDIRECTS;
 use super::registry::{Plan, Registry};
 use super::transport::Transport;
 use crate::adaptive::Adaptive;
@@ -66,6 +67,7 @@ pub struct ShaperBuilder {
     levels: Vec<Level>,
     routes: Vec<Route>,
     retry: RetryPolicy,
+    redirects: u32,
     client: Option<reqwest::Client>,
     transport: Option<Arc<dyn Transport>>,
     wall: Arc<dyn WallClock>,
@@ -87,6 +89,7 @@ impl Default for ShaperBuilder {
             levels: Vec::new(),
             routes: Vec::new(),
             retry: RetryPolicy::default(),
+            redirects: DEFAULT_REDIRECTS,
             client: None,
             transport: None,
             wall: Arc::new(SystemClock),
@@ -255,10 +258,29 @@ impl ShaperBuilder {
         self
     }
 
+    /// Follow at most `hops` redirects (`301`, `302`, `303`, `307`,
+    /// `308`) of a request sent by [`Shaper::execute`] or
+    /// [`RequestBuilder::send`](super::RequestBuilder::send), each hop a
+    /// request of its own that waits for its turn in the lane of its URL
+    /// (default 10, reqwest's limit; 0: a redirect is the answer). Past the
+    /// limit, the last redirect is the answer. A hop to another origin
+    /// carries no `Authorization` or `Cookie`; a request whose body is a
+    /// stream is not sent again, so its redirect is the answer.
+    ///
+    /// The shaper follows them, not its client: a client that follows
+    /// redirects itself sends each hop without a turn. The default client
+    /// follows none; build one you give [`client`](Self::client) with
+    /// `redirect(reqwest::redirect::Policy::none())` too.
+    pub fn redirects(mut self, hops: u32) -> Self {
+        self.redirects = hops;
+        self
+    }
+
     /// Use this reqwest client (default: reqwest's defaults, with https
     /// through the TLS backend of callshaper's features, rustls unless you
-    /// chose `native-tls`; one client per process, shared by every shaper
-    /// built without one).
+    /// chose `native-tls`, and no redirects followed, which the shaper
+    /// does itself (see [`redirects`](Self::redirects)); one client per
+    /// process, shared by every shaper built without one).
     pub fn client(mut self, client: reqwest::Client) -> Self {
         self.client = Some(client);
         self
@@ -444,6 +466,7 @@ impl ShaperBuilder {
                     max_lanes: self.max_lanes,
                 }),
                 retry: self.retry,
+                redirects: self.redirects,
             }),
         })
     }
@@ -468,6 +491,8 @@ fn default_client() -> Result<reqwest::Client, ConfigError> {
     DEFAULT
         .get_or_init(|| {
             reqwest::Client::builder()
+                // Each hop takes a turn: the shaper follows redirects.
+                .redirect(reqwest::redirect::Policy::none())
                 .build()
                 .map_err(|e| e.to_string())
         })

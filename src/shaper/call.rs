@@ -15,6 +15,7 @@ use tracing::Instrument;
 use super::handle::Shaper;
 use super::held;
 use super::metering::Metering;
+use super::redirect;
 use super::settle::Settle;
 use crate::error::{Answer, Error};
 use crate::lane::{Lane, Place, Priority};
@@ -35,6 +36,8 @@ pub(crate) struct Options {
     pub(crate) in_flight_through_body: bool,
     /// The request as a layer above sees it, across that layer's retries.
     pub(crate) logical: Option<Logical>,
+    /// The most redirects to follow (none said: the shaper's).
+    pub(crate) redirects: Option<u32>,
 }
 
 /// One request as the layers above the shaper see it: a retry middleware
@@ -94,6 +97,8 @@ impl Options {
             tag: extensions.get::<Tag>().cloned(),
             in_flight_through_body: false,
             logical: None,
+            // Their client's layers follow redirects, if any do.
+            redirects: None,
         }
     }
 }
@@ -116,6 +121,9 @@ struct Tally {
     queued: Duration,
     attempts: u32,
     throttles: u32,
+    /// The request last sent, when its answer was a redirect: the next
+    /// hop is made of it.
+    redirected: Option<Request>,
 }
 
 /// A per-request limit on the wait for release, also understood as a
@@ -132,16 +140,27 @@ impl Shaper {
 
     pub(super) async fn execute_with(
         &self,
-        request: Request,
+        mut request: Request,
         options: Options,
     ) -> Result<Response, Error> {
         let transport = self.inner.transport.clone();
-        self.drive(request, options, |r| transport.send(r))
-            .await
-            .map_err(|failure| match failure {
+        let mut hops = options.redirects.unwrap_or(self.inner.redirects);
+        loop {
+            let (outcome, sent) = self.hop(request, &options, |r| transport.send(r)).await;
+            let response = outcome.map_err(|failure| match failure {
                 Failure::Shaper(error) => error,
                 Failure::Send { attempts, source } => Error::Transport { attempts, source },
-            })
+            })?;
+            // Each hop waits for its own turn, in the lane of its URL.
+            let next = sent
+                .filter(|_| hops > 0)
+                .and_then(|sent| redirect::next(sent, &response));
+            let Some(next) = next else {
+                return Ok(response);
+            };
+            hops -= 1;
+            request = next;
+        }
     }
 }
 
@@ -151,7 +170,7 @@ impl Shaper {
     pub(crate) async fn drive<E, F, Fut>(
         &self,
         request: Request,
-        options: Options,
+        options: &Options,
         send: F,
     ) -> Result<Response, Failure<E>>
     where
@@ -159,8 +178,24 @@ impl Shaper {
         F: FnMut(Request) -> Fut,
         Fut: Future<Output = Result<Response, E>>,
     {
+        self.hop(request, options, send).await.0
+    }
+
+    /// [`drive`](Self::drive), and the request last sent when its answer
+    /// is a redirect (see `redirect.rs`).
+    async fn hop<E, F, Fut>(
+        &self,
+        request: Request,
+        options: &Options,
+        send: F,
+    ) -> (Result<Response, Failure<E>>, Option<Request>)
+    where
+        E: SendFailure,
+        F: FnMut(Request) -> Fut,
+        Fut: Future<Output = Result<Response, E>>,
+    {
         if tokio::runtime::Handle::try_current().is_err() {
-            return Err(Error::NoRuntime.into());
+            return (Err(Error::NoRuntime.into()), None);
         }
         let span = RequestSpan::new(&request);
         let mut tally = Tally::default();
@@ -182,7 +217,7 @@ impl Shaper {
                 lane.ended(reason);
             }
         }
-        outcome
+        (outcome, tally.redirected)
     }
 
     /// Find `request`'s lane and take a place in it: the lane, the place,
@@ -231,7 +266,7 @@ impl Shaper {
     async fn run<E, F, Fut>(
         &self,
         mut request: Request,
-        options: Options,
+        options: &Options,
         mut send: F,
         span: &RequestSpan,
         tally: &mut Tally,
@@ -248,7 +283,7 @@ impl Shaper {
             cost,
             mut failures,
             metering,
-        } = self.enter(&mut request, &options, span, tally)?;
+        } = self.enter(&mut request, options, span, tally)?;
         let policy = &self.inner.retry;
         let logical = options.logical.as_ref();
         let may_retry_failure =
@@ -294,6 +329,9 @@ impl Shaper {
                     let fleet = fleet.as_deref().map(Vec::as_slice);
                     let headers = outcome.as_ref().ok().map(|r| (r.status(), r.headers()));
                     throttle::final_answer(&lane, &signals, charged_at, fleet, headers);
+                    if headers.is_some_and(|(status, _)| status.is_redirection()) {
+                        tally.redirected = spare;
+                    }
                     return outcome
                         .map(|response| delivered(response, metering, slot))
                         .map_err(|source| Failure::Send { attempts, source });
@@ -685,6 +723,7 @@ mod tests {
                     queued: Duration::ZERO,
                     attempts: 1,
                     throttles: 1,
+                    redirected: None,
                 };
                 let answer = answer(429, headers);
                 let signals = Signals::parse(answer.headers(), std::time::SystemTime::now());

@@ -63,6 +63,8 @@ pub(super) struct Inner {
     pub(super) transport: Arc<dyn Transport>,
     pub(super) wall: Arc<dyn WallClock>,
     pub(super) retry: RetryPolicy,
+    /// The most redirects a request follows, each hop through its lane.
+    pub(super) redirects: u32,
     pub(super) cost: Option<Arc<CostFn>>,
     pub(super) dialects: Vec<Arc<dyn Dialect>>,
     pub(super) registry: Registry,

@@ -25,6 +25,7 @@ pub(crate) mod handle;
 mod held;
 mod lanes;
 mod metering;
+mod redirect;
 mod registry;
 mod request;
 mod settle;

@@ -219,6 +219,14 @@ impl RequestBuilder {
         self
     }
 
+    /// Follow at most `hops` redirects of this request, overriding the
+    /// shaper's [`redirects`](super::ShaperBuilder::redirects); 0: a
+    /// redirect is the answer (the proxy relays them so).
+    pub fn redirects(mut self, hops: u32) -> Self {
+        self.options.redirects = Some(hops);
+        self
+    }
+
     /// A tenant or user, for [`LaneKey::Tag`](crate::route::LaneKey::Tag) levels.
     pub fn tag(mut self, tag: impl Into<String>) -> Self {
         self.options.tag = Some(Tag(tag.into()));

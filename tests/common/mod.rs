@@ -36,13 +36,22 @@ pub fn fleet_instance(
         .unwrap()
 }
 
+/// A client that follows no redirects, as the shaper's own: the shaper
+/// follows them, each hop through its lane.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
 /// A shaper builder at `count` per second whose attempts keep the paused
 /// test clock still while on the wire, and which reads the vendor's wall
 /// clock times off the wall clock the test vendors write them with.
 pub fn shaper(count: u32) -> ShaperBuilder {
     Shaper::builder()
         .rate(count, SECOND)
-        .transport(HoldClock(reqwest::Client::new()))
+        .transport(HoldClock(client()))
         .wall_clock(TokioWall)
 }
 
@@ -51,7 +60,7 @@ pub fn shaper(count: u32) -> ShaperBuilder {
 pub fn shaper_with(quota: Quota) -> ShaperBuilder {
     Shaper::builder()
         .quota(quota)
-        .transport(HoldClock(reqwest::Client::new()))
+        .transport(HoldClock(client()))
         .wall_clock(TokioWall)
 }
 

@@ -165,8 +165,9 @@ impl Shaper {
 }
 
 impl Shaper {
-    /// The life of one request, in its span: [`run`](Self::run), then its
-    /// outcome recorded once on the span and the lane's series.
+    /// [`hop`](Self::hop) for the adapters, whose client's layers follow
+    /// redirects if any do.
+    #[cfg(any(feature = "middleware", feature = "tower"))]
     pub(crate) async fn drive<E, F, Fut>(
         &self,
         request: Request,
@@ -181,8 +182,9 @@ impl Shaper {
         self.hop(request, options, send).await.0
     }
 
-    /// [`drive`](Self::drive), and the request last sent when its answer
-    /// is a redirect (see `redirect.rs`).
+    /// The life of one request, in its span: [`run`](Self::run), then its
+    /// outcome recorded once on the span and the lane's series; with the
+    /// request last sent when its answer is a redirect (see `redirect.rs`).
     async fn hop<E, F, Fut>(
         &self,
         request: Request,

@@ -289,20 +289,24 @@ fn assert_at_the_true_quota(run: &Run, most_refused: usize, least_used: f64) {
 /// A real nginx `limit_req` at `10r/s`, burst 0: the lane at the true
 /// quota, in its default mode, meets a refusal (a send its forgiven
 /// lateness, or a cold connection, put under 100 ms after the last on
-/// nginx's clock), turns strict, learns no lower quota, and keeps the
-/// quota. Measured here: 1-3 refusals, 96.5-98.5 %; the bounds leave
-/// room for a loaded machine.
+/// nginx's clock), turns strict a millisecond past its interval, learns
+/// no lower quota, and keeps the quota. Measured here: 1 refusal, 97.5-97.8 %
+/// (kept strict at the interval itself, jitter refused 1-3); the bounds
+/// leave room for a loaded machine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_nginx_at_the_true_quota() {
     let run = against_nginx(10, 10, 100, Duration::ZERO).await;
-    assert_at_the_true_quota(&run, 4, 0.92);
+    assert_at_the_true_quota(&run, 3, 0.94);
 }
 
 /// The same at `100r/s`: 1,000 requests. Jitter between the lane's clock
 /// and nginx's (the hand-over to the connection's task, nginx's event
 /// loop) is a larger share of a 10 ms interval, and now and then passes
-/// the margin the lane learned. Measured here: 1-5 refusals and 90-95 % in
-/// most runs; in about one run in ten under `.ci/run` a jitter refusal in
+/// the margin the lane learned: the first refusal is often the second
+/// request (the first one's cold connection lands it late at nginx), and
+/// later ones come at 10.5 and 11 ms gaps, jitter past a millisecond on a
+/// busy machine. Measured here: 1-4 refusals and 90-94 % in most runs; in
+/// about one run in ten under `.ci/run` a jitter refusal in
 /// the first window, with no accepted gap yet to read it against, grows
 /// the gap by a quarter (62 %) or reads as a count (a lower quota, 61 %).
 /// That is an open defect, so this test holds what always holds (no

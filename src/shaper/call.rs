@@ -133,7 +133,8 @@ pub struct MaxWait(pub Duration);
 
 impl Shaper {
     /// Send `request` through its lanes and return the vendor's response,
-    /// or the reason there is none.
+    /// or the reason there is none. A redirect is followed, each hop
+    /// through its own lane (see [`ShaperBuilder::redirects`](super::ShaperBuilder::redirects)).
     pub async fn execute(&self, request: Request) -> Result<Response, Error> {
         self.execute_with(request, Options::default()).await
     }

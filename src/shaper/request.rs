@@ -264,7 +264,9 @@ impl RequestBuilder {
         self.inner.build().map_err(Error::InvalidRequest)
     }
 
-    /// Queue the request on its lanes; resolves to the vendor's response.
+    /// Queue the request on its lanes; resolves to the vendor's response,
+    /// once the redirects it follows ([`redirects`](Self::redirects)) have
+    /// each taken their turn.
     pub async fn send(self) -> Result<Response, Error> {
         let request = self.inner.build().map_err(Error::InvalidRequest)?;
         self.shaper.execute_with(request, self.options).await

@@ -238,26 +238,35 @@ impl Registry {
         tag: Option<&Tag>,
     ) -> Result<Arc<Lane>, Error> {
         let route = self.route_for(request);
+        if self.levels_for(route).next().is_none() {
+            return Err(Error::NoQuota {
+                url: request.url().to_string(),
+            });
+        }
+        // The name is written in one string: a found lane (nearly every
+        // request's) costs no other allocation.
+        let mut name = String::with_capacity(64);
+        // A route without levels of its own still has settings of its own
+        // (its answers, its store failure, its tokens): its requests wait in a lane of
+        // their own, under the same gates.
+        if let Some(route) = route.filter(|r| r.levels.is_empty()) {
+            name.push_str(&route.name);
+            name.push_str(" | ");
+        }
+        for (i, level) in self.levels_for(route).enumerate() {
+            if i > 0 {
+                name.push_str(" | ");
+            }
+            level.write_lane_name(request, tag, &mut name);
+        }
+        if let Some(lane) = self.lanes.find(&name) {
+            return Ok(lane);
+        }
         let levels: Vec<&Level> = self.levels_for(route).collect();
         let keys: Vec<String> = levels
             .iter()
             .map(|level| level.lane_name(request, tag))
             .collect();
-        if levels.is_empty() {
-            return Err(Error::NoQuota {
-                url: request.url().to_string(),
-            });
-        }
-        let mut name = keys.join(" | ");
-        // A route without levels of its own still has settings of its own
-        // (its answers, its store failure, its tokens): its requests wait in a lane of
-        // their own, under the same gates.
-        if let Some(route) = route.filter(|r| r.levels.is_empty()) {
-            name = format!("{} | {name}", route.name);
-        }
-        if let Some(lane) = self.lanes.find(&name) {
-            return Ok(lane);
-        }
         self.lanes
             .open(&name, || self.make_lane(&name, route, &levels, &keys))
     }

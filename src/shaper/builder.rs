@@ -261,7 +261,8 @@ impl ShaperBuilder {
     /// Follow at most `hops` redirects (`301`, `302`, `303`, `307`,
     /// `308`) of a request sent by [`Shaper::execute`] or
     /// [`RequestBuilder::send`](super::RequestBuilder::send), each hop a
-    /// request of its own that waits for its turn in the lane of its URL
+    /// request of its own that waits for its turn in the lane of its URL,
+    /// under the request's options (its `max_wait` bounds each hop's wait)
     /// (default 10, reqwest's limit; 0: a redirect is the answer). Past the
     /// limit, the last redirect is the answer. A hop to another origin
     /// carries no `Authorization` or `Cookie`; a request whose body is a

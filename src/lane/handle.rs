@@ -617,6 +617,12 @@ impl Lane {
 
     /// True when forgetting this lane loses nothing: nobody waiting, no
     /// pause, the meters rested.
+    /// True when no other handle holds the lane: no caller, waiter or
+    /// dispatcher, only its owner's map.
+    pub(crate) fn held_alone(&self) -> bool {
+        Arc::strong_count(&self.shared) == 1
+    }
+
     pub(crate) fn is_idle(&self) -> bool {
         let now = Instant::now();
         self.queued() == 0 && self.shared.gates.iter().all(|gate| gate.is_idle(now))

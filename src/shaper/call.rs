@@ -105,7 +105,7 @@ impl Options {
 
 /// A request in its lane, before its first turn.
 struct Entered {
-    lane: Arc<Lane>,
+    lane: Lane,
     place: Place,
     cost: u64,
     /// Sends a layer above already made, counted as failures.
@@ -117,7 +117,7 @@ struct Entered {
 /// What a request's end reports: how far it got.
 #[derive(Default)]
 struct Tally {
-    lane: Option<Arc<Lane>>,
+    lane: Option<Lane>,
     queued: Duration,
     attempts: u32,
     throttles: u32,
@@ -378,7 +378,7 @@ impl Shaper {
     /// answer carries what its headers said and how to settle its cost.
     fn heard<E>(
         &self,
-        lane: &Arc<Lane>,
+        lane: &Lane,
         outcome: &mut Result<Response, E>,
         cost: u64,
         charged_at: Instant,

@@ -38,11 +38,11 @@ const SAMPLE: usize = 32;
 
 /// A lane that can go without losing anything: idle, and held by nobody
 /// but the map.
-fn evictable(lane: &Arc<Lane>) -> bool {
-    Arc::strong_count(lane) == 1 && lane.is_idle()
+fn evictable(lane: &Lane) -> bool {
+    lane.held_alone() && lane.is_idle()
 }
 
-type Shard = Mutex<HashMap<Arc<str>, Arc<Lane>>>;
+type Shard = Mutex<HashMap<Arc<str>, Lane>>;
 
 pub(super) struct Lanes {
     shards: Box<[Shard]>,
@@ -83,7 +83,7 @@ impl Lanes {
     }
 
     /// The lane named `name`, if it is live.
-    pub(super) fn find(&self, name: &str) -> Option<Arc<Lane>> {
+    pub(super) fn find(&self, name: &str) -> Option<Lane> {
         lock(&self.shards[self.shard_of(name)]).get(name).cloned()
     }
 
@@ -95,7 +95,7 @@ impl Lanes {
         self: &Arc<Self>,
         name: &str,
         make: impl FnOnce() -> Lane,
-    ) -> Result<Arc<Lane>, Error> {
+    ) -> Result<Lane, Error> {
         let shard = self.shard_of(name);
         self.take_place(name, shard)?;
         let mut lanes = lock(&self.shards[shard]);
@@ -113,7 +113,7 @@ impl Lanes {
             self.give_place();
             return Ok(lane);
         }
-        let lane = Arc::new(make());
+        let lane = make();
         lanes.insert(lane.shared_key(), lane.clone());
         drop(lanes);
         self.count.opened();
@@ -273,7 +273,7 @@ impl Lanes {
 
     /// Every live lane, shard by shard (each lock held only while its
     /// lanes are copied out).
-    pub(super) fn all(&self) -> Vec<Arc<Lane>> {
+    pub(super) fn all(&self) -> Vec<Lane> {
         self.shards
             .iter()
             .flat_map(|shard| lock(shard).values().cloned().collect::<Vec<_>>())
@@ -284,7 +284,7 @@ impl Lanes {
     pub(super) fn shut_down(&self) {
         self.shut.store(true, Ordering::Release);
         for shard in self.shards.iter() {
-            let closing: Vec<Arc<Lane>> = lock(shard).drain().map(|(_, lane)| lane).collect();
+            let closing: Vec<Lane> = lock(shard).drain().map(|(_, lane)| lane).collect();
             self.dropped(closing.len());
             for lane in closing {
                 lane.close();

@@ -232,11 +232,7 @@ impl Registry {
 
     /// The lane of `request`, created on first use: named by its key in
     /// every level, and sharing the gate of each.
-    pub(super) fn lane_for(
-        &self,
-        request: &Request,
-        tag: Option<&Tag>,
-    ) -> Result<Arc<Lane>, Error> {
+    pub(super) fn lane_for(&self, request: &Request, tag: Option<&Tag>) -> Result<Lane, Error> {
         let route = self.route_for(request);
         if self.levels_for(route).next().is_none() {
             return Err(Error::NoQuota {

@@ -27,14 +27,14 @@ pub struct Settle {
 }
 
 struct SettleInner {
-    lane: Arc<Lane>,
+    lane: Lane,
     charged: u64,
     at: Instant,
     reported: AtomicBool,
 }
 
 impl Settle {
-    pub(super) fn new(lane: Arc<Lane>, charged: u64, at: Instant) -> Self {
+    pub(super) fn new(lane: Lane, charged: u64, at: Instant) -> Self {
         Self {
             inner: Arc::new(SettleInner {
                 lane,

@@ -13,14 +13,17 @@ use crate::time::Stamp;
 /// as 8-byte stamps: a lane per tenant keeps a ledger each.
 #[derive(Debug)]
 pub(crate) struct Releases {
-    window: Duration,
+    /// The window in nanoseconds (saturated at 292 years): a lane per
+    /// tenant keeps a ledger each, and this packs it into 64 bytes.
+    window: i64,
     cap: u32,
     at: VecDeque<Stamp>,
     /// The quota is above [`MOST`]: the cap may forget releases still in
     /// the window.
     truncated: bool,
-    /// The latest release so forgotten: counts since then are "at least".
-    lost: Option<Instant>,
+    /// The latest release so forgotten (`Stamp::NONE`: none): counts since
+    /// then are "at least".
+    lost: Stamp,
     /// Every release ever recorded: a vendor's bucket level is read against
     /// it over spans longer than the window.
     total: u64,
@@ -36,12 +39,12 @@ impl Releases {
     /// A ledger over `window`, for a quota of `count` requests in it.
     pub(crate) fn new(window: Duration, count: u64) -> Self {
         Self {
-            window,
+            window: i64::try_from(window.as_nanos()).unwrap_or(i64::MAX),
             cap: u32::try_from(usize::try_from(count).unwrap_or(MOST).clamp(1, MOST))
                 .unwrap_or(u32::MAX),
             at: VecDeque::new(),
             truncated: usize::try_from(count).map_or(true, |count| count > MOST),
-            lost: None,
+            lost: Stamp::NONE,
             total: 0,
         }
     }
@@ -54,14 +57,14 @@ impl Releases {
     pub(crate) fn record(&mut self, now: Instant) {
         let now = Stamp::of(now);
         while let Some(&oldest) = self.at.front() {
-            if oldest.plus(self.window) > now {
+            if oldest.plus_nanos(self.window) > now {
                 if self.at.len() < self.cap as usize {
                     break;
                 }
                 // Within its quota, a release past the cap is the lateness
                 // the meters forgive: the cap is still the count.
                 if self.truncated {
-                    self.lost = Some(oldest.instant());
+                    self.lost = oldest;
                 }
             }
             self.at.pop_front();
@@ -149,7 +152,8 @@ impl Releases {
     }
 
     fn forgot_since(&self, since: Instant) -> bool {
-        self.lost.is_some_and(|lost| lost >= since)
+        // `NONE` is earlier than any instant's stamp.
+        self.lost >= Stamp::of(since)
     }
 }
 

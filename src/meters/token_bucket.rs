@@ -6,7 +6,7 @@ use tokio::time::Instant;
 
 use super::meter::Meter;
 use super::rate::{Rate, settle_tat, spacing};
-use crate::time::later;
+use crate::time::{Stamp, later};
 
 /// A bucket of `capacity` tokens refilled at `refill` ("10 RPS with bursts up
 /// to 50": capacity 50, refill 10 per second). A request takes `cost`
@@ -40,9 +40,11 @@ use crate::time::later;
 pub struct TokenBucket {
     capacity: u64,
     interval: Duration,
-    /// `J`: how late a release may land at the vendor.
-    jitter: Duration,
-    tat: Option<Instant>,
+    /// `J`: how late a release may land at the vendor, in nanoseconds
+    /// (saturated), and `tat` as a stamp (`Stamp::NONE`: never charged):
+    /// a lane per tenant keeps a bucket each, 40 bytes instead of 56.
+    jitter: u64,
+    tat: Stamp,
 }
 
 impl TokenBucket {
@@ -51,8 +53,8 @@ impl TokenBucket {
         Self {
             capacity,
             interval: refill.interval(headroom),
-            jitter: headroom / 2,
-            tat: None,
+            jitter: nanos(headroom / 2),
+            tat: Stamp::NONE,
         }
     }
 
@@ -63,8 +65,8 @@ impl TokenBucket {
         Self {
             capacity,
             interval,
-            jitter,
-            tat: None,
+            jitter: nanos(jitter),
+            tat: Stamp::NONE,
         }
     }
 
@@ -75,8 +77,13 @@ impl TokenBucket {
     /// How far ahead of `tat` a request of `cost` may go.
     fn tolerance(&self, cost: u64) -> Duration {
         self.tokens(self.capacity.saturating_sub(cost))
-            .saturating_sub(self.jitter)
+            .saturating_sub(Duration::from_nanos(self.jitter))
     }
+}
+
+/// `duration` in nanoseconds, saturated at 584 years.
+fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl Meter for TokenBucket {
@@ -85,22 +92,26 @@ impl Meter for TokenBucket {
     }
 
     fn earliest(&self, cost: u64, now: Instant) -> Instant {
-        let Some(tat) = self.tat else { return now };
+        let Some(tat) = self.tat.get() else {
+            return now;
+        };
         tat.checked_sub(self.tolerance(cost))
             .map_or(now, |at| at.max(now))
     }
 
     fn commit(&mut self, cost: u64, now: Instant) {
-        let base = self.tat.map_or(now, |tat| tat.max(now));
-        self.tat = Some(later(base, self.tokens(cost)));
+        let base = self.tat.get().map_or(now, |tat| tat.max(now));
+        self.tat = Stamp::of(later(base, self.tokens(cost)));
     }
 
     fn settle(&mut self, charged: u64, actual: u64, _at: Instant) {
-        settle_tat(&mut self.tat, self.interval, charged, actual);
+        let mut tat = self.tat.get();
+        settle_tat(&mut tat, self.interval, charged, actual);
+        self.tat = tat.map_or(Stamp::NONE, Stamp::of);
     }
 
     fn is_idle(&self, now: Instant) -> bool {
-        self.tat.is_none_or(|tat| tat <= now)
+        self.tat.get().is_none_or(|tat| tat <= now)
     }
 
     fn interval(&self) -> Duration {
@@ -109,7 +120,8 @@ impl Meter for TokenBucket {
 
     fn eta(&self, ahead: u64, cost: u64, now: Instant) -> Instant {
         // After `ahead` tokens go, the bucket is full again at `tat`.
-        let tat = later(self.tat.map_or(now, |tat| tat.max(now)), self.tokens(ahead));
+        let tat = self.tat.get().map_or(now, |tat| tat.max(now));
+        let tat = later(tat, self.tokens(ahead));
         tat.checked_sub(self.tolerance(cost))
             .map_or(now, |at| at.max(now))
     }

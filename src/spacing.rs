@@ -14,36 +14,26 @@
 //! sends ([`Learned`]).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::meters::{Rate, Releases};
-use crate::time::later;
+use crate::time::{AtomicStamp, later};
 
 /// When the lane's last request really went on the wire, and how many
 /// turns released on a strict lane have not said yet whether they went.
 ///
 /// Atomics, not the meters' lock: a turn reports as it drops, which may be
 /// while the dispatcher holds that lock to hand out the next.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct Departures {
-    origin: Instant,
-    /// Nanoseconds from `origin` to the last departure, plus one (0: none).
-    last: AtomicU64,
+    last: AtomicStamp,
     in_transit: AtomicU32,
 }
 
 impl Departures {
-    pub(crate) fn new(origin: Instant) -> Self {
-        Self {
-            origin,
-            last: AtomicU64::new(0),
-            in_transit: AtomicU32::new(0),
-        }
-    }
-
     /// A turn was released on a strict lane: it says when it went
     /// ([`went`](Self::went)) before the next may be measured from it.
     pub(crate) fn leave(&self) {
@@ -53,9 +43,7 @@ impl Departures {
     /// A turn went on the wire at `at` (`None`: it never went).
     pub(crate) fn went(&self, at: Option<Instant>) {
         if let Some(at) = at {
-            let nanos = at.saturating_duration_since(self.origin).as_nanos();
-            let nanos = u64::try_from(nanos).unwrap_or(u64::MAX - 1) + 1;
-            self.last.fetch_max(nanos, Ordering::AcqRel);
+            self.last.raise(at);
         }
         // Never below zero, whatever order reports come in.
         let _ = self
@@ -65,10 +53,7 @@ impl Departures {
 
     /// When the last request went, if one did.
     pub(crate) fn last(&self) -> Option<Instant> {
-        match self.last.load(Ordering::Acquire) {
-            0 => None,
-            nanos => Some(later(self.origin, Duration::from_nanos(nanos - 1))),
-        }
+        self.last.load().get()
     }
 
     /// True while a released turn has not said whether it went.

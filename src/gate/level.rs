@@ -14,7 +14,7 @@ use super::cause::{PauseCause, Paused, Stop};
 use crate::meters::{Meters, Quota, Rate, Requests};
 use crate::spacing::Departures;
 use crate::sync::{Listing, Listings, lock};
-use crate::time::later;
+use crate::time::{later, nanos};
 
 /// The shared gates of a shaper, by name: a gate lives as long as a lane
 /// holds it, and leaves the map when the last one lets go.
@@ -65,6 +65,7 @@ pub(crate) struct Gate {
 /// Kept apart, made on first use, so such a gate carries a pointer for it;
 /// a gate without it has none of them, which the hot path reads without a
 /// lock.
+#[derive(Default)]
 struct Cold {
     paused: Mutex<Option<Paused>>,
     /// Lanes whose head only this gate holds back, by how long they have
@@ -78,18 +79,6 @@ struct Cold {
     stopped: Mutex<Option<(Instant, Arc<Stop>)>>,
     /// When the last request really went, for strict spacing.
     departures: Departures,
-}
-
-impl Default for Cold {
-    fn default() -> Self {
-        Self {
-            paused: Mutex::default(),
-            queue: Mutex::default(),
-            turn: OnceLock::new(),
-            stopped: Mutex::default(),
-            departures: Departures::new(Instant::now()),
-        }
-    }
 }
 
 /// A lane waiting at a gate: since when, and which lane.
@@ -344,9 +333,4 @@ impl Gate {
     pub(crate) fn is_idle(&self, now: Instant) -> bool {
         self.paused_until(now).is_none() && lock(&self.meters).is_idle(now)
     }
-}
-
-/// `duration` in nanoseconds, saturated.
-fn nanos(duration: Duration) -> u64 {
-    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }

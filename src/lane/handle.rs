@@ -11,7 +11,7 @@ use tokio::time::{Instant, sleep_until};
 use super::dispatcher::Dispatcher;
 use super::policy::{LanePolicy, Priority};
 use super::release::{Local, Reserved};
-use super::shared::{Door, Shared, since_epoch};
+use super::shared::{Door, Shared};
 use super::snapshot::LaneSnapshot;
 use super::turn::{Ticket, Turn};
 use super::waiter::Waiter;
@@ -22,7 +22,7 @@ use crate::observability::{InFlight, Labels, Series};
 use crate::retry::RetryBudget;
 use crate::store::{Remote, StoreMode};
 use crate::sync::{read, write};
-use crate::time::later;
+use crate::time::{AtomicStamp, later};
 use crate::vendor::{Spending, VendorModel, explains};
 
 /// One upstream quota: a FIFO queue, meters and a pause, drained by one
@@ -122,7 +122,7 @@ impl Lane {
             policy,
             remote,
             closed: AtomicBool::new(false),
-            active_at: AtomicU64::new(since_epoch(Instant::now())),
+            active_at: AtomicStamp::new(Instant::now()),
             retired,
             door: Door::default(),
         });
@@ -615,14 +615,14 @@ impl Lane {
         self.shared.waiting.load(Ordering::SeqCst)
     }
 
-    /// True when forgetting this lane loses nothing: nobody waiting, no
-    /// pause, the meters rested.
     /// True when no other handle holds the lane: no caller, waiter or
     /// dispatcher, only its owner's map.
     pub(crate) fn held_alone(&self) -> bool {
         Arc::strong_count(&self.shared) == 1
     }
 
+    /// True when forgetting this lane loses nothing: nobody waiting, no
+    /// pause, the meters rested.
     pub(crate) fn is_idle(&self) -> bool {
         let now = Instant::now();
         self.queued() == 0 && self.shared.gates.iter().all(|gate| gate.is_idle(now))

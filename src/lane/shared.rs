@@ -4,7 +4,7 @@
 //! active.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock, MutexGuard};
+use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
@@ -17,6 +17,7 @@ use crate::gate::{Gate, Stop};
 use crate::meters::Meters;
 use crate::observability::Series;
 use crate::store::Remote;
+use crate::time::AtomicStamp;
 use crate::vendor::VendorModel;
 
 /// Where tickets go while a dispatcher runs; `None` while none does.
@@ -55,23 +56,15 @@ pub(super) struct Shared {
     pub(super) remote: Option<Arc<Remote>>,
     /// Closed for good: every request ends with `Error::Shutdown`.
     pub(super) closed: AtomicBool,
-    /// When the lane last released a turn (nanoseconds after [`EPOCH`]):
-    /// how long it has been idle, for its owner's sweep.
-    pub(super) active_at: AtomicU64,
+    /// When the lane last released a turn: how long it has been idle, for
+    /// its owner's sweep.
+    pub(super) active_at: AtomicStamp,
     /// Told when a dispatcher retires: its owner's sweep may find the
     /// lane due.
     pub(super) retired: Option<Arc<tokio::sync::Notify>>,
     /// The door to its dispatcher, while one runs: a lane nobody waits in
     /// has none.
     pub(super) door: Door,
-}
-
-/// The instant lane activity is counted from.
-static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
-
-/// `at` as nanoseconds after [`EPOCH`] (saturating both ways).
-pub(super) fn since_epoch(at: Instant) -> u64 {
-    u64::try_from(at.saturating_duration_since(*EPOCH).as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl Shared {
@@ -84,13 +77,13 @@ impl Shared {
 
     /// A turn was released at `at`.
     pub(super) fn active(&self, at: Instant) {
-        self.active_at.store(since_epoch(at), Ordering::Relaxed);
+        self.active_at.store(at);
     }
 
     /// How long the lane has released nothing, at `now`.
     pub(super) fn quiet_for(&self, now: Instant) -> Duration {
-        let last = self.active_at.load(Ordering::Relaxed);
-        Duration::from_nanos(since_epoch(now).saturating_sub(last))
+        let last = self.active_at.load().instant();
+        now.saturating_duration_since(last)
     }
 }
 

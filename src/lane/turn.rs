@@ -21,7 +21,6 @@ use tokio::sync::{OwnedSemaphorePermit, oneshot};
 use tokio::time::{Instant, sleep_until};
 
 use super::policy::Priority;
-
 use crate::error::Error;
 use crate::gate::{Booked, Gate};
 use crate::meters::Meters;
@@ -46,12 +45,12 @@ pub struct Turn {
     pub(super) door: Option<Instant>,
 }
 
-/// A strict turn's lane, told when the turn went, or that it never did.
 /// What a fleet booked in each of a lane's gates' windows ending at one
 /// slot (see `Reserved`), shared by the slot and its turn. Behind one thin
 /// pointer: every waiting request's answer has room for a turn.
 pub(crate) type Fleet = Arc<Vec<Option<Booked>>>;
 
+/// A strict turn's gates, told when the turn went, or that it never did.
 pub(super) struct Transit(Arc<[Arc<Gate>]>);
 
 impl std::fmt::Debug for Transit {

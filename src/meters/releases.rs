@@ -7,15 +7,15 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::time::Stamp;
+use crate::time::{Stamp, nanos};
 
 /// Release instants within the last `window`, at most `cap` of them, kept
 /// as 8-byte stamps: a lane per tenant keeps a ledger each.
 #[derive(Debug)]
 pub(crate) struct Releases {
-    /// The window in nanoseconds (saturated at 292 years): a lane per
-    /// tenant keeps a ledger each, and this packs it into 64 bytes.
-    window: i64,
+    /// The window in nanoseconds: a lane per tenant keeps a ledger each,
+    /// and this packs it into 64 bytes.
+    window: u64,
     cap: u32,
     at: VecDeque<Stamp>,
     /// The quota is above [`MOST`]: the cap may forget releases still in
@@ -39,7 +39,7 @@ impl Releases {
     /// A ledger over `window`, for a quota of `count` requests in it.
     pub(crate) fn new(window: Duration, count: u64) -> Self {
         Self {
-            window: i64::try_from(window.as_nanos()).unwrap_or(i64::MAX),
+            window: nanos(window),
             cap: u32::try_from(usize::try_from(count).unwrap_or(MOST).clamp(1, MOST))
                 .unwrap_or(u32::MAX),
             at: VecDeque::new(),

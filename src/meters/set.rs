@@ -12,7 +12,7 @@ use super::meter::Meter;
 use super::quota::{Algorithm, Quota, Unit};
 use super::releases::Releases;
 use super::token_bucket::TokenBucket;
-use crate::time::{Stamp, later};
+use crate::time::{Stamp, later, nanos};
 
 /// A lane's meters, checked together: a request goes when every meter
 /// allows it, and none is charged unless all are, so waiting on one
@@ -62,7 +62,7 @@ impl Nanos {
     const NONE: Self = Self(0);
 
     fn of(duration: Duration) -> Self {
-        Self(u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX))
+        Self(nanos(duration))
     }
 
     fn or_none(duration: Option<Duration>) -> Self {

@@ -6,7 +6,7 @@ use tokio::time::Instant;
 
 use super::meter::Meter;
 use super::rate::{Rate, settle_tat, spacing};
-use crate::time::{Stamp, later};
+use crate::time::{Stamp, later, nanos};
 
 /// A bucket of `capacity` tokens refilled at `refill` ("10 RPS with bursts up
 /// to 50": capacity 50, refill 10 per second). A request takes `cost`
@@ -40,10 +40,10 @@ use crate::time::{Stamp, later};
 pub struct TokenBucket {
     capacity: u64,
     interval: Duration,
-    /// `J`: how late a release may land at the vendor, in nanoseconds
-    /// (saturated), and `tat` as a stamp (`Stamp::NONE`: never charged):
-    /// a lane per tenant keeps a bucket each, 40 bytes instead of 56.
+    /// `J`: how late a release may land at the vendor, in nanoseconds. It
+    /// and `tat` are kept small: a lane per tenant keeps a bucket each.
     jitter: u64,
+    /// `Stamp::NONE` until the first charge.
     tat: Stamp,
 }
 
@@ -79,11 +79,6 @@ impl TokenBucket {
         self.tokens(self.capacity.saturating_sub(cost))
             .saturating_sub(Duration::from_nanos(self.jitter))
     }
-}
-
-/// `duration` in nanoseconds, saturated at 584 years.
-fn nanos(duration: Duration) -> u64 {
-    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl Meter for TokenBucket {

@@ -95,16 +95,19 @@ impl Registry {
             gates: Arc::default(),
             vendors: Arc::default(),
             series: Arc::default(),
-            names: plan
-                .levels
-                .iter()
+            names: every_level(&plan)
                 .map(|level| (level.name.clone(), Arc::from(level.name.as_str())))
                 .collect(),
             quotas: Mutex::new(
-                plan.levels
-                    .iter()
-                    .map(|level| (level.name.clone(), Arc::from(level.quotas.as_slice())))
-                    .collect(),
+                every_level(&plan).fold(HashMap::new(), |mut quotas, level| {
+                    // Levels of one name are one level (one gate per key, and
+                    // one change of quotas): the first one's quotas, as the
+                    // levels are read everywhere else.
+                    quotas
+                        .entry(level.name.clone())
+                        .or_insert_with(|| Arc::from(level.quotas.as_slice()));
+                    quotas
+                }),
             ),
             policy: plan.policy,
             budget: plan.budget,
@@ -374,6 +377,13 @@ impl Registry {
             VendorModel::new(gate.clone(), settings, Some(listing))
         })
     }
+}
+
+/// The shaper's levels, then its routes' (the order `levels_named` reads
+/// them in).
+fn every_level(plan: &Plan) -> impl Iterator<Item = &Level> {
+    let routed = plan.routes.iter().flat_map(|route| &route.levels);
+    plan.levels.iter().chain(routed)
 }
 
 impl fmt::Debug for Registry {

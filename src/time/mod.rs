@@ -8,6 +8,7 @@
 #[cfg(feature = "serde")]
 pub(crate) mod human;
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -28,6 +29,12 @@ pub(crate) fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
+/// A duration in nanoseconds, saturated at 584 years: half the room of a
+/// `Duration`, for state every tenant's lane keeps.
+pub(crate) fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// An instant as signed nanoseconds from a process-wide epoch: 8 bytes
 /// where an `Instant` takes 16, for ledgers that keep many. Instants from
 /// any runtime (a paused test clock too) compare as the instants do, over
@@ -40,7 +47,7 @@ static EPOCH: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::n
 impl Stamp {
     pub(crate) fn of(at: Instant) -> Self {
         let epoch = *EPOCH;
-        let nanos = |d: Duration| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
+        let nanos = |d: Duration| i64::try_from(nanos(d)).unwrap_or(i64::MAX);
         match at.checked_duration_since(epoch) {
             Some(after) => Self(nanos(after)),
             // Never `NONE`: that is i64::MIN, this at most its neighbour.
@@ -67,10 +74,42 @@ impl Stamp {
         (self != Self::NONE).then(|| self.instant())
     }
 
-    /// This stamp `nanos` nanoseconds later, saturating: for a span kept
-    /// as nanoseconds, half the room of a `Duration`.
-    pub(crate) fn plus_nanos(self, nanos: i64) -> Self {
-        Self(self.0.saturating_add(nanos))
+    /// This stamp `nanos` nanoseconds later (a span kept by [`nanos`]),
+    /// saturating.
+    pub(crate) fn plus_nanos(self, nanos: u64) -> Self {
+        Self(self.0.saturating_add_unsigned(nanos))
+    }
+}
+
+/// A [`Stamp`] threads move on without a lock: when a lane last released,
+/// when a strict gate's last request went.
+#[derive(Debug)]
+pub(crate) struct AtomicStamp(AtomicI64);
+
+impl Default for AtomicStamp {
+    /// Holding no instant ([`Stamp::NONE`]).
+    fn default() -> Self {
+        Self(AtomicI64::new(Stamp::NONE.0))
+    }
+}
+
+impl AtomicStamp {
+    pub(crate) fn new(at: Instant) -> Self {
+        Self(AtomicI64::new(Stamp::of(at).0))
+    }
+
+    pub(crate) fn store(&self, at: Instant) {
+        self.0.store(Stamp::of(at).0, Ordering::Release);
+    }
+
+    /// Move on to `at`, unless it holds a later instant already (reports
+    /// may come in any order); `NONE` is earlier than any.
+    pub(crate) fn raise(&self, at: Instant) {
+        self.0.fetch_max(Stamp::of(at).0, Ordering::AcqRel);
+    }
+
+    pub(crate) fn load(&self) -> Stamp {
+        Stamp(self.0.load(Ordering::Acquire))
     }
 }
 
@@ -98,8 +137,15 @@ mod tests {
             assert_eq!(Stamp::of(at).instant(), at);
         }
         assert!(Stamp::of(before) < Stamp::of(now));
-        let hour_nanos = 3_600_000_000_000;
-        assert_eq!(Stamp::of(now).plus_nanos(hour_nanos), Stamp::of(now + hour));
-        assert_eq!(Stamp::of(now).plus_nanos(i64::MAX).0, i64::MAX);
+        assert_eq!(
+            Stamp::of(now).plus_nanos(nanos(hour)),
+            Stamp::of(now + hour)
+        );
+        assert_eq!(Stamp::of(now).plus_nanos(u64::MAX).0, i64::MAX);
+        let latest = AtomicStamp::default();
+        assert_eq!(latest.load(), Stamp::NONE);
+        latest.raise(now);
+        latest.raise(before);
+        assert_eq!(latest.load().get(), Some(now));
     }
 }

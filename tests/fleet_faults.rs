@@ -307,7 +307,24 @@ async fn a_replica_taking_over_at_once_exceeds_by_one_window_at_most() {
 /// writes and is promoted: after its master is killed, or at once
 /// (`takeover`). Every request is served, and every lane is back on the
 /// store within a probe and a window of the promotion, and stays there.
+///
+/// The fault is staged again (a fresh cluster, a fresh fleet), up to three
+/// times, when the replica caught up before its promotion: on two busy
+/// cores it can reconnect to its master as it wakes, ahead of the
+/// takeover queued for it, and then nothing was lost to test.
 async fn promoted(what: &str, takeover: bool) -> Vendor {
+    for _ in 0..3 {
+        if let Some(vendor) = staged(what, takeover).await {
+            return vendor;
+        }
+        println!("{what}: the replica caught up before its promotion; staged again");
+    }
+    panic!("{what}: the replica caught up before its promotion in three tries");
+}
+
+/// One staging of [`promoted`]'s fault; `None` when the replica missed
+/// nothing.
+async fn staged(what: &str, takeover: bool) -> Option<Vendor> {
     let mut cluster = RedisCluster::with_replicas();
     let vendor = Vendor::strict(10, SECOND).start().await;
     let shapers = fleet_on(cluster.options(), &cluster.urls(), true, &vendor, 3).await;
@@ -355,7 +372,12 @@ async fn promoted(what: &str, takeover: bool) -> Vendor {
         "{what}: {} bytes of the fleet's writes lost",
         written.saturating_sub(kept)
     );
-    assert!(kept < written, "{what}: the replica missed nothing");
+    if kept >= written {
+        for task in &tasks {
+            task.abort();
+        }
+        return None;
+    }
     let off = || shapers.iter().any(off_store);
     let mut left = false;
     while !cluster.is_master(replica) {
@@ -388,5 +410,5 @@ async fn promoted(what: &str, takeover: bool) -> Vendor {
         "{what}: promoted {promoted:?} after the fault, every lane on the store {back:?} later"
     );
     assert_all_served(tasks).await;
-    vendor
+    Some(vendor)
 }

@@ -31,7 +31,7 @@ pub(super) fn vendor(response: reqwest::Response, name: &str, base: &Url) -> Res
     // Status and headers only: the version is the client's connection's.
     let mut answer = Response::new(relay(body));
     *answer.status_mut() = parts.status;
-    *answer.headers_mut() = end_to_end(&parts.headers);
+    *answer.headers_mut() = end_to_end(parts.headers);
     if let Some(location) = location {
         answer.headers_mut().insert(header::LOCATION, location);
     }

@@ -171,34 +171,38 @@ pub(super) fn controls(headers: &HeaderMap) -> Result<RequestOptions, Refusal> {
 /// `headers` without the hop-by-hop ones (RFC 9110 §7.6.1: `Connection`
 /// and those it names, `Keep-Alive`, `TE`, `Trailer`,
 /// `Transfer-Encoding`, `Upgrade`, `Proxy-*`), `Host` and the shaper's
-/// controls: what may cross the proxy either way.
-pub(super) fn end_to_end(headers: &HeaderMap) -> HeaderMap {
-    let named: Vec<HeaderName> = headers
+/// controls: what may cross the proxy either way. Removed in place: the
+/// rest are moved on, not copied.
+pub(super) fn end_to_end(mut headers: HeaderMap) -> HeaderMap {
+    let mut hop: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|value| value.to_str().ok())
         .flat_map(|value| value.split(','))
         .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
         .collect();
-    let mut kept = HeaderMap::with_capacity(headers.len());
-    for (name, value) in headers {
-        let hop = matches!(
-            *name,
-            header::CONNECTION
-                | header::TE
-                | header::TRAILER
-                | header::TRANSFER_ENCODING
-                | header::UPGRADE
-                | header::HOST
-        ) || name.as_str() == "keep-alive"
-            || name.as_str().starts_with("proxy-")
-            || name.as_str().starts_with(CONTROL_PREFIX)
-            || named.contains(name);
-        if !hop {
-            kept.append(name.clone(), value.clone());
-        }
+    hop.extend(
+        headers
+            .keys()
+            .filter(|name| {
+                matches!(
+                    **name,
+                    header::CONNECTION
+                        | header::TE
+                        | header::TRAILER
+                        | header::TRANSFER_ENCODING
+                        | header::UPGRADE
+                        | header::HOST
+                ) || name.as_str() == "keep-alive"
+                    || name.as_str().starts_with("proxy-")
+                    || name.as_str().starts_with(CONTROL_PREFIX)
+            })
+            .cloned(),
+    );
+    for name in &hop {
+        headers.remove(name);
     }
-    kept
+    headers
 }
 
 #[cfg(test)]
@@ -358,7 +362,7 @@ mod tests {
             headers.append(name, HeaderValue::from_static(value));
         }
         headers.append("accept", HeaderValue::from_static("application/json"));
-        let kept = end_to_end(&headers);
+        let kept = end_to_end(headers.clone());
         let names: Vec<&str> = kept.keys().map(HeaderName::as_str).collect();
         assert_eq!(names, ["authorization", "accept"]);
         assert_eq!(kept.get_all("accept").iter().count(), 2);

@@ -122,13 +122,15 @@ async fn handle(served: &Served, request: Request<Incoming>) -> Response<ProxyBo
         Err(_) => return answer::cut_off_body(),
     };
     // The log names the upstream path only: a query, like the headers,
-    // often carries a key.
-    let (method, path) = (parts.method.clone(), url.path().to_owned());
+    // often carries a key. Copied only when it is logged.
+    let logged = tracing::enabled!(tracing::Level::DEBUG)
+        .then(|| (parts.method.clone(), url.path().to_owned()));
+    let mut request = reqwest::Request::new(parts.method, url);
+    *request.headers_mut() = end_to_end(parts.headers);
+    *request.body_mut() = Some(body);
     let send = served
         .shaper
-        .request(parts.method, url)
-        .headers(end_to_end(&parts.headers))
-        .body(body)
+        .prepared(request)
         .options(&options)
         // A redirect is the client's to follow, through the proxy again
         // (see `answer::vendor`): each hop then takes its turn.
@@ -138,11 +140,15 @@ async fn handle(served: &Served, request: Request<Incoming>) -> Response<ProxyBo
         .in_flight_through_body();
     match send.send().await {
         Ok(response) => {
-            tracing::debug!(%method, path, status = response.status().as_u16(), "callshaper proxy: answered");
+            if let Some((method, path)) = &logged {
+                tracing::debug!(%method, path, status = response.status().as_u16(), "callshaper proxy: answered");
+            }
             answer::vendor(response, name, base)
         }
         Err(error) => {
-            tracing::debug!(%method, path, %error, "callshaper proxy: ended by the shaper");
+            if let Some((method, path)) = &logged {
+                tracing::debug!(%method, path, %error, "callshaper proxy: ended by the shaper");
+            }
             answer::shaper_ended(&error, &served.shaper)
         }
     }

@@ -23,6 +23,18 @@ impl Shaper {
         }
     }
 
+    /// A request built whole, to send as a [`RequestBuilder`]'s: the proxy
+    /// moves a client's headers into it rather than copying them one by
+    /// one.
+    #[cfg(feature = "proxy")]
+    pub(crate) fn prepared(&self, request: Request) -> RequestBuilder {
+        RequestBuilder {
+            shaper: self.clone(),
+            inner: reqwest::RequestBuilder::from_parts(self.inner.client.clone(), request),
+            options: Options::default(),
+        }
+    }
+
     /// Start a GET request.
     pub fn get<U: IntoUrl>(&self, url: U) -> RequestBuilder {
         self.request(Method::GET, url)

@@ -8,7 +8,7 @@ use reqwest::header::{HeaderMap, HeaderName};
 use super::formats::{
     epoch, epoch_or_delta, go_duration, integer, number, rfc3339, seconds, sf_list, step, until,
 };
-use super::retry_after::retry_after;
+use super::retry_after::{RETRY_AFTER_MS, retry_after};
 use super::said::{Dimension, Limit, Signals};
 
 pub(super) type Reader = fn(&HeaderMap, SystemTime, &mut Signals);
@@ -100,6 +100,32 @@ static ANTHROPIC: [Trio; 4] = [
 /// The IETF draft's older trio.
 static IETF: Trio = Trio::new("ratelimit-limit", "ratelimit-remaining", "ratelimit-reset");
 
+/// The headers the IETF draft's dialect and Shopify's read besides their
+/// trios.
+const RATELIMIT_POLICY: &str = "ratelimit-policy";
+const RATELIMIT: &str = "ratelimit";
+const SHOPIFY: &str = "x-shopify-shop-api-call-limit";
+
+/// How the names of every header a built-in dialect reads begin. An
+/// answer with none of them (most answers, from most vendors) is read in
+/// one pass over its own few names, not with a lookup for each of the
+/// forty-odd headers the dialects know.
+const READ_PREFIXES: [&str; 6] = [
+    "x-ratelimit-",
+    "x-rate-limit-",
+    "anthropic-ratelimit-",
+    RATELIMIT,
+    "retry-after",
+    SHOPIFY,
+];
+
+/// Whether a built-in dialect reads the header `name`, or one of its
+/// names' family (see [`READ_PREFIXES`]).
+fn read_by_built_in(name: &HeaderName) -> bool {
+    let name = name.as_str();
+    READ_PREFIXES.iter().any(|prefix| name.starts_with(prefix)) || RETRY_AFTER_MS.contains(&name)
+}
+
 /// Every built-in dialect, in the order they read a response.
 pub(super) const BUILT_IN: &[Reader] = &[
     retry_after_dialects,
@@ -177,7 +203,7 @@ fn anthropic(headers: &HeaderMap, now: SystemTime, signals: &mut Signals) {
 /// fields (several named policies), and the older
 /// `RateLimit-Limit/-Remaining/-Reset` trio.
 fn ietf(headers: &HeaderMap, _now: SystemTime, signals: &mut Signals) {
-    for value in headers.get_all("ratelimit-policy") {
+    for value in headers.get_all(RATELIMIT_POLICY) {
         for (name, params) in sf_list(value) {
             let entry = signals.limit_mut(Dimension::Policy(name));
             for (key, val) in params {
@@ -191,7 +217,7 @@ fn ietf(headers: &HeaderMap, _now: SystemTime, signals: &mut Signals) {
             }
         }
     }
-    for value in headers.get_all("ratelimit") {
+    for value in headers.get_all(RATELIMIT) {
         for (name, params) in sf_list(value) {
             let entry = signals.limit_mut(Dimension::Policy(name));
             for (key, val) in params {
@@ -219,10 +245,7 @@ fn ietf(headers: &HeaderMap, _now: SystemTime, signals: &mut Signals) {
 
 /// Shopify REST: `X-Shopify-Shop-Api-Call-Limit: used/capacity`.
 fn shopify(headers: &HeaderMap, _now: SystemTime, signals: &mut Signals) {
-    let Some(text) = headers
-        .get("x-shopify-shop-api-call-limit")
-        .and_then(|v| v.to_str().ok())
-    else {
+    let Some(text) = headers.get(SHOPIFY).and_then(|v| v.to_str().ok()) else {
         return;
     };
     let Some((used, capacity)) = text.trim().split_once('/') else {
@@ -300,9 +323,54 @@ impl Signals {
     /// wall clock, for the dialects that send dates.
     pub fn parse(headers: &HeaderMap, now: SystemTime) -> Self {
         let mut signals = Self::default();
+        if !Self::speaks_built_in(headers) {
+            return signals;
+        }
         for dialect in BUILT_IN {
             dialect(headers, now, &mut signals);
         }
         signals
+    }
+
+    /// Whether `headers` hold anything a built-in dialect reads: without,
+    /// [`parse`](Self::parse) finds nothing, and needs no clock.
+    pub(crate) fn speaks_built_in(headers: &HeaderMap) -> bool {
+        headers.keys().any(read_by_built_in)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use reqwest::header::RETRY_AFTER;
+
+    use super::*;
+
+    /// The one pass over an answer's names finds every header a dialect
+    /// reads: a name outside [`READ_PREFIXES`] would be skipped unread.
+    #[test]
+    fn the_first_pass_knows_every_header_a_dialect_reads() {
+        let trios = GITHUB
+            .iter()
+            .map(|(trio, _)| trio)
+            .chain(&OPENAI)
+            .chain(&ANTHROPIC)
+            .chain([&IETF]);
+        let mut read: Vec<HeaderName> = trios
+            .flat_map(|t| [t.limit.clone(), t.remaining.clone(), t.reset.clone()])
+            .chain(GITHUB.iter().map(|(_, after)| after.clone()))
+            .chain([RETRY_AFTER])
+            .collect();
+        for name in RETRY_AFTER_MS
+            .into_iter()
+            .chain([RATELIMIT_POLICY, RATELIMIT, SHOPIFY])
+        {
+            read.push(HeaderName::from_static(name));
+        }
+        for name in &read {
+            assert!(read_by_built_in(name), "{name} would be skipped");
+        }
+        for name in ["date", "content-type", "x-request-id", "ratel"] {
+            assert!(!read_by_built_in(&HeaderName::from_static(name)), "{name}");
+        }
     }
 }

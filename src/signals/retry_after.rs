@@ -26,7 +26,7 @@ pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
 
 /// Headers of milliseconds that say when to come back, ahead of
 /// `Retry-After`.
-const RETRY_AFTER_MS: [&str; 3] = [
+pub(super) const RETRY_AFTER_MS: [&str; 3] = [
     "retry-after-ms",
     "x-amz-retry-after",
     "grpc-retry-pushback-ms",

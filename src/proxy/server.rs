@@ -63,7 +63,10 @@ impl Proxy {
             let limits = served.limits;
             let service = service_fn(move |request| {
                 let served = served.clone();
-                async move { Ok::<_, Infallible>(handle(&served, request).await) }
+                // Boxed: hyper moves the future it is given, and one
+                // request's (the lanes' wait, the upstream call) is a few
+                // kilobytes, copied on each move.
+                Box::pin(async move { Ok::<_, Infallible>(handle(&served, request).await) })
             });
             let connection = http1::Builder::new()
                 .timer(TokioTimer::new())

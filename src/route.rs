@@ -241,14 +241,8 @@ impl Level {
         }
     }
 
-    /// The key of `request` in this level, as the shaper names quotas.
-    pub(crate) fn lane_name(&self, request: &Request, tag: Option<&Tag>) -> String {
-        let mut name = String::new();
-        self.write_lane_name(request, tag, &mut name);
-        name
-    }
-
-    /// [`lane_name`](Self::lane_name), written at the end of `out`.
+    /// The key of `request` in this level, as the shaper names quotas,
+    /// written at the end of `out`.
     pub(crate) fn write_lane_name(&self, request: &Request, tag: Option<&Tag>, out: &mut String) {
         if !self.name.is_empty() {
             out.push_str(&self.name);
@@ -508,10 +502,9 @@ mod tests {
         assert_eq!(LaneKey::Tag.of(&req, Some(&tag)), "acme");
         assert_eq!(LaneKey::Tag.of(&req, None), "");
         let quota = Quota::leaky_bucket(1, std::time::Duration::from_secs(1));
-        assert_eq!(
-            Level::new("tenant", LaneKey::Tag, [quota]).lane_name(&req, Some(&tag)),
-            "tenant/acme"
-        );
+        let mut name = String::new();
+        Level::new("tenant", LaneKey::Tag, [quota]).write_lane_name(&req, Some(&tag), &mut name);
+        assert_eq!(name, "tenant/acme");
     }
 
     /// The origin key is written as the `url` crate serializes an origin,

@@ -12,6 +12,7 @@ pub(crate) use self::off::{InFlight, LaneCount, LaneMetrics, StoreMetrics};
 
 #[cfg(feature = "metrics")]
 mod on {
+    use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
     use ::metrics::{
@@ -141,6 +142,10 @@ mod on {
         in_flight: Gauge,
         pause_end: Gauge,
         wait: Histogram,
+        /// The declared rate last set, as `f64` bits (`u64::MAX`, a NaN:
+        /// none yet): every lane of the series declares the same, and a
+        /// tenant's new lane need not register the gauge again.
+        declared: AtomicU64,
     }
 
     impl LaneMetrics {
@@ -154,6 +159,7 @@ mod on {
                 in_flight: gauge!("callshaper_in_flight", all.clone()),
                 pause_end: gauge!("callshaper_pause_end_timestamp_seconds", all.clone()),
                 wait: histogram!("callshaper_wait_seconds", all.clone()),
+                declared: AtomicU64::new(u64::MAX),
                 labels: all,
             }
         }
@@ -204,7 +210,11 @@ mod on {
 
         /// The lane's quota allows `rate`, reported in requests per second.
         pub(crate) fn declared(&self, rate: Rate) {
-            gauge!("callshaper_quota_rate", self.labels.clone()).set(rate.per_second());
+            let per_second = rate.per_second();
+            if self.declared.swap(per_second.to_bits(), Ordering::Relaxed) == per_second.to_bits() {
+                return;
+            }
+            gauge!("callshaper_quota_rate", self.labels.clone()).set(per_second);
         }
 
         /// The lane now keeps to `rate`, reported in requests per second.

@@ -261,10 +261,19 @@ impl Registry {
         if let Some(lane) = self.lanes.find(&name) {
             return Ok(lane);
         }
+        // A new lane: its keys, one string for all of them.
         let levels: Vec<&Level> = self.levels_for(route).collect();
-        let keys: Vec<String> = levels
+        let mut written = String::with_capacity(name.len());
+        let mut ends = Vec::with_capacity(levels.len());
+        for level in &levels {
+            level.write_lane_name(request, tag, &mut written);
+            ends.push(written.len());
+        }
+        let keys: Vec<&str> = ends
             .iter()
-            .map(|level| level.lane_name(request, tag))
+            .scan(0, |start, &end| {
+                Some(&written[std::mem::replace(start, end)..end])
+            })
             .collect();
         self.lanes
             .open(&name, || self.make_lane(&name, route, &levels, &keys))
@@ -277,10 +286,10 @@ impl Registry {
         name: &str,
         route: Option<&Route>,
         levels: &[&Level],
-        keys: &[String],
+        keys: &[&str],
     ) -> Lane {
         // `lane_for` made sure there is a level, and a key for each.
-        let (vendor_level, vendor_key) = (levels[levels.len() - 1], &keys[keys.len() - 1]);
+        let (vendor_level, vendor_key) = (levels[levels.len() - 1], keys[keys.len() - 1]);
         // Every level's quotas are a shared gate, even when one lane is all
         // that uses it yet: the vendor's quota must be one gate for all.
         let vendor_gate = self.gate_for(vendor_level, vendor_key);
@@ -292,14 +301,14 @@ impl Registry {
             .map(|(level, key)| self.gate_for(level, key))
             .collect();
         shared.push(vendor_gate);
-        let labels = Labels {
-            vendor: vendor_key.clone(),
-            level: match levels[0].name.as_str() {
-                "" => "vendor".to_owned(),
-                name => name.to_owned(),
+        let names = (
+            vendor_key,
+            match levels[0].name.as_str() {
+                "" => "vendor",
+                name => name,
             },
-            route: route.map(|route| route.name.clone()).unwrap_or_default(),
-        };
+            route.map_or("", |route| route.name.as_str()),
+        );
         let per_lane = self.metrics_per_lane.then_some(name);
         let remote = self.store.as_ref().map(|store| {
             let failure = route
@@ -308,13 +317,16 @@ impl Registry {
             let quotas: Vec<Vec<Quota>> =
                 levels.iter().map(|l| self.quotas_of(l).to_vec()).collect();
             let headroom = self.policy.headroom;
-            let metrics =
-                StoreMetrics::new(&labels, per_lane, &StoreMode::ALL.map(StoreMode::label));
+            let metrics = StoreMetrics::new(
+                &labelled(names),
+                per_lane,
+                &StoreMode::ALL.map(StoreMode::label),
+            );
             let link = store.link(shared.clone(), keys, &quotas, headroom, failure, metrics);
             Arc::new(link)
         });
         let policy = self.policy_for(route);
-        let series = self.series_for(labels, per_lane);
+        let series = self.series_for(names, per_lane);
         Lane::open(
             name.into(),
             series,
@@ -334,15 +346,24 @@ impl Registry {
         }
     }
 
-    /// The series of lanes labelled `labels`: one for all of them, unless
-    /// series per lane were asked for (`lane`).
-    fn series_for(&self, labels: Labels, lane: Option<&str>) -> Arc<Series> {
+    /// The series of lanes labelled `names` (vendor, level, route): one
+    /// for all of them, unless series per lane were asked for (`lane`).
+    /// Their labels are made only for a new series: a tenant's new lane
+    /// nearly always finds its own.
+    fn series_for(&self, names: (&str, &str, &str), lane: Option<&str>) -> Arc<Series> {
         if lane.is_some() {
-            return Arc::new(Series::new(labels, lane, None));
+            return Arc::new(Series::new(labelled(names), lane, None));
         }
-        let key = format!("{}\n{}\n{}", labels.vendor, labels.level, labels.route);
+        let (vendor, level, route) = names;
+        let mut key = String::with_capacity(vendor.len() + level.len() + route.len() + 2);
+        for (i, part) in [vendor, level, route].into_iter().enumerate() {
+            if i > 0 {
+                key.push('\n');
+            }
+            key.push_str(part);
+        }
         listed(&self.series, &key, |listing| {
-            Series::new(labels, None, Some(listing))
+            Series::new(labelled(names), None, Some(listing))
         })
     }
 
@@ -376,6 +397,16 @@ impl Registry {
             let settings = self.policy.vendor_settings(self.budget);
             VendorModel::new(gate.clone(), settings, Some(listing))
         })
+    }
+}
+
+/// The labels of a lane's series, from its vendor's key, its level's name
+/// and its route's.
+fn labelled((vendor, level, route): (&str, &str, &str)) -> Labels {
+    Labels {
+        vendor: vendor.to_owned(),
+        level: level.to_owned(),
+        route: route.to_owned(),
     }
 }
 

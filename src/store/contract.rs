@@ -41,7 +41,7 @@ pub(crate) trait SharedStore: Send + Sync + fmt::Debug + 'static {
     /// pause published by another instance must reach.
     fn lane(
         &self,
-        names: &[String],
+        names: &[&str],
         quotas: &[Vec<Quota>],
         headroom: Duration,
         keep: Duration,

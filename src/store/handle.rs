@@ -39,7 +39,7 @@ impl Store {
     pub(crate) fn link(
         &self,
         gates: Vec<Arc<Gate>>,
-        names: &[String],
+        names: &[&str],
         quotas: &[Vec<Quota>],
         headroom: Duration,
         failure: StoreFailure,

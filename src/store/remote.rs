@@ -405,7 +405,7 @@ mod tests {
         let metrics = StoreMetrics::new(&Labels::standalone("vendor"), None, &[]);
         let remote = store.link(
             vec![gate.clone()],
-            &["vendor".to_owned()],
+            &["vendor"],
             &[quotas],
             Duration::ZERO,
             failure,

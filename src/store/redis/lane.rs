@@ -71,13 +71,13 @@ impl SharedStore for RedisStore {
 
     fn lane(
         &self,
-        names: &[String],
+        names: &[&str],
         quotas: &[Vec<Quota>],
         headroom: Duration,
         keep: Duration,
         gates: &[Arc<Gate>],
     ) -> Box<dyn StoreLane> {
-        let vendor = names.last().map_or("", String::as_str);
+        let vendor = names.last().copied().unwrap_or("");
         let keys: Vec<String> = names.iter().map(|name| self.key(vendor, name)).collect();
         {
             let mut registry = lock(&self.inner.gates);

@@ -62,7 +62,7 @@ async fn each_slot_says_what_the_fleet_booked_in_its_window() {
     let second = Duration::from_secs(1);
     let lane_of = |name: &str, count| {
         let quotas = [vec![Quota::leaky_bucket(count, second)]];
-        store.lane(&[name.to_owned()], &quotas, Duration::ZERO, 2 * second, &[])
+        store.lane(&[name], &quotas, Duration::ZERO, 2 * second, &[])
     };
     let lane = lane_of("ledger", 10);
     let paces = [None];

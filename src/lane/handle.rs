@@ -158,12 +158,18 @@ impl Lane {
         let mut place = self
             .enter(1, Priority::Interactive, max_wait)
             .inspect_err(|error| self.ended(error.reason()))?;
-        let mut turn = self
-            .wait(&mut place)
-            .await
-            .inspect_err(|error| self.ended(error.reason()))?;
+        // A turn taken at the door needs no wait (nor its future).
+        let mut turn = match place.take_ready() {
+            Some(turn) => turn,
+            None => self
+                .wait(&mut place)
+                .await
+                .inspect_err(|error| self.ended(error.reason()))?,
+        };
         // The caller sends now: a strict lane measures its next from here.
-        turn.door_opens().await;
+        if turn.has_door() {
+            turn.door_opens().await;
+        }
         turn.went();
         Ok(turn)
     }
@@ -706,6 +712,17 @@ impl Place {
     /// The place's number in its lane's order.
     pub(crate) fn seq(&self) -> u64 {
         self.seq
+    }
+
+    /// The turn, if the fast path took it as the request came in.
+    pub(crate) fn take_ready(&mut self) -> Option<Turn> {
+        match std::mem::replace(&mut self.slot, Slot::Taken) {
+            Slot::Ready(turn) => Some(turn),
+            slot => {
+                self.slot = slot;
+                None
+            }
+        }
     }
 }
 

@@ -293,7 +293,10 @@ impl Shaper {
             policy.retry_non_idempotent || retry::is_idempotent(request.method());
         let mut waiting_since = submitted;
         loop {
-            let mut turn = lane.wait(&mut place).await?;
+            let mut turn = match place.take_ready() {
+                Some(turn) => turn,
+                None => lane.wait(&mut place).await?,
+            };
             tally.queued = tally.queued.saturating_add(waiting_since.elapsed());
             tally.attempts = tally.attempts.saturating_add(1);
             let attempts = tally.attempts;
@@ -309,7 +312,9 @@ impl Shaper {
             let attempt = span.attempt(attempts);
             let mut outcome = {
                 let _on_the_wire = lane.sending();
-                turn.door_opens().await;
+                if turn.has_door() {
+                    turn.door_opens().await;
+                }
                 let sending = send(request);
                 turn.went();
                 sending.instrument(attempt.span().clone()).await

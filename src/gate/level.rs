@@ -14,7 +14,7 @@ use super::cause::{PauseCause, Paused, Stop};
 use crate::meters::{Meters, Quota, Rate, Requests};
 use crate::spacing::Departures;
 use crate::sync::{Listing, Listings, lock};
-use crate::time::{later, nanos};
+use crate::time::later;
 
 /// The shared gates of a shaper, by name: a gate lives as long as a lane
 /// holds it, and leaves the map when the last one lets go.
@@ -28,25 +28,45 @@ pub(crate) struct GateSettings {
     pub(crate) max_pause: Duration,
 }
 
-/// A level's gate: its meters, what its quotas say of requests, its pause
-/// and stop, and the queue of lanes waiting at it. What the vendor's
-/// answers teach lives beside the vendor's gate, in its model
-/// (`vendor/`), which paces these meters.
+/// What every gate of a level shares: the level's name, the settings,
+/// and what its quotas say of requests. One per level, not one per gate:
+/// a level keyed per tenant has a gate for each.
+#[derive(Debug)]
+pub(crate) struct GateLevel {
+    /// A live change of the level's quotas finds its gates by it.
+    name: Box<str>,
+    settings: GateSettings,
+    /// The request side of the level's quotas (not of the local share a
+    /// fleet's fallback meters hold), changed with them.
+    requests: Mutex<Requests>,
+}
+
+impl GateLevel {
+    /// The level `name`, holding `quotas` now, with `settings`.
+    pub(crate) fn new(name: &str, quotas: &[Quota], settings: GateSettings) -> Self {
+        Self {
+            name: name.into(),
+            settings,
+            requests: Mutex::new(Requests::of(quotas)),
+        }
+    }
+
+    /// The level holds `quotas` from now on.
+    pub(crate) fn requote(&self, quotas: &[Quota]) {
+        *lock(&self.requests) = Requests::of(quotas);
+    }
+}
+
+/// A level's gate: its meters, its pause and stop, and the queue of lanes
+/// waiting at it. What the vendor's answers teach lives beside the
+/// vendor's gate, in its model (`vendor/`), which paces these meters.
 pub(crate) struct Gate {
-    /// The level whose quotas it holds, by name: a live change of them
-    /// finds its gates by it. Shared by the level's gates.
-    level: Arc<str>,
+    /// The level whose quotas it holds, shared by the level's gates.
+    level: Arc<GateLevel>,
     /// The largest request cost every meter can ever allow (an atomic, so
     /// admission needs no lock to check it).
     capacity: AtomicU64,
-    /// The settings' headroom and longest pause, in nanoseconds (saturated
-    /// at 584 years): half the room of two `Duration`s, in every gate.
-    headroom: u64,
-    max_pause: u64,
     meters: Mutex<Meters>,
-    /// The request side of the gate's quotas (not of the local share a
-    /// fleet's fallback meters hold).
-    requests: Mutex<Requests>,
     /// Its pause, stop and queue, made the first time one is needed.
     cold: OnceLock<Box<Cold>>,
     /// Where a shared gate is listed, to leave the map when dropped.
@@ -85,31 +105,27 @@ struct Cold {
 pub(crate) type Contender = (Instant, u64);
 
 impl Gate {
-    /// A gate for `quotas`, with `settings` (headroom, pause limit). With
-    /// a shared store the quotas live there, and the local meters are the
-    /// fallback: one `share` of each quota.
+    /// A gate of `level` for `quotas` (the level's now). With a shared
+    /// store the quotas live there, and the local meters are the fallback:
+    /// one `share` of each quota.
     pub(crate) fn new(
-        level: Arc<str>,
+        level: Arc<GateLevel>,
         quotas: Arc<[Quota]>,
-        settings: GateSettings,
         listing: Option<Listing<Gate>>,
         share: u32,
     ) -> Self {
         let now = Instant::now();
-        let requests = Requests::of(&quotas);
-        let mut meters = Meters::new(quotas.clone(), settings.headroom, now);
+        let headroom = level.settings.headroom;
+        let mut meters = Meters::new(quotas.clone(), headroom, now);
         let capacity = meters.capacity();
         if share > 1 {
             let local: Arc<[Quota]> = quotas.iter().map(|q| q.share(share)).collect();
-            meters = Meters::new(local, settings.headroom, now);
+            meters = Meters::new(local, headroom, now);
         }
         Self {
             level,
             capacity: AtomicU64::new(capacity),
             meters: Mutex::new(meters),
-            requests: Mutex::new(requests),
-            headroom: nanos(settings.headroom),
-            max_pause: nanos(settings.max_pause),
             cold: OnceLock::new(),
             _listing: listing,
             is_stopped: AtomicBool::new(false),
@@ -272,12 +288,12 @@ impl Gate {
 
     /// The tightest request quota declared for the gate, if it has one.
     pub(crate) fn declared(&self) -> Option<Rate> {
-        lock(&self.requests).rate
+        lock(&self.level.requests).rate
     }
 
     /// The request side of the gate's quotas.
     pub(crate) fn requests(&self) -> Requests {
-        *lock(&self.requests)
+        *lock(&self.level.requests)
     }
 
     /// The spacing of the declared request rate, if any.
@@ -287,12 +303,12 @@ impl Gate {
 
     /// What every quota of the gate is stretched by.
     pub(crate) fn headroom(&self) -> Duration {
-        Duration::from_nanos(self.headroom)
+        self.level.settings.headroom
     }
 
     /// The longest the gate pauses, or spaces its requests.
     pub(crate) fn max_pause(&self) -> Duration {
-        Duration::from_nanos(self.max_pause)
+        self.level.settings.max_pause
     }
 
     /// The vendor answered: true when this was its first word, which a
@@ -312,7 +328,7 @@ impl Gate {
 
     /// The name of the level whose quotas the gate holds.
     pub(crate) fn level(&self) -> &str {
-        &self.level
+        &self.level.name
     }
 
     /// Hold `quotas` from now on (a live change of the level's quotas):
@@ -321,7 +337,9 @@ impl Gate {
     /// paces these meters, follows (`VendorModel::requoted`, called by the
     /// registry).
     pub(crate) fn requote(&self, quotas: &[Quota]) {
-        *lock(&self.requests) = Requests::of(quotas);
+        // The level's own: a gate made by other means than the registry's
+        // (which changes it first) still reads its new quotas.
+        self.level.requote(quotas);
         {
             let mut meters = lock(&self.meters);
             meters.requote(quotas, self.headroom(), Instant::now());

@@ -20,7 +20,7 @@ mod level;
 
 pub use self::cause::PauseCause;
 pub(crate) use self::cause::{Booked, Stop};
-pub(crate) use self::level::{Gate, GateMap, GateSettings};
+pub(crate) use self::level::{Gate, GateLevel, GateMap, GateSettings};
 
 #[cfg(test)]
 mod tests;

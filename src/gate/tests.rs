@@ -17,10 +17,10 @@ fn settings(headroom: Duration) -> GateSettings {
 #[tokio::test(start_paused = true)]
 async fn the_lane_that_waited_longest_is_first_and_its_going_wakes_the_rest() {
     let quotas = [Quota::leaky_bucket(10, Duration::from_secs(1))];
+    let level = GateLevel::new("", &quotas, settings(Duration::from_millis(5)));
     let gate = Gate::new(
-        std::sync::Arc::from(""),
+        std::sync::Arc::new(level),
         std::sync::Arc::from(quotas),
-        settings(Duration::from_millis(5)),
         None,
         1,
     );

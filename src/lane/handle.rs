@@ -16,7 +16,7 @@ use super::snapshot::LaneSnapshot;
 use super::turn::{Ticket, Turn};
 use super::waiter::Waiter;
 use crate::error::{ConfigError, Error};
-use crate::gate::{Booked, Gate, PauseCause, Stop};
+use crate::gate::{Booked, Gate, GateLevel, PauseCause, Stop};
 use crate::meters::{Quota, Rate};
 use crate::observability::{InFlight, Labels, Series};
 use crate::retry::RetryBudget;
@@ -73,10 +73,10 @@ impl Lane {
                 "a lane runs its dispatcher on tokio: create it within a runtime",
             ));
         }
+        let level = GateLevel::new("", &quotas, policy.gate_settings());
         let own = Arc::new(Gate::new(
-            Arc::from(""),
+            Arc::new(level),
             Arc::from(quotas.as_slice()),
-            policy.gate_settings(),
             None,
             1,
         ));

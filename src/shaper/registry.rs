@@ -16,7 +16,7 @@ use reqwest::Request;
 
 use super::lanes::Lanes;
 use crate::error::{ConfigError, Error};
-use crate::gate::{Gate, GateMap};
+use crate::gate::{Gate, GateLevel, GateMap};
 use crate::lane::{Lane, LanePolicy, LaneSnapshot};
 use crate::meters::Quota;
 use crate::observability::{Labels, Series, StoreMetrics};
@@ -37,8 +37,8 @@ pub(crate) struct Registry {
     /// Each level's quotas now, by name: as built, or as last changed
     /// live. One list per level, which its gates share.
     quotas: Mutex<HashMap<String, Arc<[Quota]>>>,
-    /// Each level's name, which its gates share.
-    names: HashMap<String, Arc<str>>,
+    /// Each level's name, settings and requests, which its gates share.
+    gate_levels: HashMap<String, Arc<GateLevel>>,
     /// How every lane behaves (its quotas come from the levels).
     policy: LanePolicy,
     /// `policy` for lanes on no route, shared by all of them.
@@ -95,9 +95,14 @@ impl Registry {
             gates: Arc::default(),
             vendors: Arc::default(),
             series: Arc::default(),
-            names: every_level(&plan)
-                .map(|level| (level.name.clone(), Arc::from(level.name.as_str())))
-                .collect(),
+            gate_levels: every_level(&plan).fold(HashMap::new(), |mut levels, level| {
+                // The first level of a name, as for `quotas` below.
+                levels.entry(level.name.clone()).or_insert_with(|| {
+                    let settings = plan.policy.gate_settings();
+                    Arc::new(GateLevel::new(&level.name, &level.quotas, settings))
+                });
+                levels
+            }),
             quotas: Mutex::new(
                 every_level(&plan).fold(HashMap::new(), |mut quotas, level| {
                     // Levels of one name are one level (one gate per key, and
@@ -190,6 +195,9 @@ impl Registry {
         // reads the new quotas.
         let gates = lock(&self.gates);
         lock(&self.quotas).insert(level.to_owned(), Arc::from(quotas.as_slice()));
+        if let Some(gate_level) = self.gate_levels.get(level) {
+            gate_level.requote(&quotas);
+        }
         let changed: Vec<Arc<Gate>> = gates
             .values()
             .filter_map(Weak::upgrade)
@@ -379,14 +387,16 @@ impl Registry {
     fn gate_for(&self, level: &Level, key: &str) -> Arc<Gate> {
         let share = self.store.as_ref().map_or(1, Store::fleet_size);
         listed(&self.gates, key, |listing| {
-            let settings = self.policy.gate_settings();
             let quotas = self.quotas_of(level);
-            let name = self
-                .names
+            let gate_level = self
+                .gate_levels
                 .get(&level.name)
                 .cloned()
-                .unwrap_or_else(|| Arc::from(level.name.as_str()));
-            Gate::new(name, quotas, settings, Some(listing), share)
+                .unwrap_or_else(|| {
+                    let settings = self.policy.gate_settings();
+                    Arc::new(GateLevel::new(&level.name, &quotas, settings))
+                });
+            Gate::new(gate_level, quotas, Some(listing), share)
         })
     }
 

@@ -371,7 +371,7 @@ impl Remote {
 #[cfg(all(test, feature = "testing"))]
 mod tests {
     use super::*;
-    use crate::gate::GateSettings;
+    use crate::gate::{GateLevel, GateSettings};
     use crate::meters::Quota;
     use crate::observability::Labels;
     use crate::store::{RedisStore, Store};
@@ -395,13 +395,8 @@ mod tests {
             headroom: Duration::ZERO,
             max_pause: Duration::from_secs(60),
         };
-        let gate = Arc::new(Gate::new(
-            Arc::from("vendor"),
-            Arc::from(quotas.as_slice()),
-            settings,
-            None,
-            2,
-        ));
+        let level = Arc::new(GateLevel::new("vendor", &quotas, settings));
+        let gate = Arc::new(Gate::new(level, Arc::from(quotas.as_slice()), None, 2));
         let metrics = StoreMetrics::new(&Labels::standalone("vendor"), None, &[]);
         let remote = store.link(
             vec![gate.clone()],

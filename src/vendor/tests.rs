@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use super::ledger::{Spending, explains, frees_at};
 use super::model::{VendorModel, VendorSettings};
-use crate::gate::{Booked, Gate, GateSettings};
+use crate::gate::{Booked, Gate, GateLevel, GateSettings};
 use crate::meters::Quota;
 use crate::retry::{Backoff, RetryBudget};
 
@@ -18,13 +18,8 @@ fn model(quotas: &[Quota]) -> VendorModel {
         headroom: Duration::ZERO,
         max_pause: Duration::from_secs(120),
     };
-    let gate = Arc::new(Gate::new(
-        Arc::from(""),
-        Arc::from(quotas),
-        settings,
-        None,
-        1,
-    ));
+    let level = Arc::new(GateLevel::new("", quotas, settings));
+    let gate = Arc::new(Gate::new(level, Arc::from(quotas), None, 1));
     let settings = VendorSettings {
         fallback: Backoff::new(Duration::from_secs(1), Duration::from_secs(60)),
         adaptive: None,

@@ -29,6 +29,7 @@
 //! | `handle.rs` | the [`Lane`] handle: a caller's place, its wait, pauses |
 //! | `snapshot.rs` | [`LaneSnapshot`]: what a lane is doing, for dashboards |
 //! | `shared.rs` | what a lane's handles and its dispatcher share |
+//! | `gates.rs` | the gates a lane's releases pass, inline for one or two |
 //! | `policy.rs` | [`LanePolicy`] and [`Priority`] |
 //! | `admission.rs` | refusals at the door, the `max_wait` prediction, the fast path |
 //! | `queue.rs` | the FIFO queue per class, sequence numbers, batch's share |
@@ -40,6 +41,7 @@
 
 mod admission;
 mod dispatcher;
+mod gates;
 mod handle;
 mod policy;
 mod queue;

@@ -10,6 +10,7 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
+use super::gates::Gates;
 use super::policy::LanePolicy;
 use super::turn::{Fleet, Ticket};
 use crate::error::Error;
@@ -39,7 +40,7 @@ pub(super) struct Shared {
     /// The gates a release must pass, narrowest level first; the last one
     /// is the vendor's. A standalone [`Lane`] has one of its own; a
     /// shaper's lane holds the shared gate of each of its levels.
-    pub(super) gates: Arc<[Arc<Gate>]>,
+    pub(super) gates: Gates,
     /// The model of the vendor whose gate is the last of `gates`.
     pub(super) vendor: Arc<VendorModel>,
     pub(super) in_flight: Option<Arc<Semaphore>>,

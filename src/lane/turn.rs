@@ -20,6 +20,7 @@ use tokio::sync::futures::OwnedNotified;
 use tokio::sync::{OwnedSemaphorePermit, oneshot};
 use tokio::time::{Instant, sleep_until};
 
+use super::gates::Gates;
 use super::policy::Priority;
 use crate::error::Error;
 use crate::gate::{Booked, Gate};
@@ -51,7 +52,7 @@ pub struct Turn {
 pub(crate) type Fleet = Arc<Vec<Option<Booked>>>;
 
 /// A strict turn's gates, told when the turn went, or that it never did.
-pub(super) struct Transit(Arc<[Arc<Gate>]>);
+pub(super) struct Transit(Gates);
 
 impl std::fmt::Debug for Transit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -61,7 +62,7 @@ impl std::fmt::Debug for Transit {
 
 impl Transit {
     /// The turn is about to be released: its gates wait for its word.
-    pub(super) fn leave(gates: &Arc<[Arc<Gate>]>) -> Self {
+    pub(super) fn leave(gates: &Gates) -> Self {
         for gate in gates.iter() {
             gate.departures().leave();
         }

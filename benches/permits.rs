@@ -215,6 +215,22 @@ fn precision() {
         }
         report("callshaper Shaper", &vendor, ideal);
 
+        // Strict spacing, each send a full interval after the last that
+        // went: what it costs against a vendor that counts.
+        let vendor = Vendor::strict(RATE as usize, Duration::from_secs(1)).start().await;
+        let strict = Quota::leaky_bucket(RATE, Duration::from_secs(1)).strict();
+        let shaper = Shaper::builder()
+            .quota(strict)
+            .build()
+            .expect("a valid shaper");
+        let handles: Vec<_> = (0..N)
+            .map(|i| tokio::spawn(shaper.get(format!("{}/r/{i}", vendor.uri())).send()))
+            .collect();
+        for handle in handles {
+            handle.await.expect("a caller panicked").expect("a response");
+        }
+        report("callshaper, strict", &vendor, ideal);
+
         // The naive pacer: sleep one interval between releases.
         let vendor = Vendor::strict(RATE as usize, Duration::from_secs(1)).start().await;
         let client = reqwest::Client::new();

@@ -158,14 +158,10 @@ impl Lane {
         let mut place = self
             .enter(1, Priority::Interactive, max_wait)
             .inspect_err(|error| self.ended(error.reason()))?;
-        // A turn taken at the door needs no wait (nor its future).
-        let mut turn = match place.take_ready() {
-            Some(turn) => turn,
-            None => self
-                .wait(&mut place)
-                .await
-                .inspect_err(|error| self.ended(error.reason()))?,
-        };
+        let mut turn = self
+            .wait(&mut place)
+            .await
+            .inspect_err(|error| self.ended(error.reason()))?;
         // The caller sends now: a strict lane measures its next from here.
         if turn.has_door() {
             turn.door_opens().await;

@@ -113,7 +113,9 @@ impl Turn {
     /// lane, its door (see the module's docs); at once on any other.
     pub(crate) async fn door_opens(&mut self) {
         if let Some(door) = self.door.take() {
-            on_time(door).await;
+            // Boxed: only a strict lane's turn waits at a door, and every
+            // waiting request would otherwise carry room for its timers.
+            Box::pin(on_time(door)).await;
         }
     }
 

@@ -202,34 +202,27 @@ fn precision() {
         println!("\nPacing precision: {N} requests, {RATE}/s lane, strict {RATE}/s vendor, real HTTP on loopback");
         println!("  ideal (first to last arrival): {:.3} s", ideal.as_secs_f64());
 
-        let vendor = Vendor::strict(RATE as usize, Duration::from_secs(1)).start().await;
-        let shaper = Shaper::builder()
-            .rate(RATE, Duration::from_secs(1))
-            .build()
-            .expect("a valid shaper");
-        let handles: Vec<_> = (0..N)
-            .map(|i| tokio::spawn(shaper.get(format!("{}/r/{i}", vendor.uri())).send()))
-            .collect();
-        for handle in handles {
-            handle.await.expect("a caller panicked").expect("a response");
+        // The default lane, then strict spacing (each send a full interval
+        // after the last that went): what strict costs where the vendor
+        // counts.
+        let per_second = Quota::leaky_bucket(RATE, Duration::from_secs(1));
+        for (name, quota) in [
+            ("callshaper Shaper", per_second.clone()),
+            ("callshaper, strict", per_second.strict()),
+        ] {
+            let vendor = Vendor::strict(RATE as usize, Duration::from_secs(1)).start().await;
+            let shaper = Shaper::builder()
+                .quota(quota)
+                .build()
+                .expect("a valid shaper");
+            let handles: Vec<_> = (0..N)
+                .map(|i| tokio::spawn(shaper.get(format!("{}/r/{i}", vendor.uri())).send()))
+                .collect();
+            for handle in handles {
+                handle.await.expect("a caller panicked").expect("a response");
+            }
+            report(name, &vendor, ideal);
         }
-        report("callshaper Shaper", &vendor, ideal);
-
-        // Strict spacing, each send a full interval after the last that
-        // went: what it costs against a vendor that counts.
-        let vendor = Vendor::strict(RATE as usize, Duration::from_secs(1)).start().await;
-        let strict = Quota::leaky_bucket(RATE, Duration::from_secs(1)).strict();
-        let shaper = Shaper::builder()
-            .quota(strict)
-            .build()
-            .expect("a valid shaper");
-        let handles: Vec<_> = (0..N)
-            .map(|i| tokio::spawn(shaper.get(format!("{}/r/{i}", vendor.uri())).send()))
-            .collect();
-        for handle in handles {
-            handle.await.expect("a caller panicked").expect("a response");
-        }
-        report("callshaper, strict", &vendor, ideal);
 
         // The naive pacer: sleep one interval between releases.
         let vendor = Vendor::strict(RATE as usize, Duration::from_secs(1)).start().await;

@@ -709,17 +709,6 @@ impl Place {
     pub(crate) fn seq(&self) -> u64 {
         self.seq
     }
-
-    /// The turn, if the fast path took it as the request came in.
-    pub(crate) fn take_ready(&mut self) -> Option<Turn> {
-        match std::mem::replace(&mut self.slot, Slot::Taken) {
-            Slot::Ready(turn) => Some(turn),
-            slot => {
-                self.slot = slot;
-                None
-            }
-        }
-    }
 }
 
 pub(super) enum Slot {

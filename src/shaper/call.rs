@@ -293,10 +293,7 @@ impl Shaper {
             policy.retry_non_idempotent || retry::is_idempotent(request.method());
         let mut waiting_since = submitted;
         loop {
-            let mut turn = match place.take_ready() {
-                Some(turn) => turn,
-                None => lane.wait(&mut place).await?,
-            };
+            let mut turn = lane.wait(&mut place).await?;
             tally.queued = tally.queued.saturating_add(waiting_since.elapsed());
             tally.attempts = tally.attempts.saturating_add(1);
             let attempts = tally.attempts;

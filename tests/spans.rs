@@ -24,14 +24,15 @@ struct Seen {
     fields: BTreeMap<String, String>,
 }
 
-/// Keeps every span with its parent and fields. Tests run on one thread
-/// (current-thread runtime), so one stack of entered spans is enough to
-/// find a span's contextual parent.
+/// Keeps every span with its parent and fields, and every warning's
+/// fields. Tests run on one thread (current-thread runtime), so one stack
+/// of entered spans is enough to find a span's contextual parent.
 #[derive(Default)]
 struct Spans {
     next: AtomicU64,
     spans: Mutex<BTreeMap<u64, Seen>>,
     entered: Mutex<Vec<u64>>,
+    warnings: Mutex<Vec<BTreeMap<String, String>>>,
 }
 
 struct Fields<'a>(&'a mut BTreeMap<String, String>);
@@ -98,7 +99,13 @@ impl Subscriber for Spans {
 
     fn record_follows_from(&self, _: &Id, _: &Id) {}
 
-    fn event(&self, _: &Event<'_>) {}
+    fn event(&self, event: &Event<'_>) {
+        if *event.metadata().level() == tracing::Level::WARN {
+            let mut fields = BTreeMap::new();
+            event.record(&mut Fields(&mut fields));
+            self.warnings.lock().unwrap().push(fields);
+        }
+    }
 
     fn enter(&self, span: &Id) {
         self.entered.lock().unwrap().push(span.into_u64());
@@ -191,4 +198,53 @@ async fn a_refused_request_records_its_reason_and_no_attempt() {
     assert_eq!(last.fields["outcome"], "would_exceed_max_wait");
     assert_eq!(last.fields["attempts"], "0");
     assert!(spans.children(*id).is_empty());
+}
+
+/// A client given to the shaper that follows redirects by itself sends
+/// its hops without a turn, and reqwest does not say how many: the shaper
+/// says so, once, naming the lane and both paths (never the query). The
+/// shaper's own client follows none, and says nothing.
+#[tokio::test(start_paused = true)]
+async fn a_client_that_follows_redirects_by_itself_is_named_once() {
+    use wiremock::matchers::path;
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    let spans = Arc::new(Spans::default());
+    let _subscribed = tracing::subscriber::set_default(spans.clone());
+    let server = MockServer::start().await;
+    Mock::given(path("/old"))
+        .respond_with(ResponseTemplate::new(301).insert_header("location", "/new"))
+        .mount(&server)
+        .await;
+    Mock::given(path("/new"))
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&server)
+        .await;
+    let url = format!("{}/old?key=secret", server.uri());
+
+    let own = callshaper::Shaper::builder()
+        .rate(100, SECOND)
+        .build()
+        .unwrap();
+    let answer = own.get(&url).send().await.unwrap();
+    assert_eq!(answer.url().path(), "/new", "the shaper followed it");
+    assert!(spans.warnings.lock().unwrap().is_empty());
+
+    let given = callshaper::Shaper::builder()
+        .rate(100, SECOND)
+        .client(reqwest::Client::new())
+        .build()
+        .unwrap();
+    for _ in 0..3 {
+        let answer = given.get(&url).send().await.unwrap();
+        assert_eq!(answer.status(), 200);
+    }
+    let warnings = spans.warnings.lock().unwrap();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    let warning = &warnings[0];
+    assert_eq!(warning["sent"], format!("{}/old", server.uri()));
+    assert_eq!(warning["landed"], format!("{}/new", server.uri()));
+    assert!(warning["lane"].contains("127.0.0.1"), "{warning:?}");
+    assert!(warning["message"].contains("Policy::none()"), "{warning:?}");
+    assert!(!format!("{warning:?}").contains("secret"));
 }

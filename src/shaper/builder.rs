@@ -1,6 +1,7 @@
 //! [`ShaperBuilder`]: every setting of a shaper, checked at `build()`.
 
 use std::fmt;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -282,6 +283,13 @@ impl ShaperBuilder {
     /// chose `native-tls`, and no redirects followed, which the shaper
     /// does itself (see [`redirects`](Self::redirects)); one client per
     /// process, shared by every shaper built without one).
+    ///
+    /// Build the client with `redirect(reqwest::redirect::Policy::none())`:
+    /// one that follows redirects by itself sends each hop without a turn.
+    /// reqwest does not say how many hops it took, so the shaper cannot
+    /// count them; when an answer comes from another URL than the one
+    /// sent, it warns once (`tracing`, with the lane and both URLs'
+    /// paths).
     pub fn client(mut self, client: reqwest::Client) -> Self {
         self.client = Some(client);
         self
@@ -423,25 +431,9 @@ impl ShaperBuilder {
                 return Err(ConfigError::new(format!("levels.{name}.quotas"), why));
             }
         }
-        if self.retry.max_attempts == 0 {
-            return Err(ConfigError::new("max_attempts", "must be at least 1"));
-        }
-        if self.retry.max_throttles == 0 {
-            return Err(ConfigError::new("max_throttles", "must be at least 1"));
-        }
-        let budget = self.retry.budget;
-        if !(budget.ratio >= 0.0 && budget.ratio.is_finite()) {
-            return Err(ConfigError::new(
-                "retry_budget.ratio",
-                "must be zero or more",
-            ));
-        }
-        if budget.ttl.is_zero() {
-            return Err(ConfigError::new(
-                "retry_budget.ttl",
-                "must be longer than zero",
-            ));
-        }
+        check_retry(&self.retry)?;
+        // A client given, not a transport: it may follow redirects itself.
+        let client_given = self.client.is_some() && self.transport.is_none();
         let client = match self.client {
             Some(client) => client,
             None => default_client()?,
@@ -452,6 +444,8 @@ impl ShaperBuilder {
         Ok(Shaper {
             inner: Arc::new(Inner {
                 client,
+                client_given,
+                warned_redirects: AtomicBool::new(false),
                 transport,
                 wall: self.wall,
                 cost: self.cost,
@@ -479,6 +473,31 @@ impl Shaper {
     pub fn builder() -> ShaperBuilder {
         ShaperBuilder::default()
     }
+}
+
+/// The retry policy's numbers, checked: at least one attempt and one
+/// throttle, and a budget that is a finite share over a real span.
+fn check_retry(retry: &RetryPolicy) -> Result<(), ConfigError> {
+    if retry.max_attempts == 0 {
+        return Err(ConfigError::new("max_attempts", "must be at least 1"));
+    }
+    if retry.max_throttles == 0 {
+        return Err(ConfigError::new("max_throttles", "must be at least 1"));
+    }
+    let budget = retry.budget;
+    if !(budget.ratio >= 0.0 && budget.ratio.is_finite()) {
+        return Err(ConfigError::new(
+            "retry_budget.ratio",
+            "must be zero or more",
+        ));
+    }
+    if budget.ttl.is_zero() {
+        return Err(ConfigError::new(
+            "retry_budget.ttl",
+            "must be longer than zero",
+        ));
+    }
+    Ok(())
 }
 
 /// reqwest's own defaults, with the TLS backend our features chose, built

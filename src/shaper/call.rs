@@ -16,7 +16,6 @@ use super::handle::Shaper;
 use super::held;
 use super::metering::Metering;
 use super::redirect;
-use super::settle::Settle;
 use crate::error::{Answer, Error};
 use crate::lane::{Lane, Place, Priority};
 use crate::observability::RequestSpan;
@@ -38,6 +37,10 @@ pub(crate) struct Options {
     pub(crate) logical: Option<Logical>,
     /// The most redirects to follow (none said: the shaper's).
     pub(crate) redirects: Option<u32>,
+    /// The request goes through a reqwest client the user built, which
+    /// may follow redirects by itself: an answer from another URL than
+    /// the one sent says it did (see [`Shaper::followed_by_client`]).
+    pub(crate) client_redirects: bool,
 }
 
 /// One request as the layers above the shaper see it: a retry middleware
@@ -99,6 +102,9 @@ impl Options {
             logical: None,
             // Their client's layers follow redirects, if any do.
             redirects: None,
+            // The layers below may answer by themselves, with a URL of
+            // their own (reqwest's placeholder): no URL says a redirect.
+            client_redirects: false,
         }
     }
 }
@@ -142,8 +148,9 @@ impl Shaper {
     pub(super) async fn execute_with(
         &self,
         mut request: Request,
-        options: Options,
+        mut options: Options,
     ) -> Result<Response, Error> {
+        options.client_redirects = self.inner.client_given;
         let transport = self.inner.transport.clone();
         let mut hops = options.redirects.unwrap_or(self.inner.redirects);
         loop {
@@ -309,9 +316,7 @@ impl Shaper {
             let attempt = span.attempt(attempts);
             let mut outcome = {
                 let _on_the_wire = lane.sending();
-                if turn.has_door() {
-                    turn.door_opens().await;
-                }
+                turn.door_opens().await;
                 let sending = send(request);
                 turn.went();
                 sending.instrument(attempt.span().clone()).await
@@ -327,7 +332,8 @@ impl Shaper {
                 .filter(|_| options.in_flight_through_body);
             drop(turn);
 
-            let (signals, verdict) = self.heard(&lane, &mut outcome, cost, charged_at);
+            let sent = spare.as_ref().filter(|_| options.client_redirects);
+            let (signals, verdict) = self.heard(&lane, &mut outcome, cost, charged_at, sent);
             let next = match (verdict, outcome) {
                 (Verdict::Done, outcome) => {
                     lane.vendor().succeeded();
@@ -373,67 +379,6 @@ impl Shaper {
     fn cost_of(&self, request: &Request, said: Option<u64>) -> u64 {
         said.or_else(|| self.inner.cost.as_ref().map(|estimate| estimate(request)))
             .unwrap_or(1)
-    }
-
-    /// What the vendor said to a send of `cost` the lane charged at
-    /// `charged_at`, and what it means (see [`throttle::classify`]). An
-    /// answer carries what its headers said and how to settle its cost.
-    fn heard<E>(
-        &self,
-        lane: &Lane,
-        outcome: &mut Result<Response, E>,
-        cost: u64,
-        charged_at: Instant,
-    ) -> (Signals, Verdict) {
-        let Ok(response) = outcome else {
-            return (Signals::default(), Verdict::Failed);
-        };
-        let signals = self.read_signals(response.headers());
-        self.learn(lane, &signals);
-        let extensions = response.extensions_mut();
-        extensions.insert(signals.clone());
-        extensions.insert(Settle::new(lane.clone(), cost, charged_at));
-        let answers = &lane.policy().answers;
-        let verdict = throttle::classify(response.status(), &signals, answers);
-        throttle::answered(lane, verdict, &signals, charged_at);
-        (signals, verdict)
-    }
-
-    /// Every dialect this shaper reads: the built-in ones, then the user's.
-    fn read_signals(&self, headers: &reqwest::header::HeaderMap) -> Signals {
-        if self.inner.dialects.is_empty() && !Signals::speaks_built_in(headers) {
-            return Signals::default();
-        }
-        let now = crate::signals::vendor_clock(headers, self.inner.wall.now());
-        let mut signals = Signals::parse(headers, now);
-        for dialect in &self.inner.dialects {
-            dialect.read(headers, now, &mut signals);
-        }
-        signals
-    }
-
-    /// A vendor announcing a lower quota than the lane's slows the lane.
-    fn learn(&self, lane: &Lane, signals: &Signals) {
-        if let Some(announced) = signals.announced_rate()
-            && lane.learn(announced)
-        {
-            let policy = lane.policy();
-            tracing::warn!(
-                lane = lane.key(),
-                configured = ?lane.declared(),
-                ?announced,
-                "the vendor announced a lower quota than configured; the lane keeps to it"
-            );
-            if announced.interval(policy.headroom) > policy.max_pause {
-                tracing::warn!(
-                    lane = lane.key(),
-                    ?announced,
-                    max_pause = ?policy.max_pause,
-                    "the announced quota spaces requests further apart than max_pause; \
-                     the lane keeps them max_pause apart"
-                );
-            }
-        }
     }
 }
 

@@ -6,6 +6,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use reqwest::Request;
 
@@ -65,6 +66,11 @@ pub(super) struct Inner {
     pub(super) retry: RetryPolicy,
     /// The most redirects a request follows, each hop through its lane.
     pub(super) redirects: u32,
+    /// Requests go through a reqwest client the user gave, which may
+    /// follow redirects by itself.
+    pub(super) client_given: bool,
+    /// The shaper said once that its client followed a redirect.
+    pub(super) warned_redirects: AtomicBool,
     pub(super) cost: Option<Arc<CostFn>>,
     pub(super) dialects: Vec<Arc<dyn Dialect>>,
     pub(super) registry: Registry,

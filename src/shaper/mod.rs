@@ -11,6 +11,8 @@
 //! | `transport.rs` | [`Transport`]: what puts an attempt on the wire |
 //! | `registry.rs` | the `Registry`: lanes and gates by key, created on first use, evicted when idle, and live quota changes |
 //! | `call.rs` | one request's life (`Shaper::execute`): wait, send, let the crate's `throttle` module judge the answer, go again or finish; the options a request carries ([`MaxWait`]) |
+//! | `heard.rs` | what a vendor's answer said: its signals, a quota it announced, the verdict, a client's own redirects |
+//! | `redirect.rs` | the next hop of a redirect the shaper follows, through the lane of its URL |
 //! | `settle.rs` | [`Settle`]: a request's real cost, reported after the answer |
 //! | `body.rs` | a response with its body wrapped: the one place that takes a reqwest response apart, for the two below |
 //! | `held.rs` | a response that holds its lane's in-flight slot until its body ends |
@@ -22,6 +24,7 @@ mod body;
 mod builder;
 pub(crate) mod call;
 pub(crate) mod handle;
+mod heard;
 mod held;
 mod lanes;
 mod metering;

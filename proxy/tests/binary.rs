@@ -367,13 +367,18 @@ async fn what_cannot_work_stops_it_at_startup_saying_why() {
 
 /// Two proxies and a library shaper built from one file with a `[store]`
 /// share one vendor quota on a real Redis: 30 requests at 10/s from the
-/// three, none refused by a strict vendor, and the last sent ≥ 2.9 s in.
+/// three, none refused by a strict vendor, and the last sent ≥ 2.8 s in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_proxies_and_a_library_shaper_share_one_quota() {
     let redis = RedisServer::start();
     let vendor = Vendor::strict(10, SECOND).start().await;
+    // Three processes on two busy cores map the store's clock onto their
+    // own with errors of milliseconds: the headroom must cover them (see
+    // the store's docs), and the default 5 ms leaves 1.5 ms a window. One
+    // CI run met one refusal with it.
     let store = format!(
-        "[store]\nredis = \"{}\"\nfleet_size = 3\nprefix = \"proxy-fleet:\"",
+        "[defaults]\nheadroom = \"20ms\"\n\
+         [store]\nredis = \"{}\"\nfleet_size = 3\nprefix = \"proxy-fleet:\"",
         redis.url()
     );
     let text = serving(&vendor, 10, &store);

@@ -1,7 +1,8 @@
 //! What the shaper and the proxy add: latency and throughput through a
 //! `Shaper` in process and through `callshaper::proxy`, side by side with
 //! direct reqwest and nginx `proxy_pass` (the anchor for a proxy on this
-//! machine), against a loopback origin that answers at once, with a quota
+//! machine), against a loopback origin that answers at once (with OpenAI's rate-limit
+//! headers, as a real vendor does), with a quota
 //! far above the load; and the proxy's memory with 10,000 open client
 //! connections.
 //!
@@ -31,6 +32,8 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+#[path = "common/answer.rs"]
+mod answer;
 // Its resident-set reading; this benchmark counts no heap.
 #[allow(dead_code)]
 #[path = "common/memory.rs"]
@@ -301,7 +304,8 @@ async fn origin(listener: TcpListener) {
         let (stream, _) = listener.accept().await.unwrap();
         tokio::spawn(async move {
             let service = service_fn(|_| async {
-                Ok::<_, Infallible>(hyper::Response::new(Full::new(Bytes::from_static(b"ok"))))
+                let ok = hyper::Response::new(Full::new(Bytes::from_static(b"ok")));
+                Ok::<_, Infallible>(answer::as_a_vendor(ok))
             });
             let _ = http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)

@@ -23,6 +23,8 @@ use callshaper::shaper::{BoxFuture, Transport};
 use callshaper::{Quota, Shaper};
 use reqwest::{Request, Response};
 
+#[path = "common/answer.rs"]
+mod answer;
 #[path = "common/memory.rs"]
 mod memory;
 
@@ -30,12 +32,12 @@ mod memory;
 #[global_allocator]
 static GLOBAL: memory::Counting = memory::Counting;
 
-/// Answers every attempt at once with an empty 200.
+/// Answers every attempt at once with an empty 200 and a vendor's headers.
 struct AtOnce;
 
 impl Transport for AtOnce {
     fn send(&self, _request: Request) -> BoxFuture<reqwest::Result<Response>> {
-        Box::pin(async { Ok(Response::from(http::Response::new(""))) })
+        Box::pin(async { Ok(Response::from(answer::as_a_vendor(http::Response::new("")))) })
     }
 }
 

@@ -29,31 +29,51 @@ pub(crate) struct GateSettings {
 }
 
 /// What every gate of a level shares: the level's name, the settings,
-/// and what its quotas say of requests. One per level, not one per gate:
-/// a level keyed per tenant has a gate for each.
+/// and its quotas now, with what they say of requests. One per level, not
+/// one per gate: a level keyed per tenant has a gate for each.
 #[derive(Debug)]
 pub(crate) struct GateLevel {
     /// A live change of the level's quotas finds its gates by it.
     name: Box<str>,
     settings: GateSettings,
-    /// The request side of the level's quotas (not of the local share a
-    /// fleet's fallback meters hold), changed with them.
-    requests: Mutex<Requests>,
+    /// As built, or as last changed live; a new gate's meters count them.
+    quotas: Mutex<LevelQuotas>,
+}
+
+/// A level's quotas and their request side (of the whole quotas, not of
+/// the local share a fleet's fallback meters hold), changed together.
+#[derive(Debug)]
+struct LevelQuotas {
+    quotas: Arc<[Quota]>,
+    requests: Requests,
+}
+
+impl LevelQuotas {
+    fn of(quotas: Arc<[Quota]>) -> Self {
+        let requests = Requests::of(&quotas);
+        Self { quotas, requests }
+    }
 }
 
 impl GateLevel {
     /// The level `name`, holding `quotas` now, with `settings`.
-    pub(crate) fn new(name: &str, quotas: &[Quota], settings: GateSettings) -> Self {
+    pub(crate) fn new(name: &str, quotas: Arc<[Quota]>, settings: GateSettings) -> Self {
         Self {
             name: name.into(),
             settings,
-            requests: Mutex::new(Requests::of(quotas)),
+            quotas: Mutex::new(LevelQuotas::of(quotas)),
         }
     }
 
-    /// The level holds `quotas` from now on.
+    /// The level's quotas now.
+    pub(crate) fn quotas(&self) -> Arc<[Quota]> {
+        lock(&self.quotas).quotas.clone()
+    }
+
+    /// The level holds `quotas` from now on; its gates follow by
+    /// [`Gate::requote`].
     pub(crate) fn requote(&self, quotas: &[Quota]) {
-        *lock(&self.requests) = Requests::of(quotas);
+        *lock(&self.quotas) = LevelQuotas::of(Arc::from(quotas));
     }
 }
 
@@ -105,17 +125,13 @@ struct Cold {
 pub(crate) type Contender = (Instant, u64);
 
 impl Gate {
-    /// A gate of `level` for `quotas` (the level's now). With a shared
-    /// store the quotas live there, and the local meters are the fallback:
-    /// one `share` of each quota.
-    pub(crate) fn new(
-        level: Arc<GateLevel>,
-        quotas: Arc<[Quota]>,
-        listing: Option<Listing<Gate>>,
-        share: u32,
-    ) -> Self {
+    /// A gate of `level`, counting its quotas now. With a shared store the
+    /// quotas live there, and the local meters are the fallback: one
+    /// `share` of each quota.
+    pub(crate) fn new(level: Arc<GateLevel>, listing: Option<Listing<Gate>>, share: u32) -> Self {
         let now = Instant::now();
         let headroom = level.settings.headroom;
+        let quotas = level.quotas();
         let mut meters = Meters::new(quotas.clone(), headroom, now);
         let capacity = meters.capacity();
         if share > 1 {
@@ -288,12 +304,12 @@ impl Gate {
 
     /// The tightest request quota declared for the gate, if it has one.
     pub(crate) fn declared(&self) -> Option<Rate> {
-        lock(&self.level.requests).rate
+        lock(&self.level.quotas).requests.rate
     }
 
     /// The request side of the gate's quotas.
     pub(crate) fn requests(&self) -> Requests {
-        *lock(&self.level.requests)
+        lock(&self.level.quotas).requests
     }
 
     /// The spacing of the declared request rate, if any.
@@ -331,15 +347,13 @@ impl Gate {
         &self.level.name
     }
 
-    /// Hold `quotas` from now on (a live change of the level's quotas):
-    /// the meters change as `Meters::requote` says, the pause stays, and
+    /// Hold `quotas` from now on (a live change of the level's quotas,
+    /// which [`GateLevel::requote`] took first): the meters change as
+    /// `Meters::requote` says, the pause stays, and
     /// lanes waiting at the gate look again. The vendor's model, which
     /// paces these meters, follows (`VendorModel::requoted`, called by the
     /// registry).
     pub(crate) fn requote(&self, quotas: &[Quota]) {
-        // The level's own: a gate made by other means than the registry's
-        // (which changes it first) still reads its new quotas.
-        self.level.requote(quotas);
         {
             let mut meters = lock(&self.meters);
             meters.requote(quotas, self.headroom(), Instant::now());

@@ -17,13 +17,9 @@ fn settings(headroom: Duration) -> GateSettings {
 #[tokio::test(start_paused = true)]
 async fn the_lane_that_waited_longest_is_first_and_its_going_wakes_the_rest() {
     let quotas = [Quota::leaky_bucket(10, Duration::from_secs(1))];
-    let level = GateLevel::new("", &quotas, settings(Duration::from_millis(5)));
-    let gate = Gate::new(
-        std::sync::Arc::new(level),
-        std::sync::Arc::from(quotas),
-        None,
-        1,
-    );
+    let quotas = std::sync::Arc::from(quotas);
+    let level = GateLevel::new("", quotas, settings(Duration::from_millis(5)));
+    let gate = Gate::new(std::sync::Arc::new(level), None, 1);
     let t0 = Instant::now();
     let (older, newer) = ((t0, 7), (t0 + Duration::from_millis(5), 3));
     assert!(!gate.has_queue());

@@ -73,13 +73,8 @@ impl Lane {
                 "a lane runs its dispatcher on tokio: create it within a runtime",
             ));
         }
-        let level = GateLevel::new("", &quotas, policy.gate_settings());
-        let own = Arc::new(Gate::new(
-            Arc::new(level),
-            Arc::from(quotas.as_slice()),
-            None,
-            1,
-        ));
+        let level = GateLevel::new("", Arc::from(quotas.as_slice()), policy.gate_settings());
+        let own = Arc::new(Gate::new(Arc::new(level), None, 1));
         let settings = policy.vendor_settings(RetryBudget::default());
         let vendor = Arc::new(VendorModel::new(own.clone(), settings, None));
         let key: Arc<str> = key.into().into();
@@ -163,9 +158,7 @@ impl Lane {
             .await
             .inspect_err(|error| self.ended(error.reason()))?;
         // The caller sends now: a strict lane measures its next from here.
-        if turn.has_door() {
-            turn.door_opens().await;
-        }
+        turn.door_opens().await;
         turn.went();
         Ok(turn)
     }

@@ -103,12 +103,6 @@ pub(super) type Answer = Result<Turn, Refusal>;
 pub(super) type Refusal = Box<Error>;
 
 impl Turn {
-    /// Whether the turn waits at a strict lane's door before it goes:
-    /// without one, [`door_opens`](Self::door_opens) need not be awaited.
-    pub(crate) fn has_door(&self) -> bool {
-        self.door.is_some()
-    }
-
     /// Wait until this turn's request may go on the wire: on a strict
     /// lane, its door (see the module's docs); at once on any other.
     pub(crate) async fn door_opens(&mut self) {

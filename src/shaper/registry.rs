@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 
 use reqwest::Request;
 
@@ -34,10 +34,8 @@ pub(crate) struct Registry {
     vendors: Arc<VendorMap>,
     /// Lanes' labels and series, by labels (see [`Series`]).
     series: Arc<Listings<Series>>,
-    /// Each level's quotas now, by name: as built, or as last changed
-    /// live. One list per level, which its gates share.
-    quotas: Mutex<HashMap<String, Arc<[Quota]>>>,
-    /// Each level's name, settings and requests, which its gates share.
+    /// Each level by name: its quotas now (as built, or as last changed
+    /// live), its settings and name, which its gates share.
     gate_levels: HashMap<String, Arc<GateLevel>>,
     /// How every lane behaves (its quotas come from the levels).
     policy: LanePolicy,
@@ -96,24 +94,16 @@ impl Registry {
             vendors: Arc::default(),
             series: Arc::default(),
             gate_levels: every_level(&plan).fold(HashMap::new(), |mut levels, level| {
-                // The first level of a name, as for `quotas` below.
+                // Levels of one name are one level (one gate per key, and
+                // one change of quotas): the first one's quotas, as the
+                // levels are read everywhere else.
                 levels.entry(level.name.clone()).or_insert_with(|| {
                     let settings = plan.policy.gate_settings();
-                    Arc::new(GateLevel::new(&level.name, &level.quotas, settings))
+                    let quotas = Arc::from(level.quotas.as_slice());
+                    Arc::new(GateLevel::new(&level.name, quotas, settings))
                 });
                 levels
             }),
-            quotas: Mutex::new(
-                every_level(&plan).fold(HashMap::new(), |mut quotas, level| {
-                    // Levels of one name are one level (one gate per key, and
-                    // one change of quotas): the first one's quotas, as the
-                    // levels are read everywhere else.
-                    quotas
-                        .entry(level.name.clone())
-                        .or_insert_with(|| Arc::from(level.quotas.as_slice()));
-                    quotas
-                }),
-            ),
             policy: plan.policy,
             budget: plan.budget,
             routes: plan.routes,
@@ -194,7 +184,6 @@ impl Registry {
         // a gate made before the change is requoted below, one made after
         // reads the new quotas.
         let gates = lock(&self.gates);
-        lock(&self.quotas).insert(level.to_owned(), Arc::from(quotas.as_slice()));
         if let Some(gate_level) = self.gate_levels.get(level) {
             gate_level.requote(&quotas);
         }
@@ -322,8 +311,10 @@ impl Registry {
             let failure = route
                 .and_then(|route| route.store_failure)
                 .unwrap_or(self.store_failure);
-            let quotas: Vec<Vec<Quota>> =
-                levels.iter().map(|l| self.quotas_of(l).to_vec()).collect();
+            let quotas: Vec<Vec<Quota>> = levels
+                .iter()
+                .map(|l| self.gate_level(l).quotas().to_vec())
+                .collect();
             let headroom = self.policy.headroom;
             let metrics = StoreMetrics::new(
                 &labelled(names),
@@ -363,40 +354,33 @@ impl Registry {
             return Arc::new(Series::new(labelled(names), lane, None));
         }
         let (vendor, level, route) = names;
-        let mut key = String::with_capacity(vendor.len() + level.len() + route.len() + 2);
-        for (i, part) in [vendor, level, route].into_iter().enumerate() {
-            if i > 0 {
-                key.push('\n');
-            }
-            key.push_str(part);
-        }
+        let key = [vendor, level, route].join("\n");
         listed(&self.series, &key, |listing| {
             Series::new(labelled(names), None, Some(listing))
         })
     }
 
-    /// The quotas of `level` now: as built, or as last changed live.
-    fn quotas_of(&self, level: &Level) -> Arc<[Quota]> {
-        lock(&self.quotas)
+    /// What the gates of `level` share: its quotas now, its settings.
+    fn gate_level(&self, level: &Level) -> Arc<GateLevel> {
+        // Every level of the plan is there; a stray one gets its own.
+        self.gate_levels
             .get(&level.name)
             .cloned()
-            .unwrap_or_else(|| Arc::from(level.quotas.as_slice()))
+            .unwrap_or_else(|| {
+                let quotas = Arc::from(level.quotas.as_slice());
+                Arc::new(GateLevel::new(
+                    &level.name,
+                    quotas,
+                    self.policy.gate_settings(),
+                ))
+            })
     }
 
     /// The shared gate of `level` for `key`, created on first use.
     fn gate_for(&self, level: &Level, key: &str) -> Arc<Gate> {
         let share = self.store.as_ref().map_or(1, Store::fleet_size);
         listed(&self.gates, key, |listing| {
-            let quotas = self.quotas_of(level);
-            let gate_level = self
-                .gate_levels
-                .get(&level.name)
-                .cloned()
-                .unwrap_or_else(|| {
-                    let settings = self.policy.gate_settings();
-                    Arc::new(GateLevel::new(&level.name, &quotas, settings))
-                });
-            Gate::new(gate_level, quotas, Some(listing), share)
+            Gate::new(self.gate_level(level), Some(listing), share)
         })
     }
 

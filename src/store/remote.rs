@@ -395,8 +395,8 @@ mod tests {
             headroom: Duration::ZERO,
             max_pause: Duration::from_secs(60),
         };
-        let level = Arc::new(GateLevel::new("vendor", &quotas, settings));
-        let gate = Arc::new(Gate::new(level, Arc::from(quotas.as_slice()), None, 2));
+        let level = GateLevel::new("vendor", Arc::from(quotas.as_slice()), settings);
+        let gate = Arc::new(Gate::new(Arc::new(level), None, 2));
         let metrics = StoreMetrics::new(&Labels::standalone("vendor"), None, &[]);
         let remote = store.link(
             vec![gate.clone()],

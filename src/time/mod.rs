@@ -47,11 +47,11 @@ static EPOCH: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::n
 impl Stamp {
     pub(crate) fn of(at: Instant) -> Self {
         let epoch = *EPOCH;
-        let nanos = |d: Duration| i64::try_from(nanos(d)).unwrap_or(i64::MAX);
+        let signed = |d: Duration| i64::try_from(nanos(d)).unwrap_or(i64::MAX);
         match at.checked_duration_since(epoch) {
-            Some(after) => Self(nanos(after)),
+            Some(after) => Self(signed(after)),
             // Never `NONE`: that is i64::MIN, this at most its neighbour.
-            None => Self(-nanos(epoch.saturating_duration_since(at))),
+            None => Self(-signed(epoch.saturating_duration_since(at))),
         }
     }
 

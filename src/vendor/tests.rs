@@ -18,8 +18,8 @@ fn model(quotas: &[Quota]) -> VendorModel {
         headroom: Duration::ZERO,
         max_pause: Duration::from_secs(120),
     };
-    let level = Arc::new(GateLevel::new("", quotas, settings));
-    let gate = Arc::new(Gate::new(level, Arc::from(quotas), None, 1));
+    let level = Arc::new(GateLevel::new("", Arc::from(quotas), settings));
+    let gate = Arc::new(Gate::new(level, None, 1));
     let settings = VendorSettings {
         fallback: Backoff::new(Duration::from_secs(1), Duration::from_secs(60)),
         adaptive: None,

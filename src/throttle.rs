@@ -16,7 +16,10 @@
 //!   used-up request limit (as GitHub sends). The pause is the vendor's
 //!   hint plus the headroom (the vendor's clock and ours are not the same
 //!   clock), else the vendor gate's fallback, which grows with each
-//!   consecutive throttle.
+//!   consecutive throttle. A refusal the ledger reads as the lane's
+//!   spacing waits for the gap instead, the first time since a success,
+//!   when the hint is within the gap give or take its precision (a GCRA
+//!   rounds 10 ms up to `Retry-After: 1`).
 //! - **Spent quota:** a final answer saying nothing is left until a reset
 //!   pauses the lane until then, before the vendor has to say 429 — unless
 //!   the lane's own releases explain it. A vendor's signal is news only
@@ -268,15 +271,11 @@ pub(crate) fn refusal(
     let headroom = lane.policy().headroom;
     let gap = spacing(lane, status, signals, released);
     let pause = match (gap, signals.pause_hint()) {
-        (Some(_), Some(hint)) => hinted(hint, headroom),
-        (Some(gap), None) => {
-            let wait = crate::time::later(released, gap).saturating_duration_since(Instant::now());
-            Pause {
-                asked: wait,
-                padded: wait,
-                cause: PauseCause::Spacing,
-            }
+        (Some(gap), Some(hint)) => {
+            let precision = signals.hint_precision(headers);
+            spaced_with_hint(lane, hint, precision, spacing_wait(released, gap), headroom)
         }
+        (Some(gap), None) => spaced(spacing_wait(released, gap)),
         (None, _) => throttled(lane, status, signals, headroom),
     };
     let said = crate::signals::cite(headers, signals);
@@ -327,6 +326,45 @@ fn spacing(
         "the vendor refused a send for its spacing; the lane keeps its sends this far apart"
     );
     Some(gap)
+}
+
+/// How long from now until `gap` after the refused release at `released`.
+fn spacing_wait(released: Instant, gap: Duration) -> Duration {
+    crate::time::later(released, gap).saturating_duration_since(Instant::now())
+}
+
+/// A pause of `wait` for the lane's spacing.
+fn spaced(wait: Duration) -> Pause {
+    Pause {
+        asked: wait,
+        padded: wait,
+        cause: PauseCause::Spacing,
+    }
+}
+
+/// A refusal the ledger read as spacing (the lane waits `wait` for its
+/// gap) that also says when to come back, `hint`, written to `precision`.
+/// The vendor rounds its wait up: a GCRA that wants one more interval (10
+/// ms at 100/s) says `Retry-After: 1`, so the wait it means is anywhere
+/// above `hint - precision`. Taken at its word, every jitter refusal cost a
+/// second's pause, 100 sends at 100/s (57 % of a GCRA's quota, where
+/// governor's pace met no refusal); the first such refusal since a success
+/// waits for the gap alone when `hint - precision` is within it. A hint
+/// beyond the gap, or a second refusal before any success, is taken at its
+/// word: the vendor meant it.
+fn spaced_with_hint(
+    lane: &Lane,
+    hint: Duration,
+    precision: Duration,
+    wait: Duration,
+    headroom: Duration,
+) -> Pause {
+    let again = lane.vendor().refused_again();
+    if again || hint.saturating_sub(precision) > wait {
+        hinted(hint, headroom)
+    } else {
+        spaced(wait)
+    }
 }
 
 /// The lane keeps to `learned`, below its declared quota, because `why`.

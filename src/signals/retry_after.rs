@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime};
 
 use reqwest::header::{HeaderMap, HeaderValue, RETRY_AFTER};
 
-use super::formats::{http_date, number, seconds};
+use super::formats::{http_date, number, seconds, step};
 
 /// How long the vendor asked us to wait, if it said so in a form we read.
 ///
@@ -22,6 +22,22 @@ use super::formats::{http_date, number, seconds};
 /// ```
 pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     read_retry_after(headers, now).map(|(_, _, wait)| wait)
+}
+
+/// How finely the vendor wrote the wait [`retry_after`] reads in
+/// `headers`: the true wait is within this of it, since a vendor rounds
+/// (a GCRA that wants 10 ms more says `Retry-After: 1`). A second for
+/// whole seconds or an HTTP-date, a millisecond for the millisecond
+/// headers, what a fraction's digits say; zero without a hint.
+pub(crate) fn retry_after_precision(headers: &HeaderMap) -> Duration {
+    for name in RETRY_AFTER_MS {
+        if let Some(value) = headers.get(name)
+            && number(value).is_some()
+        {
+            return step(value) / 1000;
+        }
+    }
+    headers.get(RETRY_AFTER).map_or(Duration::ZERO, step)
 }
 
 /// Headers of milliseconds that say when to come back, ahead of

@@ -201,6 +201,25 @@ impl Signals {
         self.retry_after.or_else(|| self.exhausted_for())
     }
 
+    /// How finely the vendor wrote [`pause_hint`](Self::pause_hint), in the
+    /// `headers` these signals were read from: its `Retry-After`'s
+    /// precision, else that of the exhausted limit whose reset it is. Zero
+    /// for a hint of the user's own dialect, taken as exact.
+    pub(crate) fn hint_precision(&self, headers: &reqwest::header::HeaderMap) -> Duration {
+        if self.retry_after.is_some() {
+            return match super::retry_after::retry_after(headers, SystemTime::UNIX_EPOCH) {
+                Some(_) => super::retry_after::retry_after_precision(headers),
+                None => Duration::ZERO,
+            };
+        }
+        self.limits
+            .iter()
+            .filter(|l| l.remaining == Some(0))
+            .filter_map(|l| Some((l.next_unit()?, l.precision)))
+            .max()
+            .map_or(Duration::ZERO, |(_, precision)| precision)
+    }
+
     /// The slowest request rate the vendor announced with a window (IETF
     /// `RateLimit-Policy`), if any.
     pub fn announced_rate(&self) -> Option<Rate> {

@@ -578,3 +578,29 @@ fn any_bytes_in_any_header_never_panic() {
         );
     }
 }
+
+/// A hint is read to the precision the vendor wrote it in: a GCRA's
+/// `Retry-After: 1` may mean a few milliseconds.
+#[test]
+fn a_hint_knows_how_finely_it_was_written() {
+    let now = SystemTime::now();
+    let date = httpdate::fmt_http_date(now + Duration::from_secs(7));
+    let ms = Duration::from_millis;
+    let cases: &[(Pairs<'_>, Duration)] = &[
+        (&[("retry-after", b"1")], Duration::from_secs(1)),
+        (&[("retry-after", b"0.25")], ms(10)),
+        (&[("retry-after", date.as_bytes())], Duration::from_secs(1)),
+        (&[("retry-after-ms", b"250"), ("retry-after", b"1")], ms(1)),
+        (&[("retry-after", b"soon")], Duration::ZERO),
+        (
+            &[("x-ratelimit-remaining", b"0"), ("x-ratelimit-reset", b"2")],
+            Duration::from_secs(1),
+        ),
+        (&[("x-ratelimit-remaining", b"3")], Duration::ZERO),
+    ];
+    for (pairs, precision) in cases {
+        let headers = headers(pairs);
+        let signals = Signals::parse(&headers, now);
+        assert_eq!(signals.hint_precision(&headers), *precision, "{pairs:?}");
+    }
+}

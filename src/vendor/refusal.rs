@@ -241,6 +241,13 @@ impl VendorModel {
         }
     }
 
+    /// A refusal read as spacing that also said when to come back: true
+    /// when the vendor refused before, with no success since (the streak a
+    /// success resets), counted.
+    pub(crate) fn refused_again(&self) -> bool {
+        self.throttle_streak.fetch_add(1, Ordering::Relaxed) > 0
+    }
+
     /// A strict gate on a shared store was refused without a word (no
     /// limit, no hint): the gap to keep before the next send, on the first
     /// such refusal since a success; `None` after it, for the growing

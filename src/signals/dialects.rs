@@ -106,34 +106,86 @@ const RATELIMIT_POLICY: &str = "ratelimit-policy";
 const RATELIMIT: &str = "ratelimit";
 const SHOPIFY: &str = "x-shopify-shop-api-call-limit";
 
-/// How the names of every header a built-in dialect reads begin. An
-/// answer with none of them (most answers, from most vendors) is read in
-/// one pass over its own few names, not with a lookup for each of the
-/// forty-odd headers the dialects know.
-const READ_PREFIXES: [&str; 6] = [
-    "x-ratelimit-",
-    "x-rate-limit-",
-    "anthropic-ratelimit-",
-    RATELIMIT,
-    "retry-after",
-    SHOPIFY,
+/// The families of header names the built-in dialects read, as bits: an
+/// answer is read only by the dialects whose family it holds a name of,
+/// found in one pass over its own few names (most answers, from most
+/// vendors, hold none), not with a lookup for each of the forty-odd
+/// headers the dialects know. An OpenAI answer is not looked up for
+/// Anthropic's twelve names.
+mod family {
+    /// `Retry-After` and the millisecond headers read ahead of it.
+    pub(super) const RETRY: u8 = 1;
+    /// `x-ratelimit-*` and `x-rate-limit-*`: GitHub's, X's, Discord's.
+    pub(super) const X_RATELIMIT: u8 = 1 << 1;
+    /// `x-ratelimit-*-requests` and `x-ratelimit-*-tokens`: OpenAI's.
+    pub(super) const OPENAI: u8 = 1 << 5;
+    /// `anthropic-ratelimit-*`.
+    pub(super) const ANTHROPIC: u8 = 1 << 2;
+    /// `ratelimit*`: the IETF draft's fields and its older trio.
+    pub(super) const IETF: u8 = 1 << 3;
+    /// Shopify's call limit.
+    pub(super) const SHOPIFY: u8 = 1 << 4;
+}
+
+/// How the names of each family begin.
+const FAMILIES: [(&str, u8); 6] = [
+    ("x-ratelimit-", family::X_RATELIMIT),
+    ("x-rate-limit-", family::X_RATELIMIT),
+    ("anthropic-ratelimit-", family::ANTHROPIC),
+    (RATELIMIT, family::IETF),
+    ("retry-after", family::RETRY),
+    (SHOPIFY, family::SHOPIFY),
 ];
 
-/// Whether a built-in dialect reads the header `name`, or one of its
-/// names' family (see [`READ_PREFIXES`]).
-fn read_by_built_in(name: &HeaderName) -> bool {
+/// The family of the header `name`, if a built-in dialect reads its kind
+/// (see [`FAMILIES`]); 0 if none does.
+fn family_of(name: &HeaderName) -> u8 {
     let name = name.as_str();
-    READ_PREFIXES.iter().any(|prefix| name.starts_with(prefix)) || RETRY_AFTER_MS.contains(&name)
+    if RETRY_AFTER_MS.contains(&name) {
+        return family::RETRY;
+    }
+    let family = FAMILIES
+        .iter()
+        .find(|(prefix, _)| name.starts_with(prefix))
+        .map_or(0, |&(_, family)| family);
+    if family == family::X_RATELIMIT && (name.ends_with("-requests") || name.ends_with("-tokens")) {
+        return family::OPENAI;
+    }
+    family
+}
+
+/// A built-in dialect and the families of the names it reads.
+struct BuiltIn {
+    read: Reader,
+    families: u8,
 }
 
 /// Every built-in dialect, in the order they read a response.
-pub(super) const BUILT_IN: &[Reader] = &[
-    retry_after_dialects,
-    github,
-    openai,
-    anthropic,
-    ietf,
-    shopify,
+const BUILT_IN: &[BuiltIn] = &[
+    BuiltIn {
+        read: retry_after_dialects,
+        families: family::RETRY,
+    },
+    BuiltIn {
+        read: github,
+        families: family::X_RATELIMIT,
+    },
+    BuiltIn {
+        read: openai,
+        families: family::OPENAI,
+    },
+    BuiltIn {
+        read: anthropic,
+        families: family::ANTHROPIC,
+    },
+    BuiltIn {
+        read: ietf,
+        families: family::IETF,
+    },
+    BuiltIn {
+        read: shopify,
+        families: family::SHOPIFY,
+    },
 ];
 
 fn retry_after_dialects(headers: &HeaderMap, now: SystemTime, signals: &mut Signals) {
@@ -323,11 +375,9 @@ impl Signals {
     /// wall clock, for the dialects that send dates.
     pub fn parse(headers: &HeaderMap, now: SystemTime) -> Self {
         let mut signals = Self::default();
-        if !Self::speaks_built_in(headers) {
-            return signals;
-        }
-        for dialect in BUILT_IN {
-            dialect(headers, now, &mut signals);
+        let families = families(headers);
+        for dialect in BUILT_IN.iter().filter(|d| d.families & families != 0) {
+            (dialect.read)(headers, now, &mut signals);
         }
         signals
     }
@@ -335,8 +385,15 @@ impl Signals {
     /// Whether `headers` hold anything a built-in dialect reads: without,
     /// [`parse`](Self::parse) finds nothing, and needs no clock.
     pub(crate) fn speaks_built_in(headers: &HeaderMap) -> bool {
-        headers.keys().any(read_by_built_in)
+        families(headers) != 0
     }
+}
+
+/// The families (see [`family`]) of the names in `headers`.
+fn families(headers: &HeaderMap) -> u8 {
+    headers
+        .keys()
+        .fold(0, |families, name| families | family_of(name))
 }
 
 #[cfg(test)]
@@ -346,31 +403,43 @@ mod tests {
     use super::*;
 
     /// The one pass over an answer's names finds every header a dialect
-    /// reads: a name outside [`READ_PREFIXES`] would be skipped unread.
+    /// reads, in that dialect's family: a name outside it would be skipped
+    /// unread.
     #[test]
     fn the_first_pass_knows_every_header_a_dialect_reads() {
-        let trios = GITHUB
-            .iter()
-            .map(|(trio, _)| trio)
-            .chain(&OPENAI)
-            .chain(&ANTHROPIC)
-            .chain([&IETF]);
-        let mut read: Vec<HeaderName> = trios
-            .flat_map(|t| [t.limit.clone(), t.remaining.clone(), t.reset.clone()])
-            .chain(GITHUB.iter().map(|(_, after)| after.clone()))
-            .chain([RETRY_AFTER])
-            .collect();
-        for name in RETRY_AFTER_MS
-            .into_iter()
-            .chain([RATELIMIT_POLICY, RATELIMIT, SHOPIFY])
-        {
-            read.push(HeaderName::from_static(name));
-        }
-        for name in &read {
-            assert!(read_by_built_in(name), "{name} would be skipped");
+        let trios = |trios: &[&Trio]| -> Vec<HeaderName> {
+            trios
+                .iter()
+                .flat_map(|t| [t.limit.clone(), t.remaining.clone(), t.reset.clone()])
+                .collect()
+        };
+        let named = |names: &[&'static str]| -> Vec<HeaderName> {
+            names.iter().map(|n| HeaderName::from_static(n)).collect()
+        };
+        let mut x_ratelimit = trios(&GITHUB.iter().map(|(trio, _)| trio).collect::<Vec<_>>());
+        x_ratelimit.extend(GITHUB.iter().map(|(_, after)| after.clone()));
+        let mut ietf = trios(&[&IETF]);
+        ietf.extend(named(&[RATELIMIT_POLICY, RATELIMIT]));
+        let mut retry = named(&RETRY_AFTER_MS);
+        retry.push(RETRY_AFTER);
+        let read = [
+            (retry, family::RETRY),
+            (x_ratelimit, family::X_RATELIMIT),
+            (trios(&OPENAI.iter().collect::<Vec<_>>()), family::OPENAI),
+            (
+                trios(&ANTHROPIC.iter().collect::<Vec<_>>()),
+                family::ANTHROPIC,
+            ),
+            (ietf, family::IETF),
+            (named(&[SHOPIFY]), family::SHOPIFY),
+        ];
+        for (names, family) in &read {
+            for name in names {
+                assert_eq!(family_of(name), *family, "{name} would be skipped");
+            }
         }
         for name in ["date", "content-type", "x-request-id", "ratel"] {
-            assert!(!read_by_built_in(&HeaderName::from_static(name)), "{name}");
+            assert_eq!(family_of(&HeaderName::from_static(name)), 0, "{name}");
         }
     }
 }

@@ -154,7 +154,11 @@ impl Shaper {
         let transport = self.inner.transport.clone();
         let mut hops = options.redirects.unwrap_or(self.inner.redirects);
         loop {
-            let (outcome, sent) = self.hop(request, &options, |r| transport.send(r)).await;
+            // Boxed: the life of a request is kilobytes of state, which
+            // every move of the caller's future (into its task, a `join`)
+            // would otherwise copy.
+            let hop = Box::pin(self.hop(request, &options, |r| transport.send(r)));
+            let (outcome, sent) = hop.await;
             let response = outcome.map_err(|failure| match failure {
                 Failure::Shaper(error) => error,
                 Failure::Send { attempts, source } => Error::Transport { attempts, source },
@@ -187,7 +191,8 @@ impl Shaper {
         F: FnMut(Request) -> Fut,
         Fut: Future<Output = Result<Response, E>>,
     {
-        self.hop(request, options, send).await.0
+        // Boxed, as in `execute_with`.
+        Box::pin(self.hop(request, options, send)).await.0
     }
 
     /// The life of one request, in its span: [`run`](Self::run), then its

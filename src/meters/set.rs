@@ -301,6 +301,11 @@ impl Meters {
     /// is charged the difference, as if it had gone; one allowing less
     /// keeps its own count (the vendor's word never makes a lane faster).
     pub(crate) fn hold_to(&mut self, remaining: u64, released: Instant, now: Instant) {
+        // Most gates have no meter it holds (a vendor's quota that never
+        // bursts): their ledger is not read on every answer.
+        if self.leak.is_none() && self.bursting().next().is_none() {
+            return;
+        }
         let since = self.releases.as_ref().map_or(0, |releases| {
             releases.since(later(released, Duration::from_nanos(1)))
         });

@@ -52,7 +52,8 @@ impl VendorModel {
         let around = {
             let mut meters = self.gate.meters();
             meters.hold_to(remaining, released, Instant::now());
-            meters.releases().map(|releases| releases.around(released))
+            // Only a bucket that does not say its rate is read off its levels.
+            leaks.and_then(|_| meters.releases().map(|releases| releases.around(released)))
         };
         let (capacity, around) = (leaks?, around?);
         let window = self.window(released)?;

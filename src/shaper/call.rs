@@ -338,12 +338,14 @@ impl Shaper {
             drop(turn);
 
             let sent = spare.as_ref().filter(|_| options.client_redirects);
-            let (signals, verdict) = self.heard(&lane, &mut outcome, cost, charged_at, sent);
+            let verdict = self.heard(&lane, &mut outcome, cost, charged_at, sent);
             let next = match (verdict, outcome) {
                 (Verdict::Done, outcome) => {
                     lane.vendor().succeeded();
                     let fleet = fleet.as_deref().map(Vec::as_slice);
-                    let headers = outcome.as_ref().ok().map(|r| (r.status(), r.headers()));
+                    let answer = outcome.as_ref().ok();
+                    let headers = answer.map(|r| (r.status(), r.headers()));
+                    let signals = answer.map(Signals::of).unwrap_or_default();
                     throttle::final_answer(&lane, &signals, charged_at, fleet, headers);
                     if headers.is_some_and(|(status, _)| status.is_redirection()) {
                         tally.redirected = spare;
@@ -354,6 +356,7 @@ impl Shaper {
                 }
                 (Verdict::Throttled, Ok(response)) => {
                     tally.throttles = tally.throttles.saturating_add(1);
+                    let signals = Signals::of(&response).into_owned();
                     throttled(&lane, policy, response, &signals, charged_at, spare, tally).await
                 }
                 (_, outcome) => {

@@ -25,9 +25,9 @@ impl Shaper {
         cost: u64,
         charged_at: Instant,
         sent: Option<&Request>,
-    ) -> (Signals, Verdict) {
+    ) -> Verdict {
         let Ok(response) = outcome else {
-            return (Signals::default(), Verdict::Failed);
+            return Verdict::Failed;
         };
         if let Some(sent) = sent
             && sent.url() != response.url()
@@ -36,13 +36,15 @@ impl Shaper {
         }
         let signals = self.read_signals(response.headers());
         self.learn(lane, &signals);
-        let extensions = response.extensions_mut();
-        extensions.insert(signals.clone());
-        extensions.insert(Settle::new(lane.clone(), cost, charged_at));
         let answers = &lane.policy().answers;
         let verdict = throttle::classify(response.status(), &signals, answers);
         throttle::answered(lane, verdict, &signals, charged_at);
-        (signals, verdict)
+        // Moved, not cloned: what is done with the answer next reads them
+        // there (`Signals::of`).
+        let extensions = response.extensions_mut();
+        extensions.insert(signals);
+        extensions.insert(Settle::new(lane.clone(), cost, charged_at));
+        verdict
     }
 
     /// The client the user gave followed a redirect by itself: its hops

@@ -117,6 +117,15 @@ impl fmt::Display for Dimension {
 }
 
 impl Signals {
+    /// What a shaped `response` said, as its extensions carry it (none, for
+    /// a response the shaper did not read).
+    pub(crate) fn of(response: &reqwest::Response) -> std::borrow::Cow<'_, Self> {
+        response
+            .extensions()
+            .get::<Self>()
+            .map_or_else(Default::default, std::borrow::Cow::Borrowed)
+    }
+
     /// True when nothing was understood.
     pub fn is_empty(&self) -> bool {
         self.retry_after.is_none() && self.limits.is_empty()

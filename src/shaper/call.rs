@@ -343,11 +343,9 @@ impl Shaper {
                 (Verdict::Done, outcome) => {
                     lane.vendor().succeeded();
                     let fleet = fleet.as_deref().map(Vec::as_slice);
-                    let answer = outcome.as_ref().ok();
-                    let headers = answer.map(|r| (r.status(), r.headers()));
-                    let signals = answer.map(Signals::of).unwrap_or_default();
-                    throttle::final_answer(&lane, &signals, charged_at, fleet, headers);
-                    if headers.is_some_and(|(status, _)| status.is_redirection()) {
+                    if let Ok(response) = &outcome
+                        && final_answer(&lane, response, charged_at, fleet)
+                    {
                         tally.redirected = spare;
                     }
                     return outcome
@@ -356,8 +354,7 @@ impl Shaper {
                 }
                 (Verdict::Throttled, Ok(response)) => {
                     tally.throttles = tally.throttles.saturating_add(1);
-                    let signals = Signals::of(&response).into_owned();
-                    throttled(&lane, policy, response, &signals, charged_at, spare, tally).await
+                    throttled(&lane, policy, response, charged_at, spare, tally).await
                 }
                 (_, outcome) => {
                     failures += 1;
@@ -456,6 +453,20 @@ enum Next<E> {
     End(Result<Response, Failure<E>>),
 }
 
+/// A final `response` to a send the lane charged at `charged_at`: a spent
+/// quota it reports pauses the lane (see [`throttle::final_answer`]). True
+/// for a redirect, whose request the next hop is made of.
+fn final_answer(
+    lane: &Lane,
+    response: &Response,
+    charged_at: Instant,
+    fleet: Option<&[Option<crate::gate::Booked>]>,
+) -> bool {
+    let headers = Some((response.status(), response.headers()));
+    throttle::final_answer(lane, &Signals::of(response), charged_at, fleet, headers);
+    response.status().is_redirection()
+}
+
 /// The vendor throttled the request: the lane pauses (see
 /// [`throttle::refusal`]), and the request goes again after the pause as
 /// `spare`, unless the pause is longer than `max_pause`, the account is
@@ -464,16 +475,17 @@ async fn throttled<E>(
     lane: &Lane,
     policy: &RetryPolicy,
     response: Response,
-    signals: &Signals,
     charged_at: Instant,
     spare: Option<Request>,
     tally: &Tally,
 ) -> Next<E> {
+    // Copied out: the response goes on to the caller or is dropped.
+    let signals = Signals::of(&response).into_owned();
     let pause = throttle::refusal(
         lane,
         response.status(),
         response.headers(),
-        signals,
+        &signals,
         charged_at,
     );
     let max_pause = lane.policy().max_pause;
@@ -686,20 +698,14 @@ mod tests {
                     throttles: 1,
                     redirected: None,
                 };
-                let answer = answer(429, headers);
+                let mut answer = answer(429, headers);
+                // As the shaper hears it: its signals in its extensions.
                 let signals = Signals::parse(answer.headers(), std::time::SystemTime::now());
+                answer.extensions_mut().insert(signals);
                 let spare = spare.then(request);
                 let policy = RetryPolicy::default();
-                throttled::<reqwest::Error>(
-                    &lane,
-                    &policy,
-                    answer,
-                    &signals,
-                    Instant::now(),
-                    spare,
-                    &tally,
-                )
-                .await
+                throttled::<reqwest::Error>(&lane, &policy, answer, Instant::now(), spare, &tally)
+                    .await
             }
         };
         match throttle(&[("retry-after", "2")], true).await {

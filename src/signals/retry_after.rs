@@ -30,14 +30,12 @@ pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
 /// whole seconds or an HTTP-date, a millisecond for the millisecond
 /// headers, what a fraction's digits say; zero without a hint.
 pub(crate) fn retry_after_precision(headers: &HeaderMap) -> Duration {
-    for name in RETRY_AFTER_MS {
-        if let Some(value) = headers.get(name)
-            && number(value).is_some()
-        {
-            return step(value) / 1000;
-        }
+    // The date is only looked at, not measured: any instant reads it.
+    match read_retry_after(headers, SystemTime::UNIX_EPOCH) {
+        Some((name, value, _)) if name == RETRY_AFTER.as_str() => step(value),
+        Some((_, value, _)) => step(value) / 1000,
+        None => Duration::ZERO,
     }
-    headers.get(RETRY_AFTER).map_or(Duration::ZERO, step)
 }
 
 /// Headers of milliseconds that say when to come back, ahead of

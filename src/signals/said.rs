@@ -216,10 +216,7 @@ impl Signals {
     /// for a hint of the user's own dialect, taken as exact.
     pub(crate) fn hint_precision(&self, headers: &reqwest::header::HeaderMap) -> Duration {
         if self.retry_after.is_some() {
-            return match super::retry_after::retry_after(headers, SystemTime::UNIX_EPOCH) {
-                Some(_) => super::retry_after::retry_after_precision(headers),
-                None => Duration::ZERO,
-            };
+            return super::retry_after::retry_after_precision(headers);
         }
         self.limits
             .iter()

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use super::handle::Shaper;
 use super::settle::Settle;
 use crate::lane::Lane;
-use crate::signals::Signals;
+use crate::signals::{Signals, Spoken};
 use crate::throttle::{self, Verdict};
 
 impl Shaper {
@@ -69,11 +69,12 @@ impl Shaper {
 
     /// Every dialect this shaper reads: the built-in ones, then the user's.
     fn read_signals(&self, headers: &reqwest::header::HeaderMap) -> Signals {
-        if self.inner.dialects.is_empty() && !Signals::speaks_built_in(headers) {
+        let spoken = Spoken::of(headers);
+        if self.inner.dialects.is_empty() && spoken.is_none() {
             return Signals::default();
         }
         let now = crate::signals::vendor_clock(headers, self.inner.wall.now());
-        let mut signals = Signals::parse(headers, now);
+        let mut signals = Signals::parse_spoken(headers, now, spoken);
         for dialect in &self.inner.dialects {
             dialect.read(headers, now, &mut signals);
         }

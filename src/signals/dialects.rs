@@ -3,7 +3,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use reqwest::header::{HeaderMap, HeaderName};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 
 use super::formats::{
     epoch, epoch_or_delta, go_duration, integer, number, rfc3339, seconds, sf_list, step, until,
@@ -15,10 +15,10 @@ pub(super) type Reader = fn(&HeaderMap, SystemTime, &mut Signals);
 
 /// One limit's headers. Named once, not formatted per response: every
 /// answer is read by every dialect.
-struct Trio {
-    limit: HeaderName,
-    remaining: HeaderName,
-    reset: HeaderName,
+struct Trio<T = HeaderName> {
+    limit: T,
+    remaining: T,
+    reset: T,
 }
 
 impl Trio {
@@ -30,11 +30,38 @@ impl Trio {
         }
     }
 
+    /// The first value of each of the trio's names, in one pass over the
+    /// answer's few headers: a lookup hashes its name (a quarter of an
+    /// OpenAI answer's reading went to that), a compare of names mostly
+    /// stops at their lengths.
+    fn values<'h>(&self, headers: &'h HeaderMap) -> Trio<Option<&'h HeaderValue>> {
+        let mut found = Trio {
+            limit: None,
+            remaining: None,
+            reset: None,
+        };
+        for (name, value) in headers {
+            let slot = if *name == self.limit {
+                &mut found.limit
+            } else if *name == self.remaining {
+                &mut found.remaining
+            } else if *name == self.reset {
+                &mut found.reset
+            } else {
+                continue;
+            };
+            slot.get_or_insert(value);
+        }
+        found
+    }
+}
+
+impl Trio<Option<&HeaderValue>> {
     /// The limit and remaining, as integers.
-    fn counts(&self, headers: &HeaderMap) -> (Option<u64>, Option<u64>) {
+    fn counts(&self) -> (Option<u64>, Option<u64>) {
         (
-            headers.get(&self.limit).and_then(integer),
-            headers.get(&self.remaining).and_then(integer),
+            self.limit.and_then(integer),
+            self.remaining.and_then(integer),
         )
     }
 }
@@ -199,16 +226,17 @@ fn retry_after_dialects(headers: &HeaderMap, now: SystemTime, signals: &mut Sign
 /// milliseconds), which needs no clock of ours and wins.
 fn github(headers: &HeaderMap, now: SystemTime, signals: &mut Signals) {
     for (names, reset_after) in &GITHUB {
-        let (limit, remaining) = names.counts(headers);
+        let values = names.values(headers);
+        let (limit, remaining) = values.counts();
         let reset = headers
             .get(reset_after)
             .and_then(|v| Some((seconds(number(v)?), step(v))))
             .or_else(|| {
-                let reset = headers.get(&names.reset)?;
+                let reset = values.reset?;
                 Some((epoch_or_delta(reset, now)?, step(reset)))
             });
         if let Some(filled) = fill(signals, Dimension::Requests, limit, remaining, reset) {
-            filled.reset_at = headers.get(&names.reset).and_then(epoch);
+            filled.reset_at = values.reset.and_then(epoch);
         }
     }
 }
@@ -216,10 +244,11 @@ fn github(headers: &HeaderMap, now: SystemTime, signals: &mut Signals) {
 /// OpenAI: `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`.
 fn openai(headers: &HeaderMap, _now: SystemTime, signals: &mut Signals) {
     for (names, dimension) in OPENAI.iter().zip([Dimension::Requests, Dimension::Tokens]) {
-        let (limit, remaining) = names.counts(headers);
+        let values = names.values(headers);
+        let (limit, remaining) = values.counts();
         // Go durations, written to the millisecond ("17ms", "59.989s").
-        let reset = headers
-            .get(&names.reset)
+        let reset = values
+            .reset
             .and_then(go_duration)
             .map(|reset| (reset, Duration::from_millis(1)));
         if let Some(filled) = fill(signals, dimension, limit, remaining, reset) {
@@ -239,11 +268,10 @@ fn anthropic(headers: &HeaderMap, now: SystemTime, signals: &mut Signals) {
         Dimension::OutputTokens,
     ];
     for (names, dimension) in ANTHROPIC.iter().zip(dimensions) {
-        let (limit, remaining) = names.counts(headers);
-        let at = headers.get(&names.reset).and_then(rfc3339);
-        let reset = headers
-            .get(&names.reset)
-            .and_then(|v| Some((until(at?, now), step(v))));
+        let values = names.values(headers);
+        let (limit, remaining) = values.counts();
+        let at = values.reset.and_then(rfc3339);
+        let reset = values.reset.and_then(|v| Some((until(at?, now), step(v))));
         if let Some(filled) = fill(signals, dimension, limit, remaining, reset) {
             filled.refills = true;
             filled.reset_at = at;
@@ -287,9 +315,10 @@ fn ietf(headers: &HeaderMap, _now: SystemTime, signals: &mut Signals) {
             }
         }
     }
-    let (limit, remaining) = IETF.counts(headers);
-    let reset = headers
-        .get(&IETF.reset)
+    let values = IETF.values(headers);
+    let (limit, remaining) = values.counts();
+    let reset = values
+        .reset
         .and_then(integer)
         .map(|t| (Duration::from_secs(t), Duration::from_secs(1)));
     fill(signals, Dimension::Requests, limit, remaining, reset);
@@ -374,18 +403,35 @@ impl Signals {
     /// Read every dialect this module knows from `headers`; `now` is the
     /// wall clock, for the dialects that send dates.
     pub fn parse(headers: &HeaderMap, now: SystemTime) -> Self {
+        Self::parse_spoken(headers, now, Spoken::of(headers))
+    }
+
+    /// [`parse`](Self::parse), with the families `headers` speak already
+    /// found: one pass over an answer's names, not two.
+    pub(crate) fn parse_spoken(headers: &HeaderMap, now: SystemTime, spoken: Spoken) -> Self {
         let mut signals = Self::default();
-        let families = families(headers);
-        for dialect in BUILT_IN.iter().filter(|d| d.families & families != 0) {
+        for dialect in BUILT_IN.iter().filter(|d| d.families & spoken.0 != 0) {
             (dialect.read)(headers, now, &mut signals);
         }
         signals
     }
+}
 
-    /// Whether `headers` hold anything a built-in dialect reads: without,
-    /// [`parse`](Self::parse) finds nothing, and needs no clock.
-    pub(crate) fn speaks_built_in(headers: &HeaderMap) -> bool {
-        families(headers) != 0
+/// The families of built-in dialects an answer's names belong to: read
+/// once per answer, before any dialect reads it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Spoken(u8);
+
+impl Spoken {
+    /// The families of the names in `headers`.
+    pub(crate) fn of(headers: &HeaderMap) -> Self {
+        Self(families(headers))
+    }
+
+    /// No built-in dialect reads any of them: [`Signals::parse`] would find
+    /// nothing, and needs no clock.
+    pub(crate) fn is_none(self) -> bool {
+        self.0 == 0
     }
 }
 

@@ -96,7 +96,21 @@ pub(super) fn step(value: &HeaderValue) -> Duration {
 }
 
 pub(super) fn integer(value: &HeaderValue) -> Option<u64> {
-    value.to_str().ok()?.trim().parse().ok()
+    // Nearly every vendor writes bare digits, read here at once; anything
+    // else (spaces, a sign, 20 digits) the slow way.
+    digits(value.as_bytes()).or_else(|| value.to_str().ok()?.trim().parse().ok())
+}
+
+/// 1 to 19 ASCII digits (never past `u64::MAX`) as their number.
+fn digits(bytes: &[u8]) -> Option<u64> {
+    if bytes.is_empty() || bytes.len() > 19 || !bytes.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(
+        bytes
+            .iter()
+            .fold(0, |n, &digit| n * 10 + u64::from(digit - b'0')),
+    )
 }
 
 pub(super) fn seconds(secs: f64) -> Duration {
@@ -149,7 +163,11 @@ pub(super) fn go_duration(value: &HeaderValue) -> Option<Duration> {
             .find(|c: char| !(c.is_ascii_digit() || c == '.'))
             .unwrap_or(rest.len());
         let (amount, tail) = rest.split_at(split);
-        let amount: f64 = amount.parse().ok()?;
+        // A whole amount ("17ms", "6m0s") is exact as an integer.
+        let amount = match digits(amount.as_bytes()) {
+            Some(whole) => whole as f64,
+            None => amount.parse().ok()?,
+        };
         let unit_end = tail
             .find(|c: char| c.is_ascii_digit() || c == '.')
             .unwrap_or(tail.len());

@@ -604,3 +604,25 @@ fn a_hint_knows_how_finely_it_was_written() {
         assert_eq!(signals.hint_precision(&headers), *precision, "{pairs:?}");
     }
 }
+
+/// Bare digits are read at once, and everything else as before: spaces
+/// and a sign the slow way, 20 digits only when they fit.
+#[test]
+fn counts_read_fast_agree_with_the_slow_reading() {
+    let remaining = |value: &[u8]| {
+        let answer = headers(&[("x-ratelimit-remaining", value)]);
+        Signals::parse(&answer, dialect_now())
+            .limits
+            .first()
+            .and_then(|limit| limit.remaining)
+    };
+    assert_eq!(remaining(b"0"), Some(0));
+    assert_eq!(remaining(b"9999999999999999999"), Some(9_999_999_999_999_999_999));
+    assert_eq!(remaining(b"18446744073709551615"), Some(u64::MAX));
+    assert_eq!(remaining(b"18446744073709551616"), None);
+    assert_eq!(remaining(b" 42 "), Some(42));
+    assert_eq!(remaining(b"+7"), Some(7));
+    assert_eq!(remaining(b"-1"), None);
+    assert_eq!(remaining(b"4 2"), None);
+    assert_eq!(remaining(b""), None);
+}

@@ -23,7 +23,7 @@ use crate::error::Error;
 use crate::meters::Meters;
 use crate::meters::rate::spacing;
 use crate::store::StoreMode;
-use crate::time::later;
+use crate::time::{Stamp, later};
 
 impl Lane {
     /// Join the back of the queue: refused at once when the cost can never
@@ -131,7 +131,7 @@ impl Lane {
         // The clock is read under the lock: an instant read before it may
         // predate the charge of whoever held it, and would send this caller
         // to the queue for nothing (and everyone after it, behind it).
-        let (charged_at, transit, door) = shared.with_meters(|meters| {
+        let (charged_at, stamp, transit, door) = shared.with_meters(|meters| {
             let now = Instant::now();
             let waiting = shared.waiting.load(Ordering::SeqCst) != 0;
             if waiting || shared.paused_until(now).is_some() || earliest(meters, cost, now) > now {
@@ -148,10 +148,13 @@ impl Lane {
                 meter.commit(cost, charged);
             }
             let transit = door.map(|_| Transit::leave(&shared.gates));
-            Some((charged, transit, door.and_then(|door| door.shut(now))))
+            // Stamped once, by the first gate's meters, for the lane too.
+            let stamp = meters.first().map(|m| m.last_release());
+            let door = door.and_then(|door| door.shut(now));
+            Some((charged, stamp, transit, door))
         })?;
         shared.released.fetch_add(1, Ordering::Relaxed);
-        shared.active(charged_at);
+        shared.active(stamp.unwrap_or_else(|| Stamp::of(charged_at)));
         shared.series.metrics.released();
         Some(Turn {
             in_flight: permit,

@@ -18,7 +18,7 @@ use crate::gate::{Gate, Stop};
 use crate::meters::Meters;
 use crate::observability::Series;
 use crate::store::Remote;
-use crate::time::AtomicStamp;
+use crate::time::{AtomicStamp, Stamp};
 use crate::vendor::VendorModel;
 
 /// Where tickets go while a dispatcher runs; `None` while none does.
@@ -77,8 +77,8 @@ impl Shared {
     }
 
     /// A turn was released at `at`.
-    pub(super) fn active(&self, at: Instant) {
-        self.active_at.store(at);
+    pub(super) fn active(&self, at: Stamp) {
+        self.active_at.set(at);
     }
 
     /// How long the lane has released nothing, at `now`.
@@ -163,11 +163,17 @@ impl Shared {
         self.gates.iter().map(|gate| gate.meters()).collect()
     }
 
-    /// Run `f` with every gate's meters locked; a lane with one gate (the
-    /// common case) allocates nothing for it, which shows on the hot path.
+    /// Run `f` with every gate's meters locked, narrowest first (the order
+    /// every holder takes them in); a lane with one or two gates (a
+    /// tenant's and the vendor's: nearly all) allocates nothing for it,
+    /// which shows on the hot path.
     pub(super) fn with_meters<R>(&self, f: impl FnOnce(&mut [MutexGuard<'_, Meters>]) -> R) -> R {
         match &self.gates[..] {
             [gate] => f(std::slice::from_mut(&mut gate.meters())),
+            [narrow, broad] => {
+                let narrow = narrow.meters();
+                f(&mut [narrow, broad.meters()])
+            }
             _ => f(&mut self.meters()),
         }
     }

@@ -55,7 +55,11 @@ impl Releases {
     }
 
     pub(crate) fn record(&mut self, now: Instant) {
-        let now = Stamp::of(now);
+        self.record_stamp(Stamp::of(now));
+    }
+
+    /// [`record`](Self::record), for a release already stamped.
+    pub(crate) fn record_stamp(&mut self, now: Stamp) {
         while let Some(&oldest) = self.at.front() {
             if oldest.plus_nanos(self.window) > now {
                 if self.at.len() < self.cap as usize {

@@ -255,10 +255,11 @@ impl Meters {
 
     /// Until when a burst waits for the vendor's first answer, if it does.
     pub(crate) fn first_word(&self) -> Option<Instant> {
-        self.first
-            .get()
-            .filter(|_| !self.heard && self.bursts())
-            .map(|first| later(first, FIRST_WORD))
+        // Asked on every release: the flags first, the stamp only then.
+        if self.heard || !self.bursts() {
+            return None;
+        }
+        self.first.get().map(|first| later(first, FIRST_WORD))
     }
 
     /// True when the quotas let more than one request go at once.
@@ -342,13 +343,22 @@ impl Meters {
         if let Some(leak) = &mut self.leak {
             leak.commit(1, now);
         }
+        // One stamp for the ledger and the last release: each costs a
+        // subtraction of instants.
+        let stamp = Stamp::of(now);
         if let Some(releases) = &mut self.releases {
-            releases.record(now);
+            releases.record_stamp(stamp);
         }
-        self.last = Stamp::of(now);
+        self.last = stamp;
         if self.first == Stamp::NONE {
             self.first = self.last;
         }
+    }
+
+    /// When the last release was charged, as [`commit`](Self::commit)
+    /// stamped it (`Stamp::NONE`: never).
+    pub(crate) fn last_release(&self) -> Stamp {
+        self.last
     }
 
     pub(crate) fn settle(&mut self, charged: u64, actual: u64, at: Instant) {

@@ -32,7 +32,11 @@ pub(crate) fn micros(d: Duration) -> i64 {
 /// A duration in nanoseconds, saturated at 584 years: half the room of a
 /// `Duration`, for state every tenant's lane keeps.
 pub(crate) fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+    // In 64 bits, not through `as_nanos`'s 128: a release's stamp is one.
+    d.as_secs()
+        .checked_mul(1_000_000_000)
+        .and_then(|n| n.checked_add(u64::from(d.subsec_nanos())))
+        .unwrap_or(u64::MAX)
 }
 
 /// An instant as signed nanoseconds from a process-wide epoch: 8 bytes
@@ -98,8 +102,8 @@ impl AtomicStamp {
         Self(AtomicI64::new(Stamp::of(at).0))
     }
 
-    pub(crate) fn store(&self, at: Instant) {
-        self.0.store(Stamp::of(at).0, Ordering::Release);
+    pub(crate) fn set(&self, at: Stamp) {
+        self.0.store(at.0, Ordering::Release);
     }
 
     /// Move on to `at`, unless it holds a later instant already (reports

@@ -9,6 +9,7 @@ use tokio::sync::{OwnedSemaphorePermit, oneshot};
 use tokio::time::Instant;
 
 use crate::error::Error;
+use crate::time::Stamp;
 use crate::lane::queue::{Costed, Head, Queue};
 use crate::lane::shared::Shared;
 use crate::lane::turn::Fleet;
@@ -104,7 +105,7 @@ impl<'a> Ready<'a> {
         if handed {
             shared.count_out();
             shared.released.fetch_add(1, Ordering::Relaxed);
-            shared.active(now);
+            shared.active(Stamp::of(now));
             shared.series.metrics.released();
             self.queue.handed(taken.class, taken.batch_waited);
         }

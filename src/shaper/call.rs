@@ -142,9 +142,14 @@ impl Shaper {
     /// or the reason there is none. A redirect is followed, each hop
     /// through its own lane (see [`ShaperBuilder::redirects`](super::ShaperBuilder::redirects)).
     pub async fn execute(&self, request: Request) -> Result<Response, Error> {
-        self.execute_with(request, Options::default()).await
+        // Boxed, as `RequestBuilder::send` boxes it.
+        Box::pin(self.execute_with(request, Options::default())).await
     }
 
+    /// Its callers box its future where a request starts (`execute`,
+    /// `RequestBuilder::send`): the life of a request is a kilobyte of
+    /// state, which every move of the caller's future (into its task, a
+    /// `join`) would otherwise copy.
     pub(super) async fn execute_with(
         &self,
         mut request: Request,
@@ -154,11 +159,7 @@ impl Shaper {
         let transport = self.inner.transport.clone();
         let mut hops = options.redirects.unwrap_or(self.inner.redirects);
         loop {
-            // Boxed: the life of a request is kilobytes of state, which
-            // every move of the caller's future (into its task, a `join`)
-            // would otherwise copy.
-            let hop = Box::pin(self.hop(request, &options, |r| transport.send(r)));
-            let (outcome, sent) = hop.await;
+            let (outcome, sent) = self.hop(request, &options, |r| transport.send(r)).await;
             let response = outcome.map_err(|failure| match failure {
                 Failure::Shaper(error) => error,
                 Failure::Send { attempts, source } => Error::Transport { attempts, source },
@@ -191,7 +192,7 @@ impl Shaper {
         F: FnMut(Request) -> Fut,
         Fut: Future<Output = Result<Response, E>>,
     {
-        // Boxed, as in `execute_with`.
+        // Boxed, as `execute_with` is.
         Box::pin(self.hop(request, options, send)).await.0
     }
 

@@ -151,6 +151,50 @@ async fn callshaper(n: usize) -> Figures {
     Figures::per_tenant(n, (rss0, heap0), (rss1, heap1), (first, again))
 }
 
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+/// The same requests built by reqwest and answered by the same transport,
+/// with no shaper: what a request costs before the shaper adds its part
+/// (its row's memory is what nothing keeps per tenant).
+async fn request_alone(n: usize) -> Figures {
+    let client = reqwest::Client::new();
+    let send = |client: &reqwest::Client| {
+        let request = client.get("http://vendor.test/").build();
+        let answer = AtOnce.send(request.expect("a valid request"));
+        async move { drop(answer.await.expect("answered")) }
+    };
+    let (rss0, heap0) = (rss(), heap());
+    let started = Instant::now();
+    for _ in 0..n {
+        send(&client).await;
+    }
+    let first = started.elapsed() / n as u32;
+    let (rss1, heap1) = (rss(), heap());
+    let started = Instant::now();
+    let rounds: Vec<_> = (0..64)
+        .map(|_| {
+            let client = client.clone();
+            let per_task = (n * 10).div_ceil(64);
+            tokio::spawn(async move {
+                for _ in 0..per_task {
+                    send(&client).await;
+                }
+            })
+        })
+        .collect();
+    for round in rounds {
+        round.await.expect("a round ran");
+    }
+    let again = started.elapsed() / (n.div_ceil(64) as u32 * 64 * 10);
+    Figures::per_tenant(n, (rss0, heap0), (rss1, heap1), (first, again))
+}
+
 /// governor's keyed limiter, the same tenants and quota: a check per
 /// request.
 fn governor(n: usize) -> Figures {
@@ -184,12 +228,8 @@ fn main() {
     if let [which, n] = &args[..] {
         let n: usize = n.parse().expect("a count");
         let figures = match which.as_str() {
-            "callshaper" => tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("a runtime")
-                .block_on(callshaper(n)),
+            "callshaper" => runtime().block_on(callshaper(n)),
+            "request" => runtime().block_on(request_alone(n)),
             _ => governor(n),
         };
         figures.print(which, n);
@@ -205,7 +245,7 @@ fn main() {
     );
     println!("|---|---|---|---|---|---|");
     for n in counts {
-        for which in ["callshaper", "governor"] {
+        for which in ["callshaper", "request", "governor"] {
             let status = Command::new(&me)
                 .args([which, &n.to_string()])
                 .status()

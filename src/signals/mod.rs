@@ -43,8 +43,8 @@ mod said;
 
 pub(crate) use self::cite::cite;
 pub use self::clock::{SystemClock, WallClock, vendor_clock};
-pub(crate) use self::dialects::Spoken;
 pub use self::dialects::Dialect;
+pub(crate) use self::dialects::Spoken;
 pub use self::retry_after::retry_after;
 pub use self::said::{Dimension, Limit, Signals};
 

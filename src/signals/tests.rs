@@ -617,7 +617,10 @@ fn counts_read_fast_agree_with_the_slow_reading() {
             .and_then(|limit| limit.remaining)
     };
     assert_eq!(remaining(b"0"), Some(0));
-    assert_eq!(remaining(b"9999999999999999999"), Some(9_999_999_999_999_999_999));
+    assert_eq!(
+        remaining(b"9999999999999999999"),
+        Some(9_999_999_999_999_999_999)
+    );
     assert_eq!(remaining(b"18446744073709551615"), Some(u64::MAX));
     assert_eq!(remaining(b"18446744073709551616"), None);
     assert_eq!(remaining(b" 42 "), Some(42));

@@ -9,11 +9,11 @@ use tokio::sync::{OwnedSemaphorePermit, oneshot};
 use tokio::time::Instant;
 
 use crate::error::Error;
-use crate::time::Stamp;
 use crate::lane::queue::{Costed, Head, Queue};
 use crate::lane::shared::Shared;
 use crate::lane::turn::Fleet;
 use crate::lane::turn::{Answer, Transit, Turn};
+use crate::time::Stamp;
 
 /// A waiting ticket, as the dispatcher's queue holds it.
 pub(in crate::lane) struct Waiting {

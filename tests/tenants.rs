@@ -117,8 +117,11 @@ async fn eviction_never_forgets_a_quota_in_use() {
 async fn the_cap_evicts_the_quietest_idle_lane_or_refuses_naming_it() {
     let recording = Recording::default();
     let minute = Duration::from_secs(60);
+    // The sweeper stays out of it (a lane quiet for its idle timeout goes,
+    // its spent window resting): only the cap evicts here.
     let shaper = tenants(Quota::fixed_window(5, minute), recording.clone())
         .max_lanes(3)
+        .idle_timeout(Duration::from_secs(3600))
         .build()
         .unwrap();
     for tenant in ["a", "b", "c"] {
@@ -158,4 +161,107 @@ fn a_cap_of_zero_is_refused() {
         .build()
         .unwrap_err();
     assert!(error.to_string().contains("max_lanes"), "{error}");
+}
+
+/// A lane quiet for its idle timeout goes though its day's quota is partly
+/// spent: the spent part rests, and the tenant's next lane counts on from
+/// it.
+#[tokio::test(start_paused = true)]
+async fn a_quiet_lane_goes_and_its_spent_quota_rests() {
+    let day = Duration::from_secs(86_400);
+    let shaper = tenants(Quota::fixed_window(2, day), Recording::default())
+        .idle_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    call(&shaper, "a").await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(shaper.live_lanes(), 0, "{:?}", shaper.lanes().first());
+    call(&shaper, "a").await.unwrap();
+    let third = shaper
+        .get("http://vendor.test/a")
+        .tag("a")
+        .max_wait(Duration::from_secs(1))
+        .send()
+        .await;
+    assert!(
+        matches!(third, Err(Error::WouldExceedMaxWait { .. })),
+        "{third:?}"
+    );
+}
+
+/// The vendor's count outlives its lanes: while another lane holds the
+/// vendor, a quiet lane counting nothing of its own goes; the last one
+/// stays while the vendor's hour counts, unless a gate of its own rests,
+/// which keeps the vendor with it. A new tenant still finds the hour
+/// spent.
+#[tokio::test(start_paused = true)]
+async fn the_vendors_count_outlives_the_lanes_that_go() {
+    let hour = Duration::from_secs(3600);
+    let shaper = |tenant: Quota| {
+        Shaper::builder()
+            .quota(Quota::fixed_window(3, hour))
+            .level(Level::new("tenant", LaneKey::Tag, [tenant]))
+            .idle_timeout(Duration::from_secs(1))
+            .transport(Recording::default())
+            .build()
+            .unwrap()
+    };
+    let refused = |answer: Result<Response, Error>| {
+        assert!(
+            matches!(answer, Err(Error::WouldExceedMaxWait { .. })),
+            "{answer:?}"
+        )
+    };
+    let later = |shaper: &Shaper, tenant: &str| {
+        shaper
+            .get(format!("http://vendor.test/{tenant}"))
+            .tag(tenant)
+            .max_wait(Duration::from_secs(1))
+            .send()
+    };
+
+    // The tenants' own buckets fill again at once: nothing of theirs rests.
+    let fast = shaper(Quota::token_bucket(10, 1_000, Duration::from_secs(1)));
+    for tenant in ["a", "b", "b"] {
+        call(&fast, tenant).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(fast.live_lanes(), 1, "the last holder of the vendor stays");
+    refused(later(&fast, "c").await);
+
+    // A tenant's own hour rests, and keeps the vendor's with it.
+    let slow = shaper(Quota::fixed_window(10, hour));
+    for _ in 0..3 {
+        call(&slow, "a").await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(slow.live_lanes(), 0);
+    refused(later(&slow, "b").await);
+}
+
+/// A level's quotas changed while a tenant's meters rest: its next lane
+/// counts by the new ones, charged with what the tenant spent.
+#[tokio::test(start_paused = true)]
+async fn resting_meters_wake_to_the_levels_quotas_now() {
+    let day = Duration::from_secs(86_400);
+    let shaper = tenants(Quota::fixed_window(2, day), Recording::default())
+        .idle_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    call(&shaper, "a").await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(shaper.live_lanes(), 0);
+    shaper
+        .set_level_quotas("tenant", vec![Quota::fixed_window(1, day)])
+        .unwrap();
+    let second = shaper
+        .get("http://vendor.test/a")
+        .tag("a")
+        .max_wait(Duration::from_secs(1))
+        .send()
+        .await;
+    assert!(
+        matches!(second, Err(Error::WouldExceedMaxWait { .. })),
+        "{second:?}"
+    );
 }

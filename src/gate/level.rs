@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -13,12 +13,40 @@ use tokio::time::Instant;
 use super::cause::{PauseCause, Paused, Stop};
 use crate::meters::{Meters, Quota, Rate, Requests};
 use crate::spacing::Departures;
-use crate::sync::{Listing, Listings, lock};
+use crate::sync::lock;
 use crate::time::later;
 
-/// The shared gates of a shaper, by name: a gate lives as long as a lane
-/// holds it, and leaves the map when the last one lets go.
-pub(crate) type GateMap = Listings<Gate>;
+/// Where a shared gate is listed (its `GateMap`), so that it leaves the
+/// map when dropped. A field of the gate: it drops with it.
+pub(crate) struct Listed {
+    map: Weak<dyn Unlist>,
+    /// The map's own key: one allocation for both.
+    key: Arc<str>,
+}
+
+/// A map of gates, as a gate's listing sees it.
+pub(crate) trait Unlist: Send + Sync {
+    /// The gate listed under `key` was dropped.
+    fn forget(&self, key: &str);
+}
+
+impl Listed {
+    pub(crate) fn new(map: Weak<dyn Unlist>, key: Arc<str>) -> Self {
+        Self { map, key }
+    }
+
+    pub(crate) fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+impl Drop for Listed {
+    fn drop(&mut self) {
+        if let Some(map) = self.map.upgrade() {
+            map.forget(&self.key);
+        }
+    }
+}
 
 /// How a gate behaves besides its quotas: what it needs of the lane
 /// policy, and nothing else (so a gate knows nothing of lanes).
@@ -90,7 +118,7 @@ pub(crate) struct Gate {
     /// Its pause, stop and queue, made the first time one is needed.
     cold: OnceLock<Box<Cold>>,
     /// Where a shared gate is listed, to leave the map when dropped.
-    _listing: Option<Listing<Gate>>,
+    listed: Option<Listed>,
     /// A stop is in force (see [`Cold::stopped`]): the flag spares the hot
     /// path a lock.
     is_stopped: AtomicBool,
@@ -128,7 +156,7 @@ impl Gate {
     /// A gate of `level`, counting its quotas now. With a shared store the
     /// quotas live there, and the local meters are the fallback: one
     /// `share` of each quota.
-    pub(crate) fn new(level: Arc<GateLevel>, listing: Option<Listing<Gate>>, share: u32) -> Self {
+    pub(crate) fn new(level: Arc<GateLevel>, listed: Option<Listed>, share: u32) -> Self {
         let now = Instant::now();
         let headroom = level.settings.headroom;
         let quotas = level.quotas();
@@ -143,10 +171,60 @@ impl Gate {
             capacity: AtomicU64::new(capacity),
             meters: Mutex::new(meters),
             cold: OnceLock::new(),
-            _listing: listing,
+            listed,
             is_stopped: AtomicBool::new(false),
             heard: AtomicBool::new(false),
         }
+    }
+
+    /// A gate of `level` again, counting with the `meters` it rested with
+    /// (see `gate/map.rs`), brought up to the level's quotas if they
+    /// changed meanwhile. Only a gate on no store rests.
+    pub(crate) fn resumed(level: Arc<GateLevel>, listed: Listed, mut meters: Meters) -> Self {
+        let quotas = level.quotas();
+        if *quotas != **meters.quotas() {
+            meters.requote(&quotas, level.settings.headroom, Instant::now());
+        }
+        Self {
+            level,
+            capacity: AtomicU64::new(meters.capacity()),
+            meters: Mutex::new(meters),
+            cold: OnceLock::new(),
+            listed: Some(listed),
+            is_stopped: AtomicBool::new(false),
+            heard: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether the gate can rest as its meters alone at `now`: it is
+    /// listed (shared by name), and holds nothing else that counts: no
+    /// pause or stop in force, no lane waiting at it, no strict turn on
+    /// its way, and its last send further back than its spacing.
+    pub(crate) fn can_rest(&self, now: Instant) -> bool {
+        if self.listed.is_none() {
+            return false;
+        }
+        let Some(cold) = self.cold.get() else {
+            return true;
+        };
+        let departures = &cold.departures;
+        let spaced = match (departures.last(), self.spacing()) {
+            (Some(last), Some(gap)) => later(last, gap) <= now,
+            _ => true,
+        };
+        self.paused_until(now).is_none()
+            && self.stopped().is_none()
+            && lock(&cold.queue).is_empty()
+            && !departures.in_transit()
+            && spaced
+    }
+
+    /// The gate's meters and listing, to rest (after
+    /// [`can_rest`](Self::can_rest)); `None` for a gate listed nowhere.
+    pub(crate) fn into_rest(self) -> Option<(Meters, Listed)> {
+        let Self { meters, listed, .. } = self;
+        let meters = meters.into_inner().unwrap_or_else(PoisonError::into_inner);
+        listed.map(|listed| (meters, listed))
     }
 
     /// Refuse every request for `period` from now: the vendor said no pause

@@ -17,10 +17,12 @@
 
 mod cause;
 mod level;
+mod map;
 
 pub use self::cause::PauseCause;
 pub(crate) use self::cause::{Booked, Stop};
-pub(crate) use self::level::{Gate, GateLevel, GateMap, GateSettings};
+pub(crate) use self::level::{Gate, GateLevel, GateSettings};
+pub(crate) use self::map::{GateMap, Keep};
 
 #[cfg(test)]
 mod tests;

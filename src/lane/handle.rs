@@ -616,13 +616,6 @@ impl Lane {
         Arc::strong_count(&self.shared) == 1
     }
 
-    /// True when forgetting this lane loses nothing: nobody waiting, no
-    /// pause, the meters rested.
-    pub(crate) fn is_idle(&self) -> bool {
-        let now = Instant::now();
-        self.queued() == 0 && self.shared.gates.iter().all(|gate| gate.is_idle(now))
-    }
-
     /// How long the lane has released nothing.
     pub(crate) fn quiet_for(&self) -> Duration {
         self.shared.quiet_for(Instant::now())

@@ -32,6 +32,7 @@
 //! | `gates.rs` | the gates a lane's releases pass, inline for one or two |
 //! | `policy.rs` | [`LanePolicy`] and [`Priority`] |
 //! | `admission.rs` | refusals at the door, the `max_wait` prediction, the fast path |
+//! | `leave.rs` | when a shaper's lane may go though its meters count, its gates' meters resting |
 //! | `queue.rs` | the FIFO queue per class, sequence numbers, batch's share |
 //! | `waiter.rs` | a waiting caller's end of its ticket; who counts it out |
 //! | `turn.rs` | the [`Turn`] a released caller holds, and a strict lane's word of when it went |
@@ -43,6 +44,7 @@ mod admission;
 mod dispatcher;
 mod gates;
 mod handle;
+mod leave;
 mod policy;
 mod queue;
 mod release;
@@ -53,6 +55,7 @@ mod waiter;
 
 pub use self::handle::Lane;
 pub(crate) use self::handle::Place;
+pub(crate) use self::leave::Leaving;
 pub use self::policy::{LanePolicy, Priority};
 pub use self::snapshot::LaneSnapshot;
 pub use self::turn::Turn;

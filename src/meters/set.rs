@@ -355,6 +355,11 @@ impl Meters {
         }
     }
 
+    /// The quotas the meters count.
+    pub(crate) fn quotas(&self) -> &Arc<[Quota]> {
+        &self.quotas
+    }
+
     /// When the last release was charged, as [`commit`](Self::commit)
     /// stamped it (`Stamp::NONE`: never).
     pub(crate) fn last_release(&self) -> Stamp {

@@ -4,16 +4,20 @@
 //! there is no lane); held to `max_lanes`.
 //!
 //! **Eviction never loses state.** A lane goes only when nobody holds it
-//! and it is idle: nobody waiting, no pause, every meter rested. Such a
-//! lane behaves exactly as a new one would, so the next request for its
-//! key makes a new lane and sees no difference. A daily quota partly
-//! spent, or a pause, keeps its lane.
+//! and nobody waits in it, and each of its gates either counts nothing or
+//! lives on without it. The sweeper lets a lane quiet for `idle` go while
+//! its own gate still counts (a daily quota partly spent): that gate's
+//! meters rest in the gate map (`gate/map.rs`) until they count nothing,
+//! and the vendor's gate lives on with the model they keep. The next
+//! request for its key makes a new lane around them and sees no
+//! difference. A pause, a stop or strict spacing in flight keeps its lane.
 //!
 //! **The cap.** Past `max_lanes`, making a lane first evicts an idle one:
 //! the least recently used of a sample of [`SAMPLE`] in a shard (as
 //! Redis's `allkeys-lru` samples), shard after shard until one is found.
 //! When none can go, the request that needed a new lane ends with
-//! [`Error::LaneLimit`].
+//! [`Error::LaneLimit`]. The cap evicts only lanes whose every gate counts
+//! nothing: resting gates are not lanes, and are not counted.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
@@ -23,11 +27,14 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use crate::error::Error;
-use crate::lane::{Lane, LaneSnapshot};
+use crate::gate::GateMap;
+use crate::lane::{Lane, LaneSnapshot, Leaving};
 use crate::observability::LaneCount;
 use crate::sync::{lock, shrink};
+use crate::time::later;
 
 /// Shards of the map: enough that two cores rarely meet on one, few
 /// enough that a sweep's pass over them is cheap.
@@ -36,10 +43,10 @@ const SHARDS: usize = 64;
 /// Lanes looked at to pick one to evict for the cap.
 const SAMPLE: usize = 32;
 
-/// A lane that can go without losing anything: idle, and held by nobody
-/// but the map.
+/// A lane the cap can evict without losing anything: held by nobody but
+/// the map, and counting nothing of its own (see [`Leaving::Bare`]).
 fn evictable(lane: &Lane) -> bool {
-    lane.held_alone() && lane.is_idle()
+    lane.can_leave(Instant::now(), Leaving::Bare)
 }
 
 type Shard = Mutex<HashMap<Arc<str>, Lane>>;
@@ -60,10 +67,18 @@ pub(super) struct Lanes {
     /// Told when a lane's dispatcher retires (see `sweep`).
     retired: Arc<Notify>,
     count: LaneCount,
+    /// Where a lane that goes leaves the meters that still count.
+    gates: Arc<GateMap>,
+    /// Held while a lane is let go (a sweep, an eviction for the cap): a
+    /// lane goes on the word that another still holds its vendor's model,
+    /// which one going at a time may rely on.
+    leaving: Mutex<()>,
+    /// When the resting meters are next looked at.
+    resting_at: Mutex<Option<Instant>>,
 }
 
 impl Lanes {
-    pub(super) fn new(max: Option<usize>, idle: Duration) -> Self {
+    pub(super) fn new(max: Option<usize>, idle: Duration, gates: Arc<GateMap>) -> Self {
         Self {
             shards: (0..SHARDS).map(|_| Shard::default()).collect(),
             hasher: RandomState::new(),
@@ -74,6 +89,9 @@ impl Lanes {
             sweeper: Mutex::new(None),
             retired: Arc::new(Notify::new()),
             count: LaneCount::new(),
+            gates,
+            leaving: Mutex::new(()),
+            resting_at: Mutex::new(None),
         }
     }
 
@@ -160,13 +178,16 @@ impl Lanes {
         let Some((shard, name)) = quietest else {
             return false;
         };
+        let _leaving = lock(&self.leaving);
         let mut lanes = lock(&self.shards[shard]);
         // Looked at again under the lock: a request may have taken it up.
         if lanes.get(&name).is_none_or(|lane| !evictable(lane)) {
             return true;
         }
-        lanes.remove(&name);
+        let evicted = lanes.remove(&name);
         drop(lanes);
+        // Dropped while going is held, outside the shard's lock.
+        drop(evicted);
         self.dropped(1);
         true
     }
@@ -206,12 +227,17 @@ impl Lanes {
         *sweeper = Some(tokio::spawn(sweep(Arc::downgrade(self), self.idle)));
     }
 
-    /// Drop every lane quiet for `idle` that is idle and held by nobody;
-    /// how long until the next may be due (`None`: none until a busy lane
-    /// retires its dispatcher, which nudges the sweeper).
+    /// Let every lane quiet for `idle` go that nobody holds or waits in
+    /// and that loses nothing by going ([`Lane::can_leave`]), its meters
+    /// resting if they count; forget resting meters that count nothing any
+    /// more. How long until the next may be due (`None`: none until a busy
+    /// lane retires its dispatcher, which nudges the sweeper).
     fn sweep(&self) -> Option<Duration> {
+        let _leaving = lock(&self.leaving);
+        let now = Instant::now();
         let mut next: Option<Duration> = None;
         let mut due = |after: Duration| next = Some(next.map_or(after, |n| n.min(after)));
+        let mut leaving: Vec<Lane> = Vec::new();
         for shard in self.shards.iter() {
             let mut lanes = lock(shard);
             let before = lanes.len();
@@ -226,19 +252,41 @@ impl Lanes {
                     // first: the nudge says when.
                     return true;
                 }
-                let keep = !evictable(lane);
-                if keep {
-                    // Held, paused or its meters still charged: look again
-                    // an `idle` later, as its dispatcher once did.
-                    due(self.idle);
+                if lane.can_leave(now, Leaving::Resting) {
+                    leaving.push(lane.clone());
+                    return false;
                 }
-                keep
+                // Held, paused or strict in flight: look again an `idle`
+                // later, as its dispatcher once did.
+                due(self.idle);
+                true
             });
             let gone = before - lanes.len();
             if gone > 0 {
                 shrink(&mut lanes);
                 drop(lanes);
                 self.dropped(gone);
+            } else {
+                drop(lanes);
+            }
+            // Outside the shard's lock: a gate that rests takes the gate
+            // map's, which a lane being made takes under a shard's.
+            for lane in leaving.drain(..) {
+                lane.leave(&self.gates, now);
+            }
+        }
+        // Resting meters are looked at once an `idle` (a pass over the
+        // gate map holds its lock, which every new lane takes).
+        if self.gates.resting() > 0 {
+            let mut at = lock(&self.resting_at);
+            if at.is_none_or(|at| at <= now) {
+                *at = Some(later(now, self.idle));
+                drop(at);
+                if self.gates.sweep(now) {
+                    due(self.idle);
+                }
+            } else if let Some(at) = *at {
+                due(at - now);
             }
         }
         next
@@ -254,7 +302,7 @@ impl Lanes {
     /// itself live, so no lane is left without one.
     fn retire_sweeper(&self) -> bool {
         let mut sweeper = lock(&self.sweeper);
-        if self.live.load(Ordering::Acquire) > 0 {
+        if self.live.load(Ordering::Acquire) > 0 || self.gates.resting() > 0 {
             return false;
         }
         *sweeper = None;
@@ -293,18 +341,22 @@ impl Lanes {
         if let Some(sweeper) = lock(&self.sweeper).take() {
             sweeper.abort();
         }
+        self.gates.clear_resting();
     }
 }
 
 /// Sweep `lanes` when their quietest could next be due (first, `idle`
 /// after the first lane), or soon after a busy lane's dispatcher retired,
-/// while they exist and hold any. A lane is dropped once it has been
-/// quiet for `idle` and is idle; one held back by a pause or its meters is
-/// looked at again `idle` later; one with a dispatcher is left to it. No
-/// two sweeps are closer than a millisecond, nor, for retirements, than a
-/// quarter of `idle`: a sweep reads every lane.
+/// while they exist and hold any, or meters rest. A lane goes once it has
+/// been quiet for `idle` and loses nothing by going; one held back (a
+/// pause, strict spacing in flight) is looked at again `idle` later; one
+/// with a dispatcher is left to it. No two sweeps are closer than an
+/// eighth of `idle` (a lane goes at most that late) nor a millisecond,
+/// nor, for retirements, than a quarter of `idle`: a sweep reads every
+/// lane, and lanes made all the time would have it read them all every
+/// millisecond.
 async fn sweep(lanes: Weak<Lanes>, idle: Duration) {
-    let least = Duration::from_millis(1);
+    let least = (idle / 8).max(Duration::from_millis(1));
     let mut wait = Some(idle);
     loop {
         let Some(retired) = lanes.upgrade().map(|lanes| lanes.nudge()) else {

@@ -71,6 +71,7 @@ pub(super) struct Plan {
 
 impl Registry {
     pub(super) fn new(plan: Plan) -> Self {
+        let gates = Arc::new(GateMap::default());
         let route_policies = plan
             .routes
             .iter()
@@ -89,8 +90,12 @@ impl Registry {
         Self {
             shaper_policy: Arc::new(plan.policy.clone()),
             route_policies,
-            lanes: Arc::new(Lanes::new(plan.max_lanes, plan.policy.idle_timeout)),
-            gates: Arc::default(),
+            lanes: Arc::new(Lanes::new(
+                plan.max_lanes,
+                plan.policy.idle_timeout,
+                gates.clone(),
+            )),
+            gates,
             vendors: Arc::default(),
             series: Arc::default(),
             gate_levels: every_level(&plan).fold(HashMap::new(), |mut levels, level| {
@@ -180,19 +185,20 @@ impl Registry {
     /// [`requote`](Self::requote) with quotas already checked by
     /// [`check_quotas`](Self::check_quotas).
     pub(crate) fn apply_quotas(&self, level: &str, quotas: Vec<Quota>) {
-        // The gate map's lock orders this against a gate being created:
-        // a gate made before the change is requoted below, one made after
-        // reads the new quotas.
-        let gates = lock(&self.gates);
-        if let Some(gate_level) = self.gate_levels.get(level) {
-            gate_level.requote(&quotas);
-        }
-        let changed: Vec<Arc<Gate>> = gates
-            .values()
-            .filter_map(Weak::upgrade)
+        // Under the gate map's lock, which orders this against a gate
+        // being made or waking: one made before the change is requoted
+        // below, one made after reads the new quotas (a resting gate's
+        // meters catch up as it wakes).
+        let changed: Vec<Arc<Gate>> = self
+            .gates
+            .live_after(|| {
+                if let Some(gate_level) = self.gate_levels.get(level) {
+                    gate_level.requote(&quotas);
+                }
+            })
+            .into_iter()
             .filter(|gate| gate.level() == level)
             .collect();
-        drop(gates);
         for gate in &changed {
             gate.requote(&quotas);
         }
@@ -379,8 +385,10 @@ impl Registry {
     /// The shared gate of `level` for `key`, created on first use.
     fn gate_for(&self, level: &Level, key: &str) -> Arc<Gate> {
         let share = self.store.as_ref().map_or(1, Store::fleet_size);
-        listed(&self.gates, key, |listing| {
-            Gate::new(self.gate_level(level), Some(listing), share)
+        self.gates.gate(key, |listed, rested| match rested {
+            // Only a gate on no store rests.
+            Some(meters) => Gate::resumed(self.gate_level(level), listed, meters),
+            None => Gate::new(self.gate_level(level), Some(listed), share),
         })
     }
 

@@ -13,7 +13,7 @@ use super::pace::{Pace, Probe};
 use super::report::Report;
 use super::window::Window;
 use crate::adaptive::{Adaptive, Aimd};
-use crate::gate::Gate;
+use crate::gate::{Gate, Keep};
 use crate::meters::Rate;
 use crate::retry::{Allowance, Backoff, RetryBudget};
 use crate::spacing::Learned;
@@ -223,5 +223,13 @@ impl VendorModel {
     /// `released`, with the pace kept now (see [`Window::of`]).
     pub(super) fn window(&self, released: Instant) -> Option<Window> {
         Window::of(&self.gate, self.learned(), released)
+    }
+}
+
+/// A resting gate keeps its vendor's model alive: the model's gate holds
+/// the vendor's own count, which no lane may hold any more.
+impl Keep for VendorModel {
+    fn rested(&self, now: Instant) -> bool {
+        self.gate().is_idle(now)
     }
 }

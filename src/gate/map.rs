@@ -1,0 +1,227 @@
+//! The shared gates of a shaper by name ([`GateMap`]), and the meters of
+//! gates at rest.
+//!
+//! A gate lives as long as a lane holds it. A lane that goes (quiet for
+//! its `idle_timeout`) while its own gate still counts something, a daily
+//! quota partly spent, leaves that gate's meters here, **resting**, with
+//! what keeps its vendor's model alive ([`Keep`]). The next lane of that
+//! key takes them back, so a key's lane going costs the key nothing of
+//! its quota. A resting gate is its meters and its name, where a live one
+//! is also a lane, its gate, and their names and entries: a tenant quiet
+//! for a while weighs a third of what it did. Its meters go once they
+//! count nothing, and what they kept alive with them.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use tokio::time::Instant;
+
+use super::level::{Gate, Listed, Unlist};
+use crate::meters::Meters;
+use crate::sync::{lock, shrink};
+
+/// What a resting gate keeps alive: its vendor's model, whose gate holds
+/// the vendor's own count, which no lane may hold any more.
+pub(crate) trait Keep: Send + Sync {
+    /// Forgetting it at `now` loses nothing (nothing counted, no pause).
+    fn rested(&self, now: Instant) -> bool;
+}
+
+/// The shared gates of a shaper by name: the live ones (held by their
+/// lanes, listed weakly, leaving the map as the last holder lets go), and
+/// the resting ones.
+#[derive(Default)]
+pub(crate) struct GateMap {
+    gates: Mutex<HashMap<Arc<str>, Entry>>,
+    /// Resting gates: the sweeper goes on while there are any.
+    resting: AtomicUsize,
+}
+
+enum Entry {
+    Live(Weak<Gate>),
+    Resting(Box<Resting>),
+}
+
+struct Resting {
+    meters: Meters,
+    keep: Arc<dyn Keep>,
+}
+
+impl GateMap {
+    /// The live gate named `key`; else one `make` builds now, given its
+    /// listing and the meters it rested with, if it rested.
+    pub(crate) fn gate(
+        self: &Arc<Self>,
+        key: &str,
+        make: impl FnOnce(Listed, Option<Meters>) -> Gate,
+    ) -> Arc<Gate> {
+        let mut gates = lock(&self.gates);
+        let rested = match gates.get(key) {
+            Some(Entry::Live(gate)) => {
+                if let Some(gate) = gate.upgrade() {
+                    return gate;
+                }
+                None
+            }
+            Some(Entry::Resting(_)) => match gates.remove(key) {
+                Some(Entry::Resting(resting)) => Some(*resting),
+                _ => None,
+            },
+            None => None,
+        };
+        let key: Arc<str> = Arc::from(key);
+        let map: Weak<dyn Unlist> = Arc::downgrade(self) as Weak<Self>;
+        let listed = Listed::new(map, key.clone());
+        let (meters, keep) = match rested {
+            Some(Resting { meters, keep }) => {
+                self.resting.fetch_sub(1, Ordering::AcqRel);
+                (Some(meters), Some(keep))
+            }
+            None => (None, None),
+        };
+        let gate = Arc::new(make(listed, meters));
+        gates.insert(key, Entry::Live(Arc::downgrade(&gate)));
+        drop(gates);
+        // Let go of outside the lock: the last hold of a model drops its
+        // gate, which leaves this map.
+        drop(keep);
+        gate
+    }
+
+    /// Let the gate `gate` go: when nothing else holds it and its meters
+    /// still count something, they rest here with `keep`. True when they
+    /// do. A gate another lane holds stays with it; one with more than
+    /// meters (a pause, a queue, strict spacing: see [`Gate::can_rest`])
+    /// or with nothing counted goes as a gate does.
+    pub(crate) fn rest(&self, gate: Arc<Gate>, keep: &Arc<dyn Keep>, now: Instant) -> bool {
+        let mut gates = lock(&self.gates);
+        // Under the lock nobody takes a gate up (`gate` upgrades under
+        // it): one holder now is the last.
+        let gate = match Arc::try_unwrap(gate) {
+            Ok(gate) => gate,
+            Err(shared) => {
+                // Let go of outside the lock: the other holder may let go
+                // first, and a gate's last drop takes the lock.
+                drop(gates);
+                drop(shared);
+                return false;
+            }
+        };
+        if !gate.can_rest(now) {
+            drop(gates);
+            // Dropped outside the lock: its listing takes it.
+            drop(gate);
+            return false;
+        }
+        let Some((meters, listed)) = gate.into_rest() else {
+            drop(gates);
+            return false;
+        };
+        let rests = !meters.is_idle(now)
+            && gates
+                .get_mut(listed.key())
+                .is_some_and(|entry| match entry {
+                    Entry::Live(live) if live.strong_count() == 0 => {
+                        *entry = Entry::Resting(Box::new(Resting {
+                            meters,
+                            keep: keep.clone(),
+                        }));
+                        true
+                    }
+                    _ => false,
+                });
+        if rests {
+            self.resting.fetch_add(1, Ordering::AcqRel);
+        }
+        drop(gates);
+        // Its listing leaves a dead entry, never a resting one.
+        drop(listed);
+        rests
+    }
+
+    /// Resting gates whose meters count nothing any more go, with what
+    /// they kept alive, unless that still counts something and nothing
+    /// else keeps it. True when some still rest.
+    pub(crate) fn sweep(&self, now: Instant) -> bool {
+        let mut gone: Vec<Box<Resting>> = Vec::new();
+        let mut gates = lock(&self.gates);
+        let keys: Vec<Arc<str>> = gates
+            .iter()
+            .filter_map(|(key, entry)| match entry {
+                Entry::Resting(resting) if resting.can_go(now) => Some(key.clone()),
+                _ => None,
+            })
+            .collect();
+        for key in keys {
+            if let Some(Entry::Resting(resting)) = gates.remove(&key) {
+                gone.push(resting);
+            }
+        }
+        shrink(&mut gates);
+        drop(gates);
+        let left = self
+            .resting
+            .fetch_sub(gone.len(), Ordering::AcqRel)
+            .saturating_sub(gone.len());
+        // Outside the lock, as in `gate`.
+        drop(gone);
+        left > 0
+    }
+
+    /// How many gates rest.
+    pub(crate) fn resting(&self) -> usize {
+        self.resting.load(Ordering::Acquire)
+    }
+
+    /// Run `change` under the map's lock, then the live gates (for a live
+    /// change of their quotas, ordered against gates being made); resting
+    /// meters catch up as they wake ([`Gate::resumed`]).
+    pub(crate) fn live_after(&self, change: impl FnOnce()) -> Vec<Arc<Gate>> {
+        let gates = lock(&self.gates);
+        change();
+        gates
+            .values()
+            .filter_map(|entry| match entry {
+                Entry::Live(gate) => gate.upgrade(),
+                Entry::Resting(_) => None,
+            })
+            .collect()
+    }
+
+    /// Forget every resting gate (the shaper shut down).
+    pub(crate) fn clear_resting(&self) {
+        let mut gates = lock(&self.gates);
+        let mut gone: Vec<Entry> = Vec::new();
+        gates.retain(|_, entry| match entry {
+            Entry::Live(_) => true,
+            Entry::Resting(_) => {
+                gone.push(std::mem::replace(entry, Entry::Live(Weak::new())));
+                false
+            }
+        });
+        self.resting.store(0, Ordering::Release);
+        drop(gates);
+        drop(gone);
+    }
+}
+
+impl Unlist for GateMap {
+    /// A live gate listed under `key` was dropped: its entry goes, unless
+    /// the key was listed again since, or rests.
+    fn forget(&self, key: &str) {
+        let mut gates = lock(&self.gates);
+        if matches!(gates.get(key), Some(Entry::Live(gate)) if gate.strong_count() == 0) {
+            gates.remove(key);
+            shrink(&mut gates);
+        }
+    }
+}
+
+impl Resting {
+    /// Its meters count nothing, and what it keeps alive either counts
+    /// nothing or is kept by someone else too.
+    fn can_go(&self, now: Instant) -> bool {
+        self.meters.is_idle(now) && (Arc::strong_count(&self.keep) > 1 || self.keep.rested(now))
+    }
+}

@@ -1,0 +1,69 @@
+//! When a shaper's lane may go although its meters still count, and what
+//! it leaves behind: its own gates' meters, resting in the shaper's gate
+//! map with what keeps its vendor's model alive (see `gate/map.rs`).
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use super::handle::Lane;
+use crate::gate::{GateMap, Keep};
+
+/// What may stay behind when a lane goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Leaving {
+    /// Its own gates' meters, resting while they count: the sweeper lets a
+    /// lane quiet for its idle timeout go so.
+    Resting,
+    /// Nothing of its own: the cap evicts only lanes whose own gates count
+    /// nothing (resting meters are not lanes, and the cap does not bound
+    /// them).
+    Bare,
+}
+
+impl Lane {
+    /// True when the lane can go at `now` and lose nothing: nobody holds
+    /// or waits in it, it is on no store, each gate of its own counts
+    /// nothing (or, `Resting`, can rest), and the vendor's counts nothing
+    /// or lives on without it (while another lane, or a gate of this one
+    /// that rests, holds its model).
+    pub(crate) fn can_leave(&self, now: Instant, leaving: Leaving) -> bool {
+        let shared = &self.shared;
+        if !self.held_alone() || self.queued() != 0 {
+            return false;
+        }
+        let Some((vendor, own)) = shared.gates.split_last() else {
+            return false;
+        };
+        if shared.remote.is_some() {
+            // On a store, as before there was resting: every gate rested.
+            return shared.gates.iter().all(|gate| gate.is_idle(now));
+        }
+        let resting = leaving == Leaving::Resting;
+        let own_ok = own
+            .iter()
+            .all(|gate| gate.is_idle(now) || (resting && gate.can_rest(now)));
+        // A gate of its own that still counts rests with the model.
+        let vendor_kept = Arc::strong_count(&shared.vendor) > 1
+            || (resting && own.iter().any(|gate| !gate.is_idle(now)));
+        own_ok && (vendor.is_idle(now) || vendor_kept)
+    }
+
+    /// Go, after [`can_leave`](Self::can_leave) said so at `now`
+    /// (`Resting`) and the lane left its owner's map: each gate of its own that still counts
+    /// and that no other lane took up meanwhile rests in `map`, keeping
+    /// the vendor's model alive.
+    pub(crate) fn leave(self, map: &GateMap, now: Instant) {
+        let own: Vec<_> = match self.shared.gates.split_last() {
+            Some((_, own)) => own.to_vec(),
+            None => Vec::new(),
+        };
+        let keep: Arc<dyn Keep> = self.shared.vendor.clone();
+        // The lane's hold goes first: a gate only it held is then the
+        // map's to rest.
+        drop(self);
+        for gate in own {
+            map.rest(gate, &keep, now);
+        }
+    }
+}

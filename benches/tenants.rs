@@ -1,6 +1,10 @@
 //! A million tenants: N tenants, a lane each, one request each and then
 //! ten each, beside governor's keyed limiter: what a live, idle lane
 //! weighs (resident memory and heap, per lane) and what a request costs.
+//! The `resting` row gives each tenant a day's quota and lets its lane go
+//! 100 ms after it goes quiet: what a tenant weighs once only its count
+//! rests, and what one more request costs, waking it. The `request` row
+//! is the same requests without a shaper.
 //!
 //! ```text
 //! cargo bench --bench tenants            # N = 10^4, 10^5, 10^6
@@ -151,6 +155,52 @@ async fn callshaper(n: usize) -> Figures {
     Figures::per_tenant(n, (rss0, heap0), (rss1, heap1), (first, again))
 }
 
+/// N tenants with a day's quota each, whose lanes go 100 ms after they
+/// go quiet, leaving their count resting: memory once every lane went
+/// (the meters resting, nothing else), and one more request each, every
+/// one waking its tenant's meters into a new lane.
+async fn resting(n: usize) -> Figures {
+    let day = Duration::from_secs(86_400);
+    let tenants = Level::new("tenant", LaneKey::Tag, [Quota::fixed_window(1_000, day)]);
+    let shaper = Shaper::builder()
+        .quota(Quota::leaky_bucket(1_000_000_000, Duration::from_secs(1)))
+        .level(tenants)
+        .idle_timeout(Duration::from_millis(100))
+        .transport(AtOnce)
+        .build()
+        .expect("a valid shaper");
+    let names: Vec<String> = (0..n).map(tenant).collect();
+    drop(
+        shaper
+            .get("http://vendor.test/")
+            .tag("warm-up")
+            .send()
+            .await,
+    );
+    let gone = || async {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while shaper.live_lanes() > 0 {
+            assert!(Instant::now() < deadline, "every lane goes");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    gone().await;
+    let (rss0, heap0) = (rss(), heap());
+    let started = Instant::now();
+    for name in &names {
+        call(&shaper, name).await;
+    }
+    let first = started.elapsed() / n as u32;
+    gone().await;
+    let (rss1, heap1) = (rss(), heap());
+    let started = Instant::now();
+    for name in &names {
+        call(&shaper, name).await;
+    }
+    let woken = started.elapsed() / n as u32;
+    Figures::per_tenant(n, (rss0, heap0), (rss1, heap1), (first, woken))
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -229,6 +279,7 @@ fn main() {
         let n: usize = n.parse().expect("a count");
         let figures = match which.as_str() {
             "callshaper" => runtime().block_on(callshaper(n)),
+            "resting" => runtime().block_on(resting(n)),
             "request" => runtime().block_on(request_alone(n)),
             _ => governor(n),
         };
@@ -245,7 +296,7 @@ fn main() {
     );
     println!("|---|---|---|---|---|---|");
     for n in counts {
-        for which in ["callshaper", "request", "governor"] {
+        for which in ["callshaper", "resting", "request", "governor"] {
             let status = Command::new(&me)
                 .args([which, &n.to_string()])
                 .status()

@@ -219,6 +219,11 @@ impl Gate {
             && spaced
     }
 
+    /// The key it is listed under, if it is.
+    pub(crate) fn listed_key(&self) -> Option<Arc<str>> {
+        self.listed.as_ref().map(|listed| listed.key.clone())
+    }
+
     /// The gate's meters and listing, to rest (after
     /// [`can_rest`](Self::can_rest)); `None` for a gate listed nowhere.
     pub(crate) fn into_rest(self) -> Option<(Meters, Listed)> {

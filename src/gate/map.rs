@@ -12,8 +12,9 @@
 //! count nothing, and what they kept alive with them.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use tokio::time::Instant;
 
@@ -30,12 +31,29 @@ pub(crate) trait Keep: Send + Sync {
 
 /// The shared gates of a shaper by name: the live ones (held by their
 /// lanes, listed weakly, leaving the map as the last holder lets go), and
-/// the resting ones.
-#[derive(Default)]
+/// the resting ones. In shards, as the lanes are: every new lane takes a
+/// gate's shard, and a sweep of a million resting gates holds one shard
+/// at a time.
 pub(crate) struct GateMap {
-    gates: Mutex<HashMap<Arc<str>, Entry>>,
+    shards: Box<[Shard]>,
+    hasher: RandomState,
     /// Resting gates: the sweeper goes on while there are any.
     resting: AtomicUsize,
+}
+
+type Shard = Mutex<HashMap<Arc<str>, Entry>>;
+
+/// Enough that two cores rarely meet on one.
+const SHARDS: usize = 64;
+
+impl Default for GateMap {
+    fn default() -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+            hasher: RandomState::new(),
+            resting: AtomicUsize::new(0),
+        }
+    }
 }
 
 enum Entry {
@@ -56,7 +74,7 @@ impl GateMap {
         key: &str,
         make: impl FnOnce(Listed, Option<Meters>) -> Gate,
     ) -> Arc<Gate> {
-        let mut gates = lock(&self.gates);
+        let mut gates = self.shard(key);
         let rested = match gates.get(key) {
             Some(Entry::Live(gate)) => {
                 if let Some(gate) = gate.upgrade() {
@@ -95,7 +113,10 @@ impl GateMap {
     /// meters (a pause, a queue, strict spacing: see [`Gate::can_rest`])
     /// or with nothing counted goes as a gate does.
     pub(crate) fn rest(&self, gate: Arc<Gate>, keep: &Arc<dyn Keep>, now: Instant) -> bool {
-        let mut gates = lock(&self.gates);
+        let Some(key) = gate.listed_key() else {
+            return false;
+        };
+        let mut gates = self.shard(&key);
         // Under the lock nobody takes a gate up (`gate` upgrades under
         // it): one holder now is the last.
         let gate = match Arc::try_unwrap(gate) {
@@ -145,26 +166,27 @@ impl GateMap {
     /// else keeps it. True when some still rest.
     pub(crate) fn sweep(&self, now: Instant) -> bool {
         let mut gone: Vec<Box<Resting>> = Vec::new();
-        let mut gates = lock(&self.gates);
-        let keys: Vec<Arc<str>> = gates
-            .iter()
-            .filter_map(|(key, entry)| match entry {
-                Entry::Resting(resting) if resting.can_go(now) => Some(key.clone()),
-                _ => None,
-            })
-            .collect();
-        for key in keys {
-            if let Some(Entry::Resting(resting)) = gates.remove(&key) {
-                gone.push(resting);
+        for shard in self.shards.iter() {
+            let mut gates = lock(shard);
+            let keys: Vec<Arc<str>> = gates
+                .iter()
+                .filter_map(|(key, entry)| match entry {
+                    Entry::Resting(resting) if resting.can_go(now) => Some(key.clone()),
+                    _ => None,
+                })
+                .collect();
+            for key in keys {
+                if let Some(Entry::Resting(resting)) = gates.remove(&key) {
+                    gone.push(resting);
+                }
             }
+            shrink(&mut gates);
         }
-        shrink(&mut gates);
-        drop(gates);
         let left = self
             .resting
             .fetch_sub(gone.len(), Ordering::AcqRel)
             .saturating_sub(gone.len());
-        // Outside the lock, as in `gate`.
+        // Outside the locks, as in `gate`.
         drop(gone);
         left > 0
     }
@@ -178,10 +200,12 @@ impl GateMap {
     /// change of their quotas, ordered against gates being made); resting
     /// meters catch up as they wake ([`Gate::resumed`]).
     pub(crate) fn live_after(&self, change: impl FnOnce()) -> Vec<Arc<Gate>> {
-        let gates = lock(&self.gates);
+        // Every shard, in order (nothing else holds two).
+        let shards: Vec<_> = self.shards.iter().map(|shard| lock(shard)).collect();
         change();
-        gates
-            .values()
+        shards
+            .iter()
+            .flat_map(|gates| gates.values())
             .filter_map(|entry| match entry {
                 Entry::Live(gate) => gate.upgrade(),
                 Entry::Resting(_) => None,
@@ -191,18 +215,25 @@ impl GateMap {
 
     /// Forget every resting gate (the shaper shut down).
     pub(crate) fn clear_resting(&self) {
-        let mut gates = lock(&self.gates);
         let mut gone: Vec<Entry> = Vec::new();
-        gates.retain(|_, entry| match entry {
-            Entry::Live(_) => true,
-            Entry::Resting(_) => {
-                gone.push(std::mem::replace(entry, Entry::Live(Weak::new())));
-                false
-            }
-        });
+        for shard in self.shards.iter() {
+            let mut gates = lock(shard);
+            gates.retain(|_, entry| match entry {
+                Entry::Live(_) => true,
+                Entry::Resting(_) => {
+                    gone.push(std::mem::replace(entry, Entry::Live(Weak::new())));
+                    false
+                }
+            });
+        }
         self.resting.store(0, Ordering::Release);
-        drop(gates);
         drop(gone);
+    }
+
+    fn shard(&self, key: &str) -> MutexGuard<'_, HashMap<Arc<str>, Entry>> {
+        // The modulo of a 64-bit hash: the low bits are as good as any.
+        let at = (self.hasher.hash_one(key) % SHARDS as u64) as usize;
+        lock(&self.shards[at])
     }
 }
 
@@ -210,7 +241,7 @@ impl Unlist for GateMap {
     /// A live gate listed under `key` was dropped: its entry goes, unless
     /// the key was listed again since, or rests.
     fn forget(&self, key: &str) {
-        let mut gates = lock(&self.gates);
+        let mut gates = self.shard(key);
         if matches!(gates.get(key), Some(Entry::Live(gate)) if gate.strong_count() == 0) {
             gates.remove(key);
             shrink(&mut gates);

@@ -618,7 +618,13 @@ impl Lane {
 
     /// How long the lane has released nothing.
     pub(crate) fn quiet_for(&self) -> Duration {
-        self.shared.quiet_for(Instant::now())
+        self.quiet_at(Instant::now())
+    }
+
+    /// How long the lane has released nothing, at `now` (one reading of
+    /// the clock for a sweep over every lane).
+    pub(crate) fn quiet_at(&self, now: Instant) -> Duration {
+        self.shared.quiet_for(now)
     }
 
     /// True while a dispatcher runs for the lane: someone waits, or did

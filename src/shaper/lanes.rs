@@ -242,7 +242,7 @@ impl Lanes {
             let mut lanes = lock(shard);
             let before = lanes.len();
             lanes.retain(|_, lane| {
-                let quiet = lane.quiet_for();
+                let quiet = lane.quiet_at(now);
                 if quiet < self.idle {
                     due(self.idle - quiet);
                     return true;

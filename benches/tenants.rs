@@ -2,7 +2,7 @@
 //! ten each, beside governor's keyed limiter: what a live, idle lane
 //! weighs (resident memory and heap, per lane) and what a request costs.
 //! The `resting` row gives each tenant a day's quota and lets its lane go
-//! 100 ms after it goes quiet: what a tenant weighs once only its count
+//! a second after it goes quiet: what a tenant weighs once only its count
 //! rests, and what one more request costs, waking it. The `request` row
 //! is the same requests without a shaper.
 //!
@@ -155,7 +155,7 @@ async fn callshaper(n: usize) -> Figures {
     Figures::per_tenant(n, (rss0, heap0), (rss1, heap1), (first, again))
 }
 
-/// N tenants with a day's quota each, whose lanes go 100 ms after they
+/// N tenants with a day's quota each, whose lanes go a second after they
 /// go quiet, leaving their count resting: memory once every lane went
 /// (the meters resting, nothing else), and one more request each, every
 /// one waking its tenant's meters into a new lane.
@@ -165,7 +165,7 @@ async fn resting(n: usize) -> Figures {
     let shaper = Shaper::builder()
         .quota(Quota::leaky_bucket(1_000_000_000, Duration::from_secs(1)))
         .level(tenants)
-        .idle_timeout(Duration::from_millis(100))
+        .idle_timeout(Duration::from_secs(1))
         .transport(AtOnce)
         .build()
         .expect("a valid shaper");

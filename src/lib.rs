@@ -153,7 +153,7 @@
 //! | `callshaper_learned_rate` | gauge | | requests per second the vendor's answers taught the lane (absent until it learned one) |
 //! | `callshaper_wait_seconds` | histogram | | time from submission to first release |
 //! | `callshaper_store_mode` | gauge, state set | `mode` | with a shared store: 1 for the mode in force (`shared`, `fallback`, `unavailable`), 0 for the others |
-//! | `callshaper_lanes` | gauge | none | live lanes: made on a key's first request, dropped when idle (or for `max_lanes`) |
+//! | `callshaper_lanes` | gauge | none | live lanes: made on a key's first request, gone once quiet for `idle_timeout` (a count they still hold rests, and is not a lane) or for `max_lanes` |
 //!
 //! Handles of the hot path are registered once, when the lane is created,
 //! so a release pays an atomic add, not a lookup; without the feature, or

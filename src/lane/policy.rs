@@ -58,8 +58,11 @@ pub struct LanePolicy {
     /// come back; grows with consecutive throttles (equal jitter) and
     /// resets on success. Default 1 s doubling up to 60 s.
     pub fallback: Backoff,
-    /// An idle lane (nothing queued, not paused, meters rested) is dropped
-    /// after this long. Default 60 s; zero is refused.
+    /// A shaper's lane quiet this long goes, unless it holds more than
+    /// meters (someone waiting, a pause, strict spacing in flight). Meters
+    /// of its own that still count (a daily quota partly spent) rest until
+    /// they count nothing, and the key's next lane counts on from them.
+    /// Default 60 s; zero is refused.
     pub idle_timeout: Duration,
     /// Opt-in adaptive pacing for vendors that announce nothing: throttles
     /// without a header cut the lane's request rate, successes grow it back,

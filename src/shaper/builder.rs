@@ -40,7 +40,7 @@ type Edit = Box<dyn Fn(&mut LanePolicy) + Send + Sync>;
 /// | `retry(RetryPolicy)` | | also `max_throttles` (10) and the per-request backoff (100 ms .. 10 s, full jitter) |
 /// | `retry_non_idempotent(true)` | off | retry failures of POST/PATCH too (429s always are; a refused connection always is) |
 /// | `lane_key(fn)` | origin | which requests share a lane (per API key, tenant, ...) |
-/// | `idle_timeout(d)` | 60 s | drop a lane idle this long |
+/// | `idle_timeout(d)` | 60 s | a lane quiet this long goes; what its own quota counted rests until spent |
 /// | `max_lanes(n)` | none | the most lanes live at once; past it an idle lane makes room, or the request ends with `LaneLimit` |
 /// | `transport(t)` | the client | what sends each attempt |
 /// | `quota(Quota)` | | another quota, checked with the others |
@@ -185,7 +185,10 @@ impl ShaperBuilder {
         self.edit(move |p| p.fallback = Backoff::new(base, cap))
     }
 
-    /// Drop a lane after it has been idle this long (default 60 s).
+    /// A lane quiet this long goes (default 60 s): its task, queue and
+    /// gate go, and what its own quota still counts (a day's requests
+    /// partly spent) rests as meters alone, a few hundred bytes, which the
+    /// key's next request wakes. A lane someone waits in, or paused, stays.
     pub fn idle_timeout(self, idle: Duration) -> Self {
         self.edit(move |p| p.idle_timeout = idle)
     }
@@ -364,9 +367,11 @@ impl ShaperBuilder {
 
     /// The most lanes live at once (default: no cap). A lane per tenant or
     /// API key is a lane per key; past the cap, a new key's lane first
-    /// evicts an idle one (nobody waiting, no pause, its meters rested: it
-    /// loses nothing), and when none is idle the request ends with
-    /// [`Error::LaneLimit`](crate::Error::LaneLimit). Zero is refused.
+    /// evicts an idle one (nobody waiting, no pause, its own meters rested:
+    /// it loses nothing), and when none is idle the request ends with
+    /// [`Error::LaneLimit`](crate::Error::LaneLimit). Meters resting after
+    /// [`idle_timeout`](Self::idle_timeout) are not lanes, and the cap does
+    /// not count them. Zero is refused.
     pub fn max_lanes(mut self, n: usize) -> Self {
         self.max_lanes = Some(n);
         self

@@ -99,38 +99,39 @@ fn tenant(i: usize) -> String {
     format!("tenant-{i:07}")
 }
 
+/// One request of each tenant, in turn: the time per request.
+async fn each_once(shaper: &Shaper, names: &[String]) -> Duration {
+    let started = Instant::now();
+    for name in names {
+        call(shaper, name).await;
+    }
+    started.elapsed() / u32::try_from(names.len().max(1)).unwrap_or(u32::MAX)
+}
+
+/// A shaper with a lane per tenant at `quota`, going `idle` after it goes
+/// quiet, under one vendor quota far above the load, after one request
+/// (so the shaper's own start-up is not counted).
+async fn warmed_up(quota: Quota, idle: Duration) -> Shaper {
+    let shaper = Shaper::builder()
+        .quota(Quota::leaky_bucket(1_000_000_000, Duration::from_secs(1)))
+        .level(Level::new("tenant", LaneKey::Tag, [quota]))
+        .idle_timeout(idle)
+        .transport(AtOnce)
+        .build()
+        .expect("a valid shaper");
+    call(&shaper, "warm-up").await;
+    shaper
+}
+
 /// N tenants through one shaper: a lane per tenant (10 a second each, in
 /// bursts of 20, so eleven calls in a row need no wait) under one vendor
 /// quota far above the load.
 async fn callshaper(n: usize) -> Figures {
-    let second = Duration::from_secs(1);
-    let tenants = Level::new(
-        "tenant",
-        LaneKey::Tag,
-        [Quota::token_bucket(20, 10, second)],
-    );
-    let shaper = Shaper::builder()
-        .quota(Quota::leaky_bucket(1_000_000_000, Duration::from_secs(1)))
-        .level(tenants)
-        .idle_timeout(Duration::from_secs(3600))
-        .transport(AtOnce)
-        .build()
-        .expect("a valid shaper");
+    let quota = Quota::token_bucket(20, 10, Duration::from_secs(1));
+    let shaper = warmed_up(quota, Duration::from_secs(3600)).await;
     let names: Vec<String> = (0..n).map(tenant).collect();
-    // One request first, so the shaper's own start-up is not counted.
-    drop(
-        shaper
-            .get("http://vendor.test/")
-            .tag("warm-up")
-            .send()
-            .await,
-    );
     let (rss0, heap0) = (rss(), heap());
-    let started = Instant::now();
-    for name in &names {
-        call(&shaper, name).await;
-    }
-    let first = started.elapsed() / n as u32;
+    let first = each_once(&shaper, &names).await;
     let (rss1, heap1) = (rss(), heap());
     assert_eq!(shaper.live_lanes(), n + 1, "every tenant's lane is live");
     // Ten more each from 64 tasks: a lane found, not made.
@@ -160,23 +161,9 @@ async fn callshaper(n: usize) -> Figures {
 /// (the meters resting, nothing else), and one more request each, every
 /// one waking its tenant's meters into a new lane.
 async fn resting(n: usize) -> Figures {
-    let day = Duration::from_secs(86_400);
-    let tenants = Level::new("tenant", LaneKey::Tag, [Quota::fixed_window(1_000, day)]);
-    let shaper = Shaper::builder()
-        .quota(Quota::leaky_bucket(1_000_000_000, Duration::from_secs(1)))
-        .level(tenants)
-        .idle_timeout(Duration::from_secs(1))
-        .transport(AtOnce)
-        .build()
-        .expect("a valid shaper");
+    let day = Quota::fixed_window(1_000, Duration::from_secs(86_400));
+    let shaper = warmed_up(day, Duration::from_secs(1)).await;
     let names: Vec<String> = (0..n).map(tenant).collect();
-    drop(
-        shaper
-            .get("http://vendor.test/")
-            .tag("warm-up")
-            .send()
-            .await,
-    );
     let gone = || async {
         let deadline = Instant::now() + Duration::from_secs(120);
         while shaper.live_lanes() > 0 {
@@ -186,18 +173,10 @@ async fn resting(n: usize) -> Figures {
     };
     gone().await;
     let (rss0, heap0) = (rss(), heap());
-    let started = Instant::now();
-    for name in &names {
-        call(&shaper, name).await;
-    }
-    let first = started.elapsed() / n as u32;
+    let first = each_once(&shaper, &names).await;
     gone().await;
     let (rss1, heap1) = (rss(), heap());
-    let started = Instant::now();
-    for name in &names {
-        call(&shaper, name).await;
-    }
-    let woken = started.elapsed() / n as u32;
+    let woken = each_once(&shaper, &names).await;
     Figures::per_tenant(n, (rss0, heap0), (rss1, heap1), (first, woken))
 }
 

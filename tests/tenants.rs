@@ -49,6 +49,30 @@ async fn call(shaper: &Shaper, tenant: &str) -> Result<Response, Error> {
         .await
 }
 
+/// A call of `tenant` that may wait a second at most, which a spent quota
+/// refuses at once.
+async fn refused_within_a_second(shaper: &Shaper, tenant: &str) {
+    let answer = shaper
+        .get(format!("http://vendor.test/{tenant}"))
+        .tag(tenant)
+        .max_wait(Duration::from_secs(1))
+        .send()
+        .await;
+    assert!(
+        matches!(answer, Err(Error::WouldExceedMaxWait { .. })),
+        "{answer:?}"
+    );
+}
+
+/// A shaper whose tenants, each at `per_tenant`, go a second after they go
+/// quiet.
+fn quickly_quiet(per_tenant: Quota) -> Shaper {
+    tenants(per_tenant, Recording::default())
+        .idle_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap()
+}
+
 /// 64 tasks over 100,000 keys while idle lanes are swept away a few
 /// milliseconds after they go quiet and the cap evicts more: a key's lane
 /// is never taken from under a request about to use it, nor dropped while
@@ -168,25 +192,12 @@ fn a_cap_of_zero_is_refused() {
 /// it.
 #[tokio::test(start_paused = true)]
 async fn a_quiet_lane_goes_and_its_spent_quota_rests() {
-    let day = Duration::from_secs(86_400);
-    let shaper = tenants(Quota::fixed_window(2, day), Recording::default())
-        .idle_timeout(Duration::from_secs(1))
-        .build()
-        .unwrap();
+    let shaper = quickly_quiet(Quota::fixed_window(2, Duration::from_secs(86_400)));
     call(&shaper, "a").await.unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(shaper.live_lanes(), 0, "{:?}", shaper.lanes().first());
     call(&shaper, "a").await.unwrap();
-    let third = shaper
-        .get("http://vendor.test/a")
-        .tag("a")
-        .max_wait(Duration::from_secs(1))
-        .send()
-        .await;
-    assert!(
-        matches!(third, Err(Error::WouldExceedMaxWait { .. })),
-        "{third:?}"
-    );
+    refused_within_a_second(&shaper, "a").await;
 }
 
 /// The vendor's count outlives its lanes: while another lane holds the
@@ -206,19 +217,6 @@ async fn the_vendors_count_outlives_the_lanes_that_go() {
             .build()
             .unwrap()
     };
-    let refused = |answer: Result<Response, Error>| {
-        assert!(
-            matches!(answer, Err(Error::WouldExceedMaxWait { .. })),
-            "{answer:?}"
-        )
-    };
-    let later = |shaper: &Shaper, tenant: &str| {
-        shaper
-            .get(format!("http://vendor.test/{tenant}"))
-            .tag(tenant)
-            .max_wait(Duration::from_secs(1))
-            .send()
-    };
 
     // The tenants' own buckets fill again at once: nothing of theirs rests.
     let fast = shaper(Quota::token_bucket(10, 1_000, Duration::from_secs(1)));
@@ -227,7 +225,7 @@ async fn the_vendors_count_outlives_the_lanes_that_go() {
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(fast.live_lanes(), 1, "the last holder of the vendor stays");
-    refused(later(&fast, "c").await);
+    refused_within_a_second(&fast, "c").await;
 
     // A tenant's own hour rests, and keeps the vendor's with it.
     let slow = shaper(Quota::fixed_window(10, hour));
@@ -236,7 +234,7 @@ async fn the_vendors_count_outlives_the_lanes_that_go() {
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(slow.live_lanes(), 0);
-    refused(later(&slow, "b").await);
+    refused_within_a_second(&slow, "b").await;
 }
 
 /// A level's quotas changed while a tenant's meters rest: its next lane
@@ -244,24 +242,12 @@ async fn the_vendors_count_outlives_the_lanes_that_go() {
 #[tokio::test(start_paused = true)]
 async fn resting_meters_wake_to_the_levels_quotas_now() {
     let day = Duration::from_secs(86_400);
-    let shaper = tenants(Quota::fixed_window(2, day), Recording::default())
-        .idle_timeout(Duration::from_secs(1))
-        .build()
-        .unwrap();
+    let shaper = quickly_quiet(Quota::fixed_window(2, day));
     call(&shaper, "a").await.unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(shaper.live_lanes(), 0);
     shaper
         .set_level_quotas("tenant", vec![Quota::fixed_window(1, day)])
         .unwrap();
-    let second = shaper
-        .get("http://vendor.test/a")
-        .tag("a")
-        .max_wait(Duration::from_secs(1))
-        .send()
-        .await;
-    assert!(
-        matches!(second, Err(Error::WouldExceedMaxWait { .. })),
-        "{second:?}"
-    );
+    refused_within_a_second(&shaper, "a").await;
 }

@@ -154,6 +154,7 @@
 //! | `callshaper_wait_seconds` | histogram | | time from submission to first release |
 //! | `callshaper_store_mode` | gauge, state set | `mode` | with a shared store: 1 for the mode in force (`shared`, `fallback`, `unavailable`), 0 for the others |
 //! | `callshaper_lanes` | gauge | none | live lanes: made on a key's first request, gone once quiet for `idle_timeout` (a count they still hold rests, and is not a lane) or for `max_lanes` |
+//! | `callshaper_resting_gates` | gauge | none | gates whose lane went while their meters still count (a day's quota partly spent): each rests as its meters until a request wakes it or its count ends |
 //!
 //! Handles of the hot path are registered once, when the lane is created,
 //! so a release pays an atomic add, not a lookup; without the feature, or

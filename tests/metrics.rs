@@ -387,3 +387,34 @@ async fn a_lane_on_a_shared_store_reports_its_mode() {
         [Some(0.0), Some(1.0), Some(0.0)]
     );
 }
+
+/// A lane that went while its own quota still counted rests as its
+/// meters: a gauge counts them, and they leave it as a request wakes them
+/// or their count ends.
+#[tokio::test(start_paused = true)]
+async fn resting_gates_are_counted() {
+    let seen = Seen::default();
+    let _recording = metrics::set_default_local_recorder(&seen);
+    let vendor = Vendor::strict(100, SECOND).start().await;
+    let minute = Duration::from_secs(60);
+    let shaper = shaper(100)
+        .level(Level::new(
+            "tenant",
+            LaneKey::Tag,
+            [Quota::fixed_window(5, minute)],
+        ))
+        .idle_timeout(SECOND)
+        .build()
+        .unwrap();
+    let call = |tenant: &'static str| shaper.get(vendor.uri()).tag(tenant).send();
+    for tenant in ["a", "b"] {
+        call(tenant).await.unwrap();
+    }
+    tokio::time::sleep(2 * SECOND).await;
+    assert_eq!(shaper.live_lanes(), 0);
+    assert_eq!(seen.gauge("callshaper_resting_gates", &[]), Some(2.0));
+    call("a").await.unwrap();
+    assert_eq!(seen.gauge("callshaper_resting_gates", &[]), Some(1.0));
+    tokio::time::sleep(2 * minute).await;
+    assert_eq!(seen.gauge("callshaper_resting_gates", &[]), Some(0.0));
+}

@@ -20,6 +20,7 @@ use tokio::time::Instant;
 
 use super::level::{Gate, Listed, Unlist};
 use crate::meters::Meters;
+use crate::observability::RestingCount;
 use crate::sync::{lock, shrink};
 
 /// What a resting gate keeps alive: its vendor's model, whose gate holds
@@ -39,6 +40,8 @@ pub(crate) struct GateMap {
     hasher: RandomState,
     /// Resting gates: the sweeper goes on while there are any.
     resting: AtomicUsize,
+    /// The same, as a gauge.
+    count: RestingCount,
 }
 
 type Shard = Mutex<HashMap<Arc<str>, Entry>>;
@@ -52,6 +55,7 @@ impl Default for GateMap {
             shards: (0..SHARDS).map(|_| Shard::default()).collect(),
             hasher: RandomState::new(),
             resting: AtomicUsize::new(0),
+            count: RestingCount::new(),
         }
     }
 }
@@ -94,6 +98,7 @@ impl GateMap {
         let (meters, keep) = match rested {
             Some(Resting { meters, keep }) => {
                 self.resting.fetch_sub(1, Ordering::AcqRel);
+                self.count.woken(1);
                 (Some(meters), Some(keep))
             }
             None => (None, None),
@@ -154,6 +159,7 @@ impl GateMap {
                 });
         if rests {
             self.resting.fetch_add(1, Ordering::AcqRel);
+            self.count.rested();
         }
         drop(gates);
         // Its listing leaves a dead entry, never a resting one.
@@ -186,6 +192,7 @@ impl GateMap {
             .resting
             .fetch_sub(gone.len(), Ordering::AcqRel)
             .saturating_sub(gone.len());
+        self.count.woken(gone.len());
         // Outside the locks, as in `gate`.
         drop(gone);
         left > 0
@@ -227,6 +234,7 @@ impl GateMap {
             });
         }
         self.resting.store(0, Ordering::Release);
+        self.count.woken(gone.len());
         drop(gone);
     }
 

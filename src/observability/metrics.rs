@@ -5,10 +5,10 @@ use super::labels::Labels;
 use crate::meters::Rate;
 
 #[cfg(feature = "metrics")]
-pub(crate) use self::on::{InFlight, LaneCount, LaneMetrics, StoreMetrics};
+pub(crate) use self::on::{InFlight, LaneCount, LaneMetrics, RestingCount, StoreMetrics};
 
 #[cfg(not(feature = "metrics"))]
-pub(crate) use self::off::{InFlight, LaneCount, LaneMetrics, StoreMetrics};
+pub(crate) use self::off::{InFlight, LaneCount, LaneMetrics, RestingCount, StoreMetrics};
 
 #[cfg(feature = "metrics")]
 mod on {
@@ -86,7 +86,12 @@ mod on {
         describe_gauge!(
             "callshaper_lanes",
             Unit::Count,
-            "Live lanes: made on a key's first request, dropped when idle"
+            "Live lanes: made on a key's first request, gone once quiet"
+        );
+        describe_gauge!(
+            "callshaper_resting_gates",
+            Unit::Count,
+            "Gates whose lane went while their meters still count: the counts rest until spent"
         );
     }
 
@@ -105,6 +110,25 @@ mod on {
         }
 
         pub(crate) fn closed(&self, n: usize) {
+            self.0.decrement(n as f64);
+        }
+    }
+
+    /// Resting gates, of every shaper in the process (each moves the gauge
+    /// by increments).
+    pub(crate) struct RestingCount(Gauge);
+
+    impl RestingCount {
+        pub(crate) fn new() -> Self {
+            describe();
+            Self(gauge!("callshaper_resting_gates"))
+        }
+
+        pub(crate) fn rested(&self) {
+            self.0.increment(1.0);
+        }
+
+        pub(crate) fn woken(&self, n: usize) {
             self.0.decrement(n as f64);
         }
     }
@@ -324,6 +348,18 @@ mod off {
         pub(crate) fn opened(&self) {}
 
         pub(crate) fn closed(&self, _n: usize) {}
+    }
+
+    pub(crate) struct RestingCount;
+
+    impl RestingCount {
+        pub(crate) fn new() -> Self {
+            Self
+        }
+
+        pub(crate) fn rested(&self) {}
+
+        pub(crate) fn woken(&self, _n: usize) {}
     }
 
     pub(crate) struct StoreMetrics;

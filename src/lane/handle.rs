@@ -153,6 +153,13 @@ impl Lane {
         let mut place = self
             .enter(1, Priority::Interactive, max_wait)
             .inspect_err(|error| self.ended(error.reason()))?;
+        // Taken at the door, with no strict door to wait at: nothing to
+        // await.
+        if matches!(&place.slot, Slot::Ready(turn) if turn.door.is_none() && turn.transit.is_none())
+            && let Slot::Ready(turn) = std::mem::replace(&mut place.slot, Slot::Taken)
+        {
+            return Ok(turn);
+        }
         let mut turn = self
             .wait(&mut place)
             .await

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 
 use super::level::{Gate, Listed, Unlist};
 use crate::meters::Meters;
-use crate::observability::RestingCount;
+use crate::observability::Count;
 use crate::sync::{lock, shrink};
 
 /// What a resting gate keeps alive: its vendor's model, whose gate holds
@@ -42,7 +42,7 @@ pub(crate) struct GateMap {
     /// Resting gates: the sweeper goes on while there are any.
     resting: AtomicUsize,
     /// The same, as a gauge.
-    count: RestingCount,
+    count: Count,
 }
 
 type Shard = Mutex<HashMap<Arc<str>, Entry>>;
@@ -56,7 +56,7 @@ impl Default for GateMap {
             shards: (0..SHARDS).map(|_| Shard::default()).collect(),
             hasher: RandomState::new(),
             resting: AtomicUsize::new(0),
-            count: RestingCount::new(),
+            count: Count::resting_gates(),
         }
     }
 }
@@ -99,7 +99,7 @@ impl GateMap {
         let (meters, keep) = match rested {
             Some(Resting { meters, keep }) => {
                 self.resting.fetch_sub(1, Ordering::AcqRel);
-                self.count.woken(1);
+                self.count.down(1);
                 (Some(meters), Some(keep))
             }
             None => (None, None),
@@ -160,7 +160,7 @@ impl GateMap {
                 });
         if rests {
             self.resting.fetch_add(1, Ordering::AcqRel);
-            self.count.rested();
+            self.count.up();
         }
         drop(gates);
         // Its listing leaves a dead entry, never a resting one.
@@ -193,7 +193,7 @@ impl GateMap {
             .resting
             .fetch_sub(gone.len(), Ordering::AcqRel)
             .saturating_sub(gone.len());
-        self.count.woken(gone.len());
+        self.count.down(gone.len());
         // Outside the locks, as in `gate`.
         drop(gone);
         left > 0
@@ -235,7 +235,7 @@ impl GateMap {
             });
         }
         self.resting.store(0, Ordering::Release);
-        self.count.woken(gone.len());
+        self.count.down(gone.len());
         drop(gone);
     }
 

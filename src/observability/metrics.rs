@@ -5,10 +5,10 @@ use super::labels::Labels;
 use crate::meters::Rate;
 
 #[cfg(feature = "metrics")]
-pub(crate) use self::on::{InFlight, LaneCount, LaneMetrics, RestingCount, StoreMetrics};
+pub(crate) use self::on::{Count, InFlight, LaneMetrics, StoreMetrics};
 
 #[cfg(not(feature = "metrics"))]
-pub(crate) use self::off::{InFlight, LaneCount, LaneMetrics, RestingCount, StoreMetrics};
+pub(crate) use self::off::{Count, InFlight, LaneMetrics, StoreMetrics};
 
 #[cfg(feature = "metrics")]
 mod on {
@@ -95,40 +95,26 @@ mod on {
         );
     }
 
-    /// Live lanes, of every shaper in the process (each moves the gauge
-    /// by increments).
-    pub(crate) struct LaneCount(Gauge);
+    /// A count of every shaper in the process, each moving the gauge by
+    /// increments: live lanes, resting gates.
+    pub(crate) struct Count(Gauge);
 
-    impl LaneCount {
-        pub(crate) fn new() -> Self {
+    impl Count {
+        pub(crate) fn lanes() -> Self {
             describe();
             Self(gauge!("callshaper_lanes"))
         }
 
-        pub(crate) fn opened(&self) {
-            self.0.increment(1.0);
-        }
-
-        pub(crate) fn closed(&self, n: usize) {
-            self.0.decrement(n as f64);
-        }
-    }
-
-    /// Resting gates, of every shaper in the process (each moves the gauge
-    /// by increments).
-    pub(crate) struct RestingCount(Gauge);
-
-    impl RestingCount {
-        pub(crate) fn new() -> Self {
+        pub(crate) fn resting_gates() -> Self {
             describe();
             Self(gauge!("callshaper_resting_gates"))
         }
 
-        pub(crate) fn rested(&self) {
+        pub(crate) fn up(&self) {
             self.0.increment(1.0);
         }
 
-        pub(crate) fn woken(&self, n: usize) {
+        pub(crate) fn down(&self, n: usize) {
             self.0.decrement(n as f64);
         }
     }
@@ -338,28 +324,20 @@ mod off {
 
     pub(crate) struct InFlight;
 
-    pub(crate) struct LaneCount;
+    pub(crate) struct Count;
 
-    impl LaneCount {
-        pub(crate) fn new() -> Self {
+    impl Count {
+        pub(crate) fn lanes() -> Self {
             Self
         }
 
-        pub(crate) fn opened(&self) {}
-
-        pub(crate) fn closed(&self, _n: usize) {}
-    }
-
-    pub(crate) struct RestingCount;
-
-    impl RestingCount {
-        pub(crate) fn new() -> Self {
+        pub(crate) fn resting_gates() -> Self {
             Self
         }
 
-        pub(crate) fn rested(&self) {}
+        pub(crate) fn up(&self) {}
 
-        pub(crate) fn woken(&self, _n: usize) {}
+        pub(crate) fn down(&self, _n: usize) {}
     }
 
     pub(crate) struct StoreMetrics;

@@ -32,7 +32,7 @@ use tokio::time::Instant;
 use crate::error::Error;
 use crate::gate::GateMap;
 use crate::lane::{Lane, LaneSnapshot, Leaving};
-use crate::observability::LaneCount;
+use crate::observability::Count;
 use crate::sync::{lock, shrink};
 use crate::time::later;
 
@@ -66,7 +66,7 @@ pub(super) struct Lanes {
     sweeper: Mutex<Option<JoinHandle<()>>>,
     /// Told when a lane's dispatcher retires (see `sweep`).
     retired: Arc<Notify>,
-    count: LaneCount,
+    count: Count,
     /// Where a lane that goes leaves the meters that still count.
     gates: Arc<GateMap>,
     /// Held while a lane is let go (a sweep, an eviction for the cap): a
@@ -88,7 +88,7 @@ impl Lanes {
             shut: AtomicBool::new(false),
             sweeper: Mutex::new(None),
             retired: Arc::new(Notify::new()),
-            count: LaneCount::new(),
+            count: Count::lanes(),
             gates,
             leaving: Mutex::new(()),
             resting_at: Mutex::new(None),
@@ -134,7 +134,7 @@ impl Lanes {
         let lane = make();
         lanes.insert(lane.shared_key(), lane.clone());
         drop(lanes);
-        self.count.opened();
+        self.count.up();
         self.sweep_later();
         Ok(lane)
     }
@@ -215,7 +215,7 @@ impl Lanes {
 
     fn dropped(&self, n: usize) {
         self.live.fetch_sub(n, Ordering::AcqRel);
-        self.count.closed(n);
+        self.count.down(n);
     }
 
     /// Start the sweeper if none runs (on this runtime or at all).

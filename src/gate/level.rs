@@ -34,10 +34,6 @@ impl Listed {
     pub(crate) fn new(map: Weak<dyn Unlist>, key: Arc<str>) -> Self {
         Self { map, key }
     }
-
-    pub(crate) fn key(&self) -> &str {
-        &self.key
-    }
 }
 
 impl Drop for Listed {
@@ -166,15 +162,7 @@ impl Gate {
             let local: Arc<[Quota]> = quotas.iter().map(|q| q.share(share)).collect();
             meters = Meters::new(local, headroom, now);
         }
-        Self {
-            level,
-            capacity: AtomicU64::new(capacity),
-            meters: Mutex::new(meters),
-            cold: OnceLock::new(),
-            listed,
-            is_stopped: AtomicBool::new(false),
-            heard: AtomicBool::new(false),
-        }
+        Self::of(level, listed, capacity, meters)
     }
 
     /// A gate of `level` again, counting with the `meters` it rested with
@@ -185,12 +173,19 @@ impl Gate {
         if *quotas != **meters.quotas() {
             meters.requote(&quotas, level.settings.headroom, Instant::now());
         }
+        let capacity = meters.capacity();
+        Self::of(level, Some(listed), capacity, meters)
+    }
+
+    /// A gate of `level` counting with `meters`, whose requests may cost
+    /// up to `capacity`: nothing in force yet.
+    fn of(level: Arc<GateLevel>, listed: Option<Listed>, capacity: u64, meters: Meters) -> Self {
         Self {
             level,
-            capacity: AtomicU64::new(meters.capacity()),
+            capacity: AtomicU64::new(capacity),
             meters: Mutex::new(meters),
             cold: OnceLock::new(),
-            listed: Some(listed),
+            listed,
             is_stopped: AtomicBool::new(false),
             heard: AtomicBool::new(false),
         }

@@ -146,18 +146,16 @@ impl GateMap {
             return false;
         };
         let rests = !meters.is_idle(now)
-            && gates
-                .get_mut(listed.key())
-                .is_some_and(|entry| match entry {
-                    Entry::Live(live) if live.strong_count() == 0 => {
-                        *entry = Entry::Resting(Box::new(Resting {
-                            meters,
-                            keep: keep.clone(),
-                        }));
-                        true
-                    }
-                    _ => false,
-                });
+            && gates.get_mut(&*key).is_some_and(|entry| match entry {
+                Entry::Live(live) if live.strong_count() == 0 => {
+                    *entry = Entry::Resting(Box::new(Resting {
+                        meters,
+                        keep: keep.clone(),
+                    }));
+                    true
+                }
+                _ => false,
+            });
         if rests {
             self.resting.fetch_add(1, Ordering::AcqRel);
             self.count.up();
@@ -172,31 +170,7 @@ impl GateMap {
     /// they kept alive, unless that still counts something and nothing
     /// else keeps it. True when some still rest.
     pub(crate) fn sweep(&self, now: Instant) -> bool {
-        let mut gone: Vec<Box<Resting>> = Vec::new();
-        for shard in self.shards.iter() {
-            let mut gates = lock(shard);
-            let keys: Vec<Arc<str>> = gates
-                .iter()
-                .filter_map(|(key, entry)| match entry {
-                    Entry::Resting(resting) if resting.can_go(now) => Some(key.clone()),
-                    _ => None,
-                })
-                .collect();
-            for key in keys {
-                if let Some(Entry::Resting(resting)) = gates.remove(&key) {
-                    gone.push(resting);
-                }
-            }
-            shrink(&mut gates);
-        }
-        let left = self
-            .resting
-            .fetch_sub(gone.len(), Ordering::AcqRel)
-            .saturating_sub(gone.len());
-        self.count.down(gone.len());
-        // Outside the locks, as in `gate`.
-        drop(gone);
-        left > 0
+        self.forget_resting(|resting| resting.can_go(now)) > 0
     }
 
     /// How many gates rest.
@@ -223,20 +197,32 @@ impl GateMap {
 
     /// Forget every resting gate (the shaper shut down).
     pub(crate) fn clear_resting(&self) {
+        self.forget_resting(|_| true);
+    }
+
+    /// Forget the resting gates `go` picks, shard by shard; how many still
+    /// rest. What they kept alive is let go of outside the locks, as in
+    /// `gate`.
+    fn forget_resting(&self, go: impl Fn(&Resting) -> bool) -> usize {
         let mut gone: Vec<Entry> = Vec::new();
         for shard in self.shards.iter() {
             let mut gates = lock(shard);
             gates.retain(|_, entry| match entry {
-                Entry::Live(_) => true,
-                Entry::Resting(_) => {
+                Entry::Resting(resting) if go(resting) => {
                     gone.push(std::mem::replace(entry, Entry::Live(Weak::new())));
                     false
                 }
+                _ => true,
             });
+            shrink(&mut gates);
         }
-        self.resting.store(0, Ordering::Release);
         self.count.down(gone.len());
+        let left = self
+            .resting
+            .fetch_sub(gone.len(), Ordering::AcqRel)
+            .saturating_sub(gone.len());
         drop(gone);
+        left
     }
 
     fn shard(&self, key: &str) -> MutexGuard<'_, HashMap<Arc<str>, Entry>> {

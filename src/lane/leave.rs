@@ -39,20 +39,25 @@ impl Lane {
             // On a store, as before there was resting: every gate rested.
             return shared.gates.iter().all(|gate| gate.is_idle(now));
         }
-        let resting = leaving == Leaving::Resting;
-        let own_ok = own
-            .iter()
-            .all(|gate| gate.is_idle(now) || (resting && gate.can_rest(now)));
-        // A gate of its own that still counts rests with the model.
-        let vendor_kept = Arc::strong_count(&shared.vendor) > 1
-            || (resting && own.iter().any(|gate| !gate.is_idle(now)));
-        own_ok && (vendor.is_idle(now) || vendor_kept)
+        // Each gate of its own is read once (its meters' lock).
+        let mut rests = false;
+        for gate in own {
+            if gate.is_idle(now) {
+                continue;
+            }
+            if leaving == Leaving::Bare || !gate.can_rest(now) {
+                return false;
+            }
+            rests = true;
+        }
+        // A gate of its own that rests keeps the model alive.
+        rests || Arc::strong_count(&shared.vendor) > 1 || vendor.is_idle(now)
     }
 
     /// Go, after [`can_leave`](Self::can_leave) said so at `now`
-    /// (`Resting`) and the lane left its owner's map: each gate of its own that still counts
-    /// and that no other lane took up meanwhile rests in `map`, keeping
-    /// the vendor's model alive.
+    /// (`Resting`) and the lane left its owner's map: each gate of its own
+    /// that still counts and that no other lane took up meanwhile rests in
+    /// `map`, keeping the vendor's model alive.
     pub(crate) fn leave(self, map: &GateMap, now: Instant) {
         let own: Vec<_> = match self.shared.gates.split_last() {
             Some((_, own)) => own.to_vec(),

@@ -71,10 +71,9 @@ pub(super) struct Lanes {
     gates: Arc<GateMap>,
     /// Held while a lane is let go (a sweep, an eviction for the cap): a
     /// lane goes on the word that another still holds its vendor's model,
-    /// which one going at a time may rely on.
-    leaving: Mutex<()>,
-    /// When the resting meters are next looked at.
-    resting_at: Mutex<Option<Instant>>,
+    /// which one going at a time may rely on. It holds when the resting
+    /// meters are next looked at, which only a sweep reads.
+    leaving: Mutex<Option<Instant>>,
 }
 
 impl Lanes {
@@ -90,8 +89,7 @@ impl Lanes {
             retired: Arc::new(Notify::new()),
             count: Count::lanes(),
             gates,
-            leaving: Mutex::new(()),
-            resting_at: Mutex::new(None),
+            leaving: Mutex::new(None),
         }
     }
 
@@ -233,11 +231,11 @@ impl Lanes {
     /// more. How long until the next may be due (`None`: none until a busy
     /// lane retires its dispatcher, which nudges the sweeper).
     fn sweep(&self) -> Option<Duration> {
-        let _leaving = lock(&self.leaving);
+        let mut resting_at = lock(&self.leaving);
         let now = Instant::now();
         let mut next: Option<Duration> = None;
         let mut due = |after: Duration| next = Some(next.map_or(after, |n| n.min(after)));
-        let mut leaving: Vec<Lane> = Vec::new();
+        let mut going: Vec<Lane> = Vec::new();
         for shard in self.shards.iter() {
             let mut lanes = lock(shard);
             let before = lanes.len();
@@ -253,7 +251,7 @@ impl Lanes {
                     return true;
                 }
                 if lane.can_leave(now, Leaving::Resting) {
-                    leaving.push(lane.clone());
+                    going.push(lane.clone());
                     return false;
                 }
                 // Held, paused or strict in flight: look again an `idle`
@@ -271,22 +269,21 @@ impl Lanes {
             }
             // Outside the shard's lock: a gate that rests takes the gate
             // map's, which a lane being made takes under a shard's.
-            for lane in leaving.drain(..) {
+            for lane in going.drain(..) {
                 lane.leave(&self.gates, now);
             }
         }
         // Resting meters are looked at once an `idle` (a pass over the
         // gate map holds its lock, which every new lane takes).
         if self.gates.resting() > 0 {
-            let mut at = lock(&self.resting_at);
-            if at.is_none_or(|at| at <= now) {
-                *at = Some(later(now, self.idle));
-                drop(at);
-                if self.gates.sweep(now) {
-                    due(self.idle);
+            match *resting_at {
+                Some(at) if at > now => due(at - now),
+                _ => {
+                    *resting_at = Some(later(now, self.idle));
+                    if self.gates.sweep(now) {
+                        due(self.idle);
+                    }
                 }
-            } else if let Some(at) = *at {
-                due(at - now);
             }
         }
         next

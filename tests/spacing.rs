@@ -36,9 +36,11 @@ fn used_after(vendor: &Vendor, per_second: f64, from: Duration) -> f64 {
 /// nginx at `10r/s` without burst, the lane declared 15/s: nginx refuses
 /// the second request 67 ms in. The lane reads the refusals against its
 /// ledger (early in its window, below its count: the vendor's spacing is
-/// longer than the gap), widens its spacing a quarter at a time, and keeps
-/// its sends that far apart: at most 3 refusals, none failed, 90 % of
-/// nginx's rate after the first second.
+/// longer than the gap), widens its spacing a quarter at a time (107 ms),
+/// then settles three quarters of the way down from the largest refused
+/// gap (101.4 ms) and keeps its sends that far apart: at most 3 refusals,
+/// none failed, 97.6 % of nginx's rate after the first second (93.6 %
+/// before the settle, which this bound catches).
 #[tokio::test(start_paused = true)]
 async fn a_lane_declared_too_fast_learns_nginxs_spacing() {
     let vendor = Vendor::nginx(10, 0).refusing_with(429).start().await;
@@ -49,7 +51,7 @@ async fn a_lane_declared_too_fast_learns_nginxs_spacing() {
     assert!(vendor.throttled() <= 3, "{} refusals", vendor.throttled());
     let used = used_after(&vendor, 10.0, SECOND);
     assert!(
-        used >= 0.90,
+        used >= 0.96,
         "{:.1} % of nginx's rate after the first second",
         used * 100.0
     );

@@ -332,8 +332,11 @@ impl Learned {
                 Some(_) => kept,
                 None => t.saturating_add(first_margin(t)),
             }
-        } else if let Some(before_step) = self.trial.take() {
-            // A step down was refused: back, and wait twice as long.
+        } else if let Some(before_step) = self.trial.take_if(|_| !accepted_closer) {
+            // A step down was refused: back, and wait twice as long. Not
+            // when the vendor accepted as close a gap in the window: a
+            // step below its spacing is refused at once, so that refusal
+            // is jitter about the step (the trial stays).
             self.quiet = self.quiet.saturating_mul(2);
             before_step
         } else if gap > kept.saturating_mul(2)
@@ -598,15 +601,11 @@ mod tests {
         );
     }
 
-    /// The gap grown to 106.8 ms against nginx's 100 settles after a quiet
-    /// declared window, three quarters of the way up from the largest
-    /// refused gap (85.4 ms): 101.4 ms. Refused, it goes back, and the
-    /// spent bracket leaves the slow decay.
-    #[tokio::test(start_paused = true)]
-    async fn a_grown_gap_settles_within_its_bracket_once() {
-        let declared = fifteen();
+    /// nginx at 10r/s, the lane declared 15/s: the gap grown three times
+    /// by refusals early in the window, to 106.8 ms, the largest refused
+    /// 85.4 ms.
+    fn grown_against_nginx(t0: Instant) -> (Learned, Duration) {
         let mut learned = Learned::default();
-        let t0 = Instant::now();
         let mut gap = ms(67);
         for _ in 0..3 {
             let early = Refusal {
@@ -618,12 +617,36 @@ mod tests {
                 accepted: None,
                 cold: false,
             };
-            let Reading::Spacing(grown) = learned.refused(early, declared, t0, t0) else {
+            let Reading::Spacing(grown) = learned.refused(early, fifteen(), t0, t0) else {
                 panic!("a spacing refusal");
             };
             gap = grown;
         }
         assert_eq!(gap, Duration::from_nanos(106_781_250));
+        (learned, gap)
+    }
+
+    /// A refusal of the settled gap, as a vendor refuses a step below its
+    /// spacing: at once, no gap that close accepted.
+    fn settle_refused(settled: Duration, at: Instant, accepted: Duration) -> Refusal {
+        Refusal {
+            gap: settled,
+            before: 9,
+            prior: at,
+            strict: true,
+            silent: true,
+            accepted: Some(accepted),
+            cold: false,
+        }
+    }
+
+    /// The grown gap settles after a quiet declared window, three quarters
+    /// of the way down from the largest refused gap: 101.4 ms. Refused, it
+    /// goes back, and the spent bracket leaves the slow decay.
+    #[tokio::test(start_paused = true)]
+    async fn a_grown_gap_settles_within_its_bracket_once() {
+        let t0 = Instant::now();
+        let (mut learned, grown) = grown_against_nginx(t0);
         let window = t0 + Duration::from_secs(1);
         assert_eq!(learned.decay(ms(67), window - ms(1)), None);
         let settled = learned.decay(ms(67), window).expect("a settle");
@@ -631,19 +654,33 @@ mod tests {
             settled > ms(101) && settled < ms(102),
             "three quarters up from 85.4 to 106.8: {settled:?}"
         );
-        let refused = Refusal {
-            gap: settled,
-            before: 5,
-            prior: window,
-            strict: true,
-            silent: true,
-            accepted: Some(gap),
-            cold: false,
-        };
-        let back = learned.refused(refused, declared, window + ms(101), window + ms(101));
-        assert_eq!(back, Reading::Spacing(gap), "the refused settle goes back");
+        let at = window + ms(101);
+        let refused = settle_refused(settled, window, grown);
+        let back = learned.refused(refused, fifteen(), at, at);
+        assert_eq!(
+            back,
+            Reading::Spacing(grown),
+            "the refused settle goes back"
+        );
         let later = window + Duration::from_secs(31);
         assert_eq!(learned.decay(ms(67), later), None, "the bracket is spent");
+    }
+
+    /// A refusal of the settled gap after the vendor accepted a gap as
+    /// close is jitter about it, not its refusal: the lane stays near the
+    /// settled gap (a step above it) rather than going back to the grown.
+    #[tokio::test(start_paused = true)]
+    async fn jitter_about_a_settled_gap_does_not_undo_the_settle() {
+        let t0 = Instant::now();
+        let (mut learned, grown) = grown_against_nginx(t0);
+        let window = t0 + Duration::from_secs(1);
+        let settled = learned.decay(ms(67), window).expect("a settle");
+        let at = window + Duration::from_millis(900);
+        let jitter = settle_refused(settled, at, settled - ms(1));
+        let Reading::Spacing(kept) = learned.refused(jitter, fifteen(), at + settled, at) else {
+            panic!("a spacing refusal");
+        };
+        assert!(kept >= settled && kept < grown, "{kept:?}");
     }
 
     /// A vendor counting 3 a second with bare 429s, against a lane

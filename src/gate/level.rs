@@ -370,6 +370,12 @@ impl Gate {
         self.wake_first();
     }
 
+    /// A strict turn through this gate that went at `went` was answered
+    /// at `at` (see [`Departures::answered`]).
+    pub(crate) fn answered(&self, went: Instant, at: Instant) {
+        self.cold().departures.answered(went, at);
+    }
+
     /// The strict spacing in force, if any.
     pub(crate) fn spacing(&self) -> Option<Duration> {
         lock(&self.meters).spacing()

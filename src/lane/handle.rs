@@ -166,7 +166,8 @@ impl Lane {
             .inspect_err(|error| self.ended(error.reason()))?;
         // The caller sends now: a strict lane measures its next from here.
         turn.door_opens().await;
-        turn.went();
+        // The caller's answer never comes back through the lane.
+        drop(turn.went());
         Ok(turn)
     }
 

@@ -69,9 +69,29 @@ impl Transit {
         Self(gates.clone())
     }
 
-    fn went(self, at: Option<Instant>) {
+    fn went(self, at: Option<Instant>) -> Gates {
         for gate in self.0.iter() {
             gate.went(at);
+        }
+        self.0
+    }
+}
+
+/// A strict turn's request on its way to the vendor: told when its answer
+/// came, the lane measures its next send from when the request likely got
+/// there (see `Departures::answered`). Dropped unanswered, it says
+/// nothing more.
+pub(crate) struct Landing {
+    gates: Gates,
+    went: Instant,
+}
+
+impl Landing {
+    /// The vendor answered now.
+    pub(crate) fn answered(self) {
+        let now = Instant::now();
+        for gate in self.gates.iter() {
+            gate.answered(self.went, now);
         }
     }
 }
@@ -117,10 +137,12 @@ impl Turn {
     /// from here. [`Lane::acquire`] says so as it hands the turn over; the
     /// shaper says so once the transport took the request, so no send of
     /// the lane's reaches the transport sooner than the spacing after this.
-    pub(crate) fn went(&mut self) {
-        if let Some(transit) = self.transit.take() {
-            transit.went(Some(Instant::now()));
-        }
+    /// On a strict lane, what to tell when the answer comes.
+    pub(crate) fn went(&mut self) -> Option<Landing> {
+        let transit = self.transit.take()?;
+        let went = Instant::now();
+        let gates = transit.went(Some(went));
+        Some(Landing { gates, went })
     }
 
     /// The lane's in-flight slot, for the response to hold until its body

@@ -324,8 +324,12 @@ impl Shaper {
                 let _on_the_wire = lane.sending();
                 turn.door_opens().await;
                 let sending = send(request);
-                turn.went();
-                sending.instrument(attempt.span().clone()).await
+                let landing = turn.went();
+                let outcome = sending.instrument(attempt.span().clone()).await;
+                if let (Some(landing), Ok(_)) = (landing, &outcome) {
+                    landing.answered();
+                }
+                outcome
             };
             match &outcome {
                 Ok(response) => attempt.answered(response.status().as_u16()),

@@ -340,7 +340,9 @@ async fn real_nginx_at_the_true_quota() {
 /// the margin the lane learned: the first refusal is often the second
 /// request (the first one's cold connection lands it late at nginx), and
 /// later ones come at 10.5 and 11 ms gaps, jitter past a millisecond on a
-/// busy machine. Measured here: 1-4 refusals and 90-94 % in most runs; in
+/// busy machine (a strict lane now moves its last departure on when an
+/// answer comes back slower than usual, which is when a request reached
+/// nginx late). Measured here: 1-3 refusals and 90-95 % in most runs; in
 /// about one run in ten under `.ci/run` a jitter refusal in
 /// the first window, with no accepted gap yet to read it against, grows
 /// the gap by a quarter (62 %) or reads as a count (a lower quota, 61 %).

@@ -1,6 +1,7 @@
 //! A turn: permission to send one request now (and the ticket a request
-//! waits for it with), and, on a strict lane, the word of when it really went, which the lane's next release is measured
-//! from (see `spacing.rs`).
+//! waits for it with), and, on a strict lane, the word of when it really
+//! went and when its answer came ([`Landing`]), which the lane's next
+//! release is measured from (see `spacing.rs`).
 //!
 //! # The door
 //!

@@ -272,6 +272,11 @@ fn first_margin(interval: Duration) -> Duration {
 /// declared windows without a spacing refusal; a refused step puts it back
 /// and doubles the wait, as a learned quota's probe does. The lane stays
 /// strict: a vendor that refused a send for its spacing measures spacing.
+/// So the decay keeps a margin for the jitter between the two clocks:
+/// never below `S` plus [`JITTER`] (nor `T`). At `100r/s` the headroom
+/// leaves `T` 0.05 ms past nginx's 10, and a gap decayed to it met a
+/// refusal 30 s into every run of a minute; at `10r/s` `T` is past it
+/// already.
 #[derive(Debug, Default)]
 pub(crate) struct Learned {
     gap: Option<Duration>,
@@ -288,6 +293,9 @@ pub(crate) struct Learned {
     /// The largest gap refused for a spacing longer than it, while the gap
     /// grown past it has yet to settle: the bracket's lower end.
     floor: Option<Duration>,
+    /// The least gap a decay steps down to: the vendor's spacing plus
+    /// [`JITTER`], never below the lane's interval.
+    least: Duration,
 }
 
 impl Learned {
@@ -335,9 +343,10 @@ impl Learned {
         u64::try_from(refused.count()).unwrap_or(u64::MAX)
     }
 
-    /// True while a learned gap above `interval` waits to step down.
+    /// True while a learned gap above `interval` (and the least a decay
+    /// keeps) waits to step down.
     pub(crate) fn decays(&self, interval: Duration) -> bool {
-        self.gap.is_some_and(|gap| gap > interval)
+        self.gap.is_some_and(|gap| gap > interval.max(self.least))
     }
 
     /// The vendor refused the release at `released` (`refusal`, read
@@ -361,6 +370,7 @@ impl Learned {
         // are new (their jitter lands here), and a count says nothing yet.
         let opening = refusal.cold && before < declared.count / 4;
         let t = declared.interval;
+        self.least = declared.spacing.saturating_add(JITTER).max(t);
         let step = (t / 50).max(JITTER).min(t / 10);
         let kept = self.gap.unwrap_or(t).max(t);
         // Within a tenth of the count its kept gap lets into a window: a
@@ -466,7 +476,8 @@ impl Learned {
     /// changed.
     pub(crate) fn decay(&mut self, interval: Duration, now: Instant) -> Option<Duration> {
         let (gap, at) = (self.gap?, self.step_at?);
-        if now < at || gap <= interval {
+        let least = interval.max(self.least);
+        if now < at || gap <= least {
             return None;
         }
         // The gap before this step, which a refusal of it goes back to.
@@ -475,7 +486,7 @@ impl Learned {
             Some(floor) if floor < gap => floor.saturating_add((gap - floor) / 4 * SETTLE),
             _ => gap.saturating_sub(interval / 20),
         }
-        .max(interval);
+        .max(least);
         self.gap = Some(stepped);
         self.step_at = Some(later(now, self.quiet));
         Some(stepped)
@@ -526,6 +537,42 @@ mod tests {
             moved > us(1_700) && moved < us(2_000),
             "{moved:?} past the request's own departure"
         );
+    }
+
+    /// A gap learned against nginx's 100r/s (10.55 ms, the interval
+    /// 10.05 plus the first margin) decays to nginx's 10 ms plus the
+    /// jitter's half millisecond and stays there: at the interval itself,
+    /// 0.05 ms past nginx's spacing, jitter refuses a send.
+    #[tokio::test(start_paused = true)]
+    async fn a_decayed_gap_keeps_a_margin_for_jitter() {
+        let hundred = Declared::new(Rate::new(100, Duration::from_secs(1)), ms(5));
+        let mut learned = Learned::default();
+        let t0 = Instant::now();
+        let sooner = Refusal {
+            gap: Duration::from_micros(9_900),
+            before: 40,
+            prior: t0,
+            strict: false,
+            silent: true,
+            accepted: None,
+            cold: false,
+        };
+        let learned_gap = Duration::from_nanos(10_552_500);
+        assert_eq!(
+            learned.refused(sooner, hundred, t0, t0),
+            Reading::Spacing(learned_gap)
+        );
+        let t = hundred.interval;
+        let mut now = t0;
+        let mut gap = learned_gap;
+        for _ in 0..4 {
+            now += Duration::from_secs(30);
+            if let Some(stepped) = learned.decay(t, now) {
+                gap = stepped;
+            }
+        }
+        assert_eq!(gap, Duration::from_micros(10_500));
+        assert!(!learned.decays(t), "at the least it keeps");
     }
 
     /// The ledger's accepted gaps leave out the refused releases and the

@@ -298,7 +298,7 @@ pub(crate) fn refusal(
 }
 
 /// If the lane's ledger says the request released at `released` was
-/// refused for its spacing (see `spacing.rs`), the gap the lane keeps its
+/// refused for its spacing (see `spacing/learned.rs`), the gap the lane keeps its
 /// sends apart from now on (the throttle counted). A refusal that says
 /// nothing at all (no limit, no hint: a bare 429, nginx's 503) is read as
 /// spacing by a lane not yet strict, and by a strict fleet lane once

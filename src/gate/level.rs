@@ -358,7 +358,7 @@ impl Gate {
     }
 
     /// When the last request through this gate really went, and whether a
-    /// turn is still on its way to the wire (see `spacing.rs`).
+    /// turn is still on its way to the wire (see `spacing/departures.rs`).
     pub(crate) fn departures(&self) -> &Departures {
         &self.cold().departures
     }

@@ -1,7 +1,7 @@
 //! A turn: permission to send one request now (and the ticket a request
 //! waits for it with), and, on a strict lane, the word of when it really
 //! went and when its answer came ([`Landing`]), which the lane's next
-//! release is measured from (see `spacing.rs`).
+//! release is measured from (see `spacing/departures.rs`).
 //!
 //! # The door
 //!
@@ -179,7 +179,7 @@ const EARLY: Duration = Duration::from_millis(2);
 /// task, on a busy machine: yielded through rather than slept.
 const HANDOFF: Duration = Duration::from_micros(250);
 
-/// Strict spacing, for a lane whose meters keep it (see `spacing.rs`):
+/// Strict spacing, for a lane whose meters keep it (see `spacing/`):
 /// `Ok(Some(door))` with the instant the lane's next request of `cost`
 /// may go on the wire (a full gap after the last that really went, and
 /// when its meters allow it), `Ok(None)` on a lane that is not strict, and

@@ -48,7 +48,7 @@ pub(crate) struct Meters {
     /// Strict spacing declared ([`Quota::strict`]): the widest interval
     /// among the strict quotas.
     strict: Nanos,
-    /// Strict spacing a vendor's refusals taught (`spacing.rs`).
+    /// Strict spacing a vendor's refusals taught (`spacing/learned.rs`).
     learned_spacing: Nanos,
 }
 
@@ -199,7 +199,7 @@ impl Meters {
         self.quotas = Arc::from(quotas);
     }
 
-    /// The strict spacing in force (see `spacing.rs`): no request less than
+    /// The strict spacing in force (see `spacing/`): no request less than
     /// this after the last one, released or sent; `None`: the meters
     /// alone decide.
     pub(crate) fn spacing(&self) -> Option<Duration> {

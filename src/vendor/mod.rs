@@ -9,7 +9,7 @@
 //! what a vendor says against the gate's releases (is "nothing left" the
 //! lane's own spending? is a refusal a count or a spacing?) and hands the
 //! gate's meters what follows: a learned quota, probed back up
-//! (`pace.rs`); a spacing (`spacing.rs`); a bucket's leak (`drain.rs`);
+//! (`pace.rs`); a spacing (`spacing/learned.rs`); a bucket's leak (`drain.rs`);
 //! adaptive pacing. It also keeps the throttle streak behind
 //! the fallback backoff and the vendor's retry allowance.
 //!

@@ -254,6 +254,50 @@ async fn a_strict_lane_keeps_its_interval_on_the_wire_under_load() {
     assert!(used >= 0.85, "{:.1} % of the quota", used * 100.0);
 }
 
+/// On the wire, with the real clock: a strict lane at 50/s whose answers
+/// come back in well under a millisecond meets one 6 ms late. That request
+/// likely reached the vendor late too, so the next send waits the excess
+/// past the usual round trip on top of the 20.1 ms interval: measured
+/// here 26.9-27.0 ms after it, where the send after a quick answer
+/// followed at 20.1 ms (and so did the one after the slow answer before
+/// the lane read round trips).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_answer_moves_a_strict_lanes_next_send_on() {
+    let _alone = REAL_CLOCK.lock().await;
+    let server = wiremock::MockServer::start().await;
+    wiremock::Mock::given(wiremock::matchers::path("/slow"))
+        .respond_with(wiremock::ResponseTemplate::new(200).set_delay(Duration::from_millis(6)))
+        .mount(&server)
+        .await;
+    wiremock::Mock::given(wiremock::matchers::any())
+        .respond_with(wiremock::ResponseTemplate::new(200))
+        .mount(&server)
+        .await;
+    let wire = Wire::default();
+    let shaper = Shaper::builder()
+        .quota(Quota::leaky_bucket(50, SECOND).strict())
+        .transport(wire.clone())
+        .build()
+        .unwrap();
+    for path in ["fast"; 20].into_iter().chain(["slow", "fast"]) {
+        let response = shaper.get(format!("{}/{path}", server.uri())).send().await;
+        assert_eq!(response.unwrap().status(), 200);
+    }
+    let sends = wire.sends();
+    let gap = |i: usize| sends[i].0 - sends[i - 1].0;
+    let interval = Duration::from_micros(20_100);
+    eprintln!(
+        "after a quick answer {:?}, after the slow one {:?}",
+        gap(20),
+        gap(21)
+    );
+    assert!(
+        gap(21) >= interval + Duration::from_millis(3),
+        "{:?} after an answer 6 ms late",
+        gap(21)
+    );
+}
+
 /// `n` requests from as many tasks through a lane of `shaper`, to `url`.
 async fn send_all(shaper: &Shaper, url: &str, n: usize) -> usize {
     let tasks = (0..n)

@@ -25,9 +25,11 @@ use crate::time::{AtomicStamp, later, nanos};
 /// answer slower than usual ([`answered`](Departures::answered)) moves
 /// the last departure on by the difference: RFC 6298's smoothed round
 /// trip and its mean deviation say what is usual, and only the excess
-/// over both counts, so the ordinary spread costs nothing. An answer that
-/// comes after the next send was released is too late for it, and a
-/// vendor slower to answer than the gap never moves a send at all.
+/// over both counts, so the ordinary spread costs nothing. The departure
+/// moves no later than the answer less the usual round trip: a send never
+/// waits more than a gap past any answer, and a vendor that usually takes
+/// longer than the gap to answer never moves one. An answer that comes
+/// after the next send was released is too late for it.
 #[derive(Debug, Default)]
 pub(crate) struct Departures {
     last: AtomicStamp,

@@ -219,6 +219,25 @@ async fn a_late_release_is_not_made_up_on_a_strict_lane() {
     }
 }
 
+/// `server` answers 200 at once to what no mock mounted before matches.
+async fn answer_the_rest(server: &wiremock::MockServer) {
+    wiremock::Mock::given(wiremock::matchers::any())
+        .respond_with(wiremock::ResponseTemplate::new(200))
+        .mount(server)
+        .await;
+}
+
+/// A strict lane of `per_second` a second, and the wire its sends go by.
+fn strict_on_the_wire(per_second: u32) -> (Shaper, Wire) {
+    let wire = Wire::default();
+    let shaper = Shaper::builder()
+        .quota(Quota::leaky_bucket(per_second, SECOND).strict())
+        .transport(wire.clone())
+        .build()
+        .unwrap();
+    (shaper, wire)
+}
+
 /// On the wire, with the real clock and both cores kept busy: a strict
 /// lane at 100/s sends 1,000 requests, no two reach the transport closer
 /// than the lane's interval (10.05 ms), however late its timers fire, and
@@ -227,16 +246,8 @@ async fn a_late_release_is_not_made_up_on_a_strict_lane() {
 async fn a_strict_lane_keeps_its_interval_on_the_wire_under_load() {
     let _alone = REAL_CLOCK.lock().await;
     let server = wiremock::MockServer::start().await;
-    wiremock::Mock::given(wiremock::matchers::any())
-        .respond_with(wiremock::ResponseTemplate::new(200))
-        .mount(&server)
-        .await;
-    let wire = Wire::default();
-    let shaper = Shaper::builder()
-        .quota(Quota::leaky_bucket(100, SECOND).strict())
-        .transport(wire.clone())
-        .build()
-        .unwrap();
+    answer_the_rest(&server).await;
+    let (shaper, wire) = strict_on_the_wire(100);
     let busy = Busy::cores(2);
     let outcomes = burst(&shaper, &server.uri(), 1000).await;
     drop(busy);
@@ -269,16 +280,8 @@ async fn a_slow_answer_moves_a_strict_lanes_next_send_on() {
         .respond_with(wiremock::ResponseTemplate::new(200).set_delay(Duration::from_millis(6)))
         .mount(&server)
         .await;
-    wiremock::Mock::given(wiremock::matchers::any())
-        .respond_with(wiremock::ResponseTemplate::new(200))
-        .mount(&server)
-        .await;
-    let wire = Wire::default();
-    let shaper = Shaper::builder()
-        .quota(Quota::leaky_bucket(50, SECOND).strict())
-        .transport(wire.clone())
-        .build()
-        .unwrap();
+    answer_the_rest(&server).await;
+    let (shaper, wire) = strict_on_the_wire(50);
     for path in ["fast"; 20].into_iter().chain(["slow", "fast"]) {
         let response = shaper.get(format!("{}/{path}", server.uri())).send().await;
         assert_eq!(response.unwrap().status(), 200);

@@ -17,7 +17,7 @@ use super::held;
 use super::metering::Metering;
 use super::redirect;
 use crate::error::{Answer, Error};
-use crate::lane::{Lane, Place, Priority};
+use crate::lane::{Lane, Place, Priority, Turn};
 use crate::observability::RequestSpan;
 use crate::retry::{self, RetryPolicy};
 use crate::route::Tag;
@@ -320,17 +320,7 @@ impl Shaper {
                 logical.sent();
             }
             let attempt = span.attempt(attempts);
-            let mut outcome = {
-                let _on_the_wire = lane.sending();
-                turn.door_opens().await;
-                let sending = send(request);
-                let landing = turn.went();
-                let outcome = sending.instrument(attempt.span().clone()).await;
-                if let (Some(landing), Ok(_)) = (landing, &outcome) {
-                    landing.answered();
-                }
-                outcome
-            };
+            let mut outcome = on_the_wire(&lane, &mut turn, || send(request), attempt.span()).await;
             match &outcome {
                 Ok(response) => attempt.answered(response.status().as_u16()),
                 Err(error) => attempt.failed(error),
@@ -390,6 +380,29 @@ impl Shaper {
         said.or_else(|| self.inner.cost.as_ref().map(|estimate| estimate(request)))
             .unwrap_or(1)
     }
+}
+
+/// Send the request `sending` makes once `turn`'s door opens, in the
+/// attempt's `span`: a strict lane hears when it went, and when its answer
+/// came (`spacing/departures.rs`).
+async fn on_the_wire<E, Fut>(
+    lane: &Lane,
+    turn: &mut Turn,
+    sending: impl FnOnce() -> Fut,
+    span: &tracing::Span,
+) -> Result<Response, E>
+where
+    Fut: Future<Output = Result<Response, E>>,
+{
+    let _on_the_wire = lane.sending();
+    turn.door_opens().await;
+    let sending = sending();
+    let landing = turn.went();
+    let outcome = sending.instrument(span.clone()).await;
+    if let (Some(landing), Ok(_)) = (landing, &outcome) {
+        landing.answered();
+    }
+    outcome
 }
 
 /// The final answer as its caller gets it: its body settling the request's

@@ -21,9 +21,17 @@ pub(crate) fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     lock.write().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// A map by name, hashed with a random seed per map (as std's maps are),
+/// by foldhash rather than SipHash: a request finds its lane and gates
+/// by name, and a tenant's first request hashes its names several times,
+/// which SipHash made an eighth of its cost.
+pub(crate) type Names<K, V> = HashMap<K, V, foldhash::quality::RandomState>;
+
 /// Give memory back once a map is mostly empty (after a burst of keys),
 /// at a cost amortized over the removals that emptied it.
-pub(crate) fn shrink<K: Eq + std::hash::Hash, V>(map: &mut HashMap<K, V>) {
+pub(crate) fn shrink<K: Eq + std::hash::Hash, V, S: std::hash::BuildHasher>(
+    map: &mut HashMap<K, V, S>,
+) {
     if map.capacity() > 64 && map.len() < map.capacity() / 4 {
         map.shrink_to(map.len() * 2);
     }
@@ -32,7 +40,7 @@ pub(crate) fn shrink<K: Eq + std::hash::Hash, V>(map: &mut HashMap<K, V>) {
 /// Values shared by name, held weakly: each lives as long as something
 /// holds it, and leaves the map when the last holder lets go (its
 /// [`Listing`] drops with it).
-pub(crate) type Listings<T> = Mutex<HashMap<Arc<str>, Weak<T>>>;
+pub(crate) type Listings<T> = Mutex<Names<Arc<str>, Weak<T>>>;
 
 /// Where a value is listed in its [`Listings`], so that it leaves them
 /// when dropped. A field of the value: it drops with it.

@@ -12,8 +12,7 @@
 //! its lane was 708–754, in `--bench tenants`). Its meters go once they
 //! count nothing, and what they kept alive with them.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
@@ -22,7 +21,7 @@ use tokio::time::Instant;
 use super::level::{Gate, Listed, Unlist};
 use crate::meters::Meters;
 use crate::observability::Count;
-use crate::sync::{lock, shrink};
+use crate::sync::{Names, lock, shrink};
 
 /// What a resting gate keeps alive: its vendor's model, whose gate holds
 /// the vendor's own count, which no lane may hold any more.
@@ -38,14 +37,14 @@ pub(crate) trait Keep: Send + Sync {
 /// at a time.
 pub(crate) struct GateMap {
     shards: Box<[Shard]>,
-    hasher: RandomState,
+    hasher: foldhash::quality::RandomState,
     /// Resting gates: the sweeper goes on while there are any.
     resting: AtomicUsize,
     /// The same, as a gauge.
     count: Count,
 }
 
-type Shard = Mutex<HashMap<Arc<str>, Entry>>;
+type Shard = Mutex<Names<Arc<str>, Entry>>;
 
 /// Enough that two cores rarely meet on one.
 const SHARDS: usize = 64;
@@ -54,7 +53,7 @@ impl Default for GateMap {
     fn default() -> Self {
         Self {
             shards: (0..SHARDS).map(|_| Shard::default()).collect(),
-            hasher: RandomState::new(),
+            hasher: foldhash::quality::RandomState::default(),
             resting: AtomicUsize::new(0),
             count: Count::resting_gates(),
         }
@@ -225,7 +224,7 @@ impl GateMap {
         left
     }
 
-    fn shard(&self, key: &str) -> MutexGuard<'_, HashMap<Arc<str>, Entry>> {
+    fn shard(&self, key: &str) -> MutexGuard<'_, Names<Arc<str>, Entry>> {
         // The modulo of a 64-bit hash: the low bits are as good as any.
         let at = (self.hasher.hash_one(key) % SHARDS as u64) as usize;
         lock(&self.shards[at])

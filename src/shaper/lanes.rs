@@ -19,8 +19,7 @@
 //! [`Error::LaneLimit`]. The cap evicts only lanes whose every gate counts
 //! nothing: resting gates are not lanes, and are not counted.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -33,7 +32,7 @@ use crate::error::Error;
 use crate::gate::GateMap;
 use crate::lane::{Lane, LaneSnapshot, Leaving};
 use crate::observability::Count;
-use crate::sync::{lock, shrink};
+use crate::sync::{Names, lock, shrink};
 use crate::time::later;
 
 /// Shards of the map: enough that two cores rarely meet on one, few
@@ -49,11 +48,11 @@ fn evictable(lane: &Lane) -> bool {
     lane.can_leave(Instant::now(), Leaving::Bare)
 }
 
-type Shard = Mutex<HashMap<Arc<str>, Lane>>;
+type Shard = Mutex<Names<Arc<str>, Lane>>;
 
 pub(super) struct Lanes {
     shards: Box<[Shard]>,
-    hasher: RandomState,
+    hasher: foldhash::quality::RandomState,
     /// Lanes in the map, and those being made (a place taken under the cap).
     live: AtomicUsize,
     max: Option<usize>,
@@ -80,7 +79,7 @@ impl Lanes {
     pub(super) fn new(max: Option<usize>, idle: Duration, gates: Arc<GateMap>) -> Self {
         Self {
             shards: (0..SHARDS).map(|_| Shard::default()).collect(),
-            hasher: RandomState::new(),
+            hasher: foldhash::quality::RandomState::default(),
             live: AtomicUsize::new(0),
             max,
             idle,

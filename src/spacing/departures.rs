@@ -78,7 +78,7 @@ impl Departures {
         // RFC 6298's gains: a quarter for the deviation, an eighth for the
         // round trip. Two answers at once may each store theirs: an
         // estimate either way.
-        let deviation = deviation - deviation / 4 + took.abs_diff(usual) / 4;
+        let deviation = (deviation - deviation / 4).saturating_add(took.abs_diff(usual) / 4);
         self.deviation.store(deviation, Ordering::Release);
         let usual = (usual - usual / 8).saturating_add(took / 8).max(1);
         self.round_trip.store(usual, Ordering::Release);

@@ -287,9 +287,9 @@ impl Learned {
         let fits = u64::try_from(fits).unwrap_or(u64::MAX).min(declared.count);
         let near_full = before.saturating_add(fits / 10).saturating_add(2) >= fits;
         let accepted_closer = refusal.accepted.is_some_and(|a| a <= gap);
-        let recent = self
-            .spaced
-            .is_some_and(|at| released.saturating_duration_since(at) < declared.per * 2);
+        let recent = self.spaced.is_some_and(|at| {
+            released.saturating_duration_since(at) < declared.per.saturating_mul(2)
+        });
         let gap = if gap < declared.spacing {
             match self.gap {
                 Some(_) => kept,
@@ -325,27 +325,7 @@ impl Learned {
             // than declared in each window.
             return Reading::Count;
         } else if accepted_closer {
-            // Jitter about the declared interval widens the margin up to a
-            // tenth. From there a step costs `step / T` of every send, and
-            // pays only where refusals come more often than one in `T /
-            // step` sends: jitter the tenth does not cover (a 100/s lane
-            // held at 11.05 ms met 24 refusals in 1,000 on a loaded
-            // machine), or a vendor's spacing longer than declared, which
-            // jitter let a closer gap through (capped, the lane stayed
-            // under it for good: 256 refusals in 300). A rarer refusal is
-            // the jitter's tail, and the gap stays.
-            let most = t.saturating_add(t / 10);
-            let widened = kept.max(gap).saturating_add(step);
-            let sends = t.as_nanos() / step.as_nanos().max(1);
-            let often = kept.saturating_mul(u32::try_from(sends).unwrap_or(u32::MAX));
-            let frequent = self
-                .spaced
-                .is_some_and(|at| released.saturating_duration_since(at) < often);
-            match (kept >= most, frequent) {
-                (false, _) => widened.min(most),
-                (true, true) => widened.min(declared.per),
-                (true, false) => kept,
-            }
+            self.widened(kept, gap, step, declared, released)
         } else if self.gap.is_none() {
             // No word yet of what the vendor accepts: the first refusal
             // may be the send after a cold connection's, landing closer
@@ -375,6 +355,40 @@ impl Learned {
         self.gap = Some(gap);
         self.spaced = Some(released);
         Reading::Spacing(gap)
+    }
+
+    /// The gap after a refusal the vendor's accepted gaps show to be
+    /// jitter about the lane's interval `T`, the gap kept being `kept`.
+    ///
+    /// Jitter widens the margin by `step` up to a tenth of `T`. From there
+    /// a step costs `step / T` of every send, and pays only where refusals
+    /// come more often than one in `T / step` sends: jitter the tenth does
+    /// not cover (a 100/s lane held at 11.05 ms met 24 refusals in 1,000 on
+    /// a loaded machine), or a vendor's spacing longer than declared, which
+    /// jitter let a closer gap through (capped, the lane stayed under it
+    /// for good: 256 refusals in 300). A rarer refusal is the jitter's
+    /// tail, and the gap stays.
+    fn widened(
+        &self,
+        kept: Duration,
+        gap: Duration,
+        step: Duration,
+        declared: Declared,
+        released: Instant,
+    ) -> Duration {
+        let t = declared.interval;
+        let most = t.saturating_add(t / 10);
+        let widened = kept.max(gap).saturating_add(step);
+        let sends = t.as_nanos() / step.as_nanos().max(1);
+        let often = kept.saturating_mul(u32::try_from(sends).unwrap_or(u32::MAX));
+        let frequent = self
+            .spaced
+            .is_some_and(|at| released.saturating_duration_since(at) < often);
+        match (kept >= most, frequent) {
+            (false, _) => widened.min(most),
+            (true, true) => widened.min(declared.per),
+            (true, false) => kept,
+        }
     }
 
     /// A quiet spell: the gap steps down once its wait is over, to the

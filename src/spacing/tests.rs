@@ -20,6 +20,22 @@ fn fifteen() -> Declared {
     Declared::new(Rate::new(15, Duration::from_secs(1)), ms(5))
 }
 
+/// A refusal that said nothing (a bare 429, nginx's 503) of the release
+/// `gap` after the one at `prior`, with `before` releases in the window
+/// before it, on a lane not yet strict, with no accepted gap to read it
+/// against, past its first window.
+fn silent(gap: Duration, before: u64, prior: Instant) -> Refusal {
+    Refusal {
+        gap,
+        before,
+        prior,
+        strict: false,
+        silent: true,
+        accepted: None,
+        cold: false,
+    }
+}
+
 /// Round trips about the usual (0.7-0.9 ms) move the last departure
 /// on by tens of microseconds at most; one of 2.7 ms, held up on its
 /// way, by what passes the usual and its deviation (nginx saw such a
@@ -57,15 +73,7 @@ async fn a_decayed_gap_keeps_a_margin_for_jitter() {
     let hundred = Declared::new(Rate::new(100, Duration::from_secs(1)), ms(5));
     let mut learned = Learned::default();
     let t0 = Instant::now();
-    let sooner = Refusal {
-        gap: Duration::from_micros(9_900),
-        before: 40,
-        prior: t0,
-        strict: false,
-        silent: true,
-        accepted: None,
-        cold: false,
-    };
+    let sooner = silent(Duration::from_micros(9_900), 40, t0);
     let learned_gap = Duration::from_nanos(10_552_500);
     assert_eq!(
         learned.refused(sooner, hundred, t0, t0),
@@ -115,15 +123,7 @@ async fn the_gaps_the_vendor_accepted_are_read_off_the_ledger() {
 async fn a_send_sooner_than_the_rate_turns_the_lane_strict_a_millisecond_past_its_interval() {
     let mut learned = Learned::default();
     let now = Instant::now();
-    let refusal = Refusal {
-        gap: Duration::from_micros(99_300),
-        before: 4,
-        prior: now,
-        strict: false,
-        silent: true,
-        accepted: None,
-        cold: false,
-    };
+    let refusal = silent(Duration::from_micros(99_300), 4, now);
     let reading = learned.refused(refusal, ten(), now, now);
     let margin = Duration::from_millis(1);
     assert_eq!(reading, Reading::Spacing(ten().interval + margin));
@@ -134,13 +134,9 @@ async fn jitter_widens_the_margin_a_fiftieth_at_a_time_then_only_when_refused_of
     let mut learned = Learned::default();
     let t0 = Instant::now();
     let refusal = Refusal {
-        gap: ten().interval,
-        before: 9,
-        prior: t0,
         strict: true,
-        silent: true,
         accepted: Some(ten().interval),
-        cold: false,
+        ..silent(ten().interval, 9, t0)
     };
     let first = learned.refused(refusal, ten(), t0 + ms(1), t0);
     assert_eq!(first, Reading::Spacing(Duration::from_micros(102_510)));
@@ -173,13 +169,8 @@ async fn jitter_about_a_learned_gap_still_widens_it() {
     let mut learned = Learned::default();
     let t0 = Instant::now();
     let first = Refusal {
-        gap: ms(67),
-        before: 1,
-        prior: t0,
-        strict: false,
-        silent: true,
-        accepted: None,
         cold: true,
+        ..silent(ms(67), 1, t0)
     };
     learned.refused(first, fifteen(), t0 + ms(67), t0);
     let grown = Refusal {
@@ -211,13 +202,8 @@ async fn an_early_refusal_grows_the_gap_by_a_quarter() {
     let mut learned = Learned::default();
     let now = Instant::now();
     let early = |gap| Refusal {
-        gap,
-        before: 1,
-        prior: now,
         strict: gap > ms(67),
-        silent: true,
-        accepted: None,
-        cold: false,
+        ..silent(gap, 1, now)
     };
     let first = learned.refused(early(ms(67)), declared, now, now);
     assert_eq!(first, Reading::Spacing(Duration::from_micros(68_340)));
@@ -239,13 +225,8 @@ fn grown_against_nginx(t0: Instant) -> (Learned, Duration) {
     let mut gap = ms(67);
     for _ in 0..3 {
         let early = Refusal {
-            gap,
-            before: 1,
-            prior: t0,
             strict: gap > ms(67),
-            silent: true,
-            accepted: None,
-            cold: false,
+            ..silent(gap, 1, t0)
         };
         let Reading::Spacing(grown) = learned.refused(early, fifteen(), t0, t0) else {
             panic!("a spacing refusal");
@@ -260,13 +241,9 @@ fn grown_against_nginx(t0: Instant) -> (Learned, Duration) {
 /// spacing: at once, no gap that close accepted.
 fn settle_refused(settled: Duration, at: Instant, accepted: Duration) -> Refusal {
     Refusal {
-        gap: settled,
-        before: 9,
-        prior: at,
         strict: true,
-        silent: true,
         accepted: Some(accepted),
-        cold: false,
+        ..silent(settled, 9, at)
     }
 }
 
@@ -324,13 +301,8 @@ async fn a_refusal_at_an_accepted_gap_is_a_count() {
     let mut learned = Learned::default();
     let now = Instant::now();
     let refusal = Refusal {
-        gap: ten().interval,
-        before: 3,
-        prior: now + ms(200),
-        strict: false,
-        silent: true,
         accepted: Some(ms(100)),
-        cold: false,
+        ..silent(ten().interval, 3, now + ms(200))
     };
     assert_eq!(
         learned.refused(refusal, ten(), now + ms(300), now),
@@ -375,13 +347,8 @@ async fn a_learned_gap_decays_and_a_refused_step_goes_back() {
     let mut learned = Learned::default();
     let t0 = Instant::now();
     let refusal = Refusal {
-        gap: ms(90),
-        before: 1,
-        prior: t0,
         strict: true,
-        silent: true,
-        accepted: None,
-        cold: false,
+        ..silent(ms(90), 1, t0)
     };
     let Reading::Spacing(gap) = learned.refused(refusal, declared, t0, t0) else {
         panic!("a spacing refusal");

@@ -1,6 +1,7 @@
 //! Lock and map helpers every layer uses, defined once.
 
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::sync::{
     Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak,
 };
@@ -27,11 +28,56 @@ pub(crate) fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
 /// which SipHash made an eighth of its cost.
 pub(crate) type Names<K, V> = HashMap<K, V, foldhash::quality::RandomState>;
 
+/// Values by name in [`SHARDS`] shards, each behind a lock of its own:
+/// finding a name takes one shard's lock, and lookups on the other shards
+/// go on meanwhile (the shaper's lanes, its gates).
+pub(crate) struct Sharded<V> {
+    shards: Box<[Shard<V>]>,
+    seed: foldhash::quality::RandomState,
+}
+
+/// One shard of a [`Sharded`] map.
+pub(crate) type Shard<V> = Mutex<Names<Arc<str>, V>>;
+
+/// Shards of a [`Sharded`] map: enough that two cores rarely meet on one,
+/// few enough that a pass over them all is cheap.
+pub(crate) const SHARDS: usize = 64;
+
+impl<V> Default for Sharded<V> {
+    fn default() -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            seed: foldhash::quality::RandomState::default(),
+        }
+    }
+}
+
+impl<V> Sharded<V> {
+    /// The shard `name` is in.
+    pub(crate) fn index_of(&self, name: &str) -> usize {
+        // The modulo of a 64-bit hash: the low bits are as good as any.
+        (self.seed.hash_one(name) % SHARDS as u64) as usize
+    }
+
+    /// Shard `at` (modulo [`SHARDS`]), locked.
+    pub(crate) fn shard(&self, at: usize) -> MutexGuard<'_, Names<Arc<str>, V>> {
+        lock(&self.shards[at % SHARDS])
+    }
+
+    /// The shard `name` is in, locked.
+    pub(crate) fn shard_of(&self, name: &str) -> MutexGuard<'_, Names<Arc<str>, V>> {
+        self.shard(self.index_of(name))
+    }
+
+    /// Every shard, in order, each locked only as it is taken.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Shard<V>> {
+        self.shards.iter()
+    }
+}
+
 /// Give memory back once a map is mostly empty (after a burst of keys),
 /// at a cost amortized over the removals that emptied it.
-pub(crate) fn shrink<K: Eq + std::hash::Hash, V, S: std::hash::BuildHasher>(
-    map: &mut HashMap<K, V, S>,
-) {
+pub(crate) fn shrink<K: Eq + std::hash::Hash, V, S: BuildHasher>(map: &mut HashMap<K, V, S>) {
     if map.capacity() > 64 && map.len() < map.capacity() / 4 {
         map.shrink_to(map.len() * 2);
     }

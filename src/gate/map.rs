@@ -12,16 +12,15 @@
 //! its lane was 708–754, in `--bench tenants`). Its meters go once they
 //! count nothing, and what they kept alive with them.
 
-use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Weak};
 
 use tokio::time::Instant;
 
 use super::level::{Gate, Listed, Unlist};
 use crate::meters::Meters;
 use crate::observability::Count;
-use crate::sync::{Names, lock, shrink};
+use crate::sync::{Sharded, lock, shrink};
 
 /// What a resting gate keeps alive: its vendor's model, whose gate holds
 /// the vendor's own count, which no lane may hold any more.
@@ -36,24 +35,17 @@ pub(crate) trait Keep: Send + Sync {
 /// gate's shard, and a sweep of a million resting gates holds one shard
 /// at a time.
 pub(crate) struct GateMap {
-    shards: Box<[Shard]>,
-    hasher: foldhash::quality::RandomState,
+    shards: Sharded<Entry>,
     /// Resting gates: the sweeper goes on while there are any.
     resting: AtomicUsize,
     /// The same, as a gauge.
     count: Count,
 }
 
-type Shard = Mutex<Names<Arc<str>, Entry>>;
-
-/// Enough that two cores rarely meet on one.
-const SHARDS: usize = 64;
-
 impl Default for GateMap {
     fn default() -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
-            hasher: foldhash::quality::RandomState::default(),
+            shards: Sharded::default(),
             resting: AtomicUsize::new(0),
             count: Count::resting_gates(),
         }
@@ -78,7 +70,7 @@ impl GateMap {
         key: &str,
         make: impl FnOnce(Listed, Option<Meters>) -> Gate,
     ) -> Arc<Gate> {
-        let mut gates = self.shard(key);
+        let mut gates = self.shards.shard_of(key);
         let rested = match gates.get(key) {
             Some(Entry::Live(gate)) => {
                 if let Some(gate) = gate.upgrade() {
@@ -121,7 +113,7 @@ impl GateMap {
         let Some(key) = gate.listed_key() else {
             return false;
         };
-        let mut gates = self.shard(&key);
+        let mut gates = self.shards.shard_of(&key);
         // Under the lock nobody takes a gate up (`gate` upgrades under
         // it): one holder now is the last.
         let gate = match Arc::try_unwrap(gate) {
@@ -223,19 +215,13 @@ impl GateMap {
         drop(gone);
         left
     }
-
-    fn shard(&self, key: &str) -> MutexGuard<'_, Names<Arc<str>, Entry>> {
-        // The modulo of a 64-bit hash: the low bits are as good as any.
-        let at = (self.hasher.hash_one(key) % SHARDS as u64) as usize;
-        lock(&self.shards[at])
-    }
 }
 
 impl Unlist for GateMap {
     /// A live gate listed under `key` was dropped: its entry goes, unless
     /// the key was listed again since, or rests.
     fn forget(&self, key: &str) {
-        let mut gates = self.shard(key);
+        let mut gates = self.shards.shard_of(key);
         if matches!(gates.get(key), Some(Entry::Live(gate)) if gate.strong_count() == 0) {
             gates.remove(key);
             shrink(&mut gates);

@@ -19,7 +19,6 @@
 //! [`Error::LaneLimit`]. The cap evicts only lanes whose every gate counts
 //! nothing: resting gates are not lanes, and are not counted.
 
-use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -32,12 +31,8 @@ use crate::error::Error;
 use crate::gate::GateMap;
 use crate::lane::{Lane, LaneSnapshot, Leaving};
 use crate::observability::Count;
-use crate::sync::{Names, lock, shrink};
+use crate::sync::{SHARDS, Sharded, lock, shrink};
 use crate::time::later;
-
-/// Shards of the map: enough that two cores rarely meet on one, few
-/// enough that a sweep's pass over them is cheap.
-const SHARDS: usize = 64;
 
 /// Lanes looked at to pick one to evict for the cap.
 const SAMPLE: usize = 32;
@@ -48,11 +43,8 @@ fn evictable(lane: &Lane) -> bool {
     lane.can_leave(Instant::now(), Leaving::Bare)
 }
 
-type Shard = Mutex<Names<Arc<str>, Lane>>;
-
 pub(super) struct Lanes {
-    shards: Box<[Shard]>,
-    hasher: foldhash::quality::RandomState,
+    shards: Sharded<Lane>,
     /// Lanes in the map, and those being made (a place taken under the cap).
     live: AtomicUsize,
     max: Option<usize>,
@@ -78,8 +70,7 @@ pub(super) struct Lanes {
 impl Lanes {
     pub(super) fn new(max: Option<usize>, idle: Duration, gates: Arc<GateMap>) -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
-            hasher: foldhash::quality::RandomState::default(),
+            shards: Sharded::default(),
             live: AtomicUsize::new(0),
             max,
             idle,
@@ -92,14 +83,9 @@ impl Lanes {
         }
     }
 
-    fn shard_of(&self, name: &str) -> usize {
-        // The modulo of a 64-bit hash: the low bits are as good as any.
-        (self.hasher.hash_one(name) % SHARDS as u64) as usize
-    }
-
     /// The lane named `name`, if it is live.
     pub(super) fn find(&self, name: &str) -> Option<Lane> {
-        lock(&self.shards[self.shard_of(name)]).get(name).cloned()
+        self.shards.shard_of(name).get(name).cloned()
     }
 
     /// The lane named `name`: the live one, or one `make` makes (after
@@ -111,9 +97,9 @@ impl Lanes {
         name: &str,
         make: impl FnOnce() -> Lane,
     ) -> Result<Lane, Error> {
-        let shard = self.shard_of(name);
+        let shard = self.shards.index_of(name);
         self.take_place(name, shard)?;
-        let mut lanes = lock(&self.shards[shard]);
+        let mut lanes = self.shards.shard(shard);
         // Checked under the shard's lock, which `shut_down` takes after
         // setting the flag: a lane made here is either refused or drained.
         if self.shut.load(Ordering::Acquire) {
@@ -176,7 +162,7 @@ impl Lanes {
             return false;
         };
         let _leaving = lock(&self.leaving);
-        let mut lanes = lock(&self.shards[shard]);
+        let mut lanes = self.shards.shard(shard);
         // Looked at again under the lock: a request may have taken it up.
         if lanes.get(&name).is_none_or(|lane| !evictable(lane)) {
             return true;
@@ -196,7 +182,7 @@ impl Lanes {
         let mut quietest: Option<(Duration, usize, Arc<str>)> = None;
         for i in 0..SHARDS {
             let shard = (from + i) % SHARDS;
-            for (name, lane) in lock(&self.shards[shard]).iter().take(left) {
+            for (name, lane) in self.shards.shard(shard).iter().take(left) {
                 left -= 1;
                 let quiet = lane.quiet_for();
                 if quietest.as_ref().is_none_or(|(q, ..)| quiet > *q) && evictable(lane) {

@@ -256,7 +256,7 @@ async fn a_strict_lane_keeps_its_interval_on_the_wire_under_load() {
     let smallest = wire.smallest_gap();
     assert!(smallest >= interval, "two sends {smallest:?} apart");
     // Lateness is not made up, but the door keeps the hand-over's out of
-    // the gap: 97-98 % here.
+    // the gap: 96-97 % here.
     let used = wire.used(100.0, Duration::ZERO);
     eprintln!(
         "strict at 100/s under load: smallest gap {smallest:?}, {:.1} % of the quota",
@@ -269,7 +269,7 @@ async fn a_strict_lane_keeps_its_interval_on_the_wire_under_load() {
 /// come back in well under a millisecond meets one 6 ms late. That request
 /// likely reached the vendor late too, so the next send waits the excess
 /// past the usual round trip on top of the 20.1 ms interval: measured
-/// here 26.9-27.0 ms after it, where the send after a quick answer
+/// here 26.9-27.3 ms after it, where the send after a quick answer
 /// followed at 20.1 ms (and so did the one after the slow answer before
 /// the lane read round trips).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -383,19 +383,21 @@ async fn real_nginx_at_the_true_quota() {
 
 /// The same at `100r/s`: 1,000 requests. Jitter between the lane's clock
 /// and nginx's (the hand-over to the connection's task, nginx's event
-/// loop) is a larger share of a 10 ms interval, and now and then passes
-/// the margin the lane learned: the first refusal is often the second
-/// request (the first one's cold connection lands it late at nginx), and
-/// later ones come at 10.5 and 11 ms gaps, jitter past a millisecond on a
-/// busy machine (a strict lane now moves its last departure on when an
-/// answer comes back slower than usual, which is when a request reached
-/// nginx late). Measured here: 1-3 refusals and 90-95 % in most runs; in
-/// about one run in ten under `.ci/run` a jitter refusal in
-/// the first window, with no accepted gap yet to read it against, grows
-/// the gap by a quarter (62 %) or reads as a count (a lower quota, 61 %).
-/// That is an open defect, so this test holds what always holds (no
-/// request fails, a few refusals, a refusal turns the lane strict) and
-/// prints the share and what was learned.
+/// loop) is a larger share of a 10 ms interval: the first refusal is
+/// often the second request (the first one's cold connection lands it
+/// late at nginx). A strict lane moves its next send on by however much
+/// an answer came back slower than the smoothed round trip, which is when
+/// a request reached nginx late. Measured here: 1 refusal and 94.0-94.5 %
+/// in 30 runs on a quiet machine or with one core kept busy; with both
+/// kept busy 1-3 refusals and 86-91 % (8 runs), where counting only the
+/// excess past the round trip's deviation met 3-7 and 66-88 % in the
+/// same turns (its gap grown to 14.7 ms). Earlier stops saw, in about one
+/// run in ten under `.ci/run`, a jitter refusal in the first window, with
+/// no accepted gap yet to read it against, grow the gap by a quarter
+/// (62 %) or read as a count (a lower quota, 61 %). Not seen here, not
+/// ruled out: this test holds what always holds (no request fails, a few
+/// refusals, a refusal turns the lane strict) and prints the share and
+/// what was learned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_nginx_at_the_true_quota_at_100_a_second() {
     let run = against_nginx(100, 100, 1000, Duration::ZERO).await;

@@ -36,10 +36,10 @@ fn silent(gap: Duration, before: u64, prior: Instant) -> Refusal {
     }
 }
 
-/// Round trips about the usual (0.7-0.9 ms) move the last departure
-/// on by tens of microseconds at most; one of 2.7 ms, held up on its
-/// way, by what passes the usual and its deviation (nginx saw such a
-/// request 2 ms late, and refused the next, sent on time).
+/// Round trips about the usual (0.7-0.9 ms) move the last departure on
+/// by their excess over the smoothed one, within that spread (0.2 ms at
+/// most); one of 2.7 ms, held up on its way, by nearly 2 ms (nginx saw
+/// such a request 2 ms late, and refused the next, sent on time).
 #[tokio::test(start_paused = true)]
 async fn a_slow_round_trip_moves_the_last_departure_on_by_its_excess() {
     let departures = Departures::default();
@@ -51,7 +51,7 @@ async fn a_slow_round_trip_moves_the_last_departure_on_by_its_excess() {
         departures.went(Some(went));
         departures.answered(went, went + us(took));
         let moved = departures.last().expect("a departure") - went;
-        assert!(moved < us(50), "{took} µs is usual: moved {moved:?}");
+        assert!(moved <= us(200), "{took} µs is usual: moved {moved:?}");
         went += ms(10);
     }
     departures.leave();
@@ -59,7 +59,7 @@ async fn a_slow_round_trip_moves_the_last_departure_on_by_its_excess() {
     departures.answered(went, went + us(2_700));
     let moved = departures.last().expect("a departure") - went;
     assert!(
-        moved > us(1_700) && moved < us(2_000),
+        moved > us(1_900) && moved < us(2_000),
         "{moved:?} past the request's own departure"
     );
 }

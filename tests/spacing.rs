@@ -15,7 +15,7 @@ use callshaper::store::RedisStore;
 use callshaper::testing::{HoldClock, RedisServer, TokioWall, Vendor};
 use callshaper::{Answers, Quota, Shaper};
 use common::nginx::Nginx;
-use common::{Busy, SECOND, Wire, burst, join_all, shaper};
+use common::{Busy, SECOND, Wire, burst, client, join_all, shaper, shaper_with};
 use reqwest::StatusCode;
 use tokio::time::Instant;
 
@@ -170,11 +170,7 @@ async fn a_hint_repeated_before_any_success_is_taken_at_its_word() {
 #[tokio::test(start_paused = true)]
 async fn a_strict_lane_meets_no_refusal_from_nginx_at_the_true_rate() {
     let vendor = Vendor::nginx(10, 0).refusing_with(429).start().await;
-    let quota = Quota::leaky_bucket(10, SECOND).strict();
-    let shaper = Shaper::builder()
-        .quota(quota)
-        .transport(HoldClock(reqwest::Client::new()))
-        .wall_clock(TokioWall)
+    let shaper = shaper_with(Quota::leaky_bucket(10, SECOND).strict())
         .build()
         .unwrap();
     let outcomes = burst(&shaper, &vendor.uri(), 30).await;
@@ -259,7 +255,7 @@ impl Transport for SlowBack {
 async fn a_strict_lane_pays_a_little_for_answers_slow_on_the_way_back() {
     let vendor = Vendor::nginx(10, 0).refusing_with(429).start().await;
     let transport = SlowBack {
-        client: HoldClock(reqwest::Client::new()),
+        client: HoldClock(client()),
         seed: Arc::new(AtomicU64::new(1)),
     };
     let shaper = Shaper::builder()

@@ -239,18 +239,22 @@ impl Meters {
     }
 
     pub(crate) fn earliest(&self, cost: u64, now: Instant) -> Instant {
-        let declared = self
-            .meters
-            .iter()
-            .map(|(meter, unit)| meter.earliest(Self::units(*unit, cost), now));
-        let pace = self.paces().map(|pace| pace.earliest(1, now));
+        // A loop, not a chain of iterators: asked on every release, and
+        // the chain's fold cost as much as the meters' own answers.
+        let mut earliest = now;
+        for (meter, unit) in self.meters.iter() {
+            earliest = earliest.max(meter.earliest(Self::units(*unit, cost), now));
+        }
+        if let Some(pace) = &self.pace {
+            earliest = earliest.max(pace.earliest(1, now));
+        }
+        if let Some(leak) = &self.leak {
+            earliest = earliest.max(leak.earliest(1, now));
+        }
         // Strict spacing is measured from the last send, not the last
         // release: the lane's departures keep it (`lane/turn.rs`).
-        declared
-            .chain(pace)
-            .chain(self.first_word())
-            .max()
-            .unwrap_or(now)
+        self.first_word()
+            .map_or(earliest, |first| earliest.max(first))
     }
 
     /// Until when a burst waits for the vendor's first answer, if it does.

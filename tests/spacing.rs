@@ -619,17 +619,19 @@ async fn a_strict_fleet_lanes_lone_bare_refusal_pauses_one_interval() {
 /// refusal a slot (1 %), and sends the runtime polls late the rest. CI's
 /// machine measured 93.5 % with one refusal. A slower, noisier machine
 /// measured 1-4 refusals and 69.5-93.5 % strict, and up to 5 refusals in
-/// the default mode, over nine runs (the same before this stop's changes):
-/// a timer polled tens of milliseconds late on one instance lets another's
-/// slot land close behind it, and each refusal costs its lane a pause. The
+/// the default mode, over nine runs. With both cores of this machine kept
+/// busy, eight runs gave 1-5 refusals and 81.7-93.6 % strict, 0-6 and
+/// 65.5-97.1 % in the default mode: a timer polled milliseconds late on
+/// one instance, past the 3 ms a gap has to spare, lets another's slot
+/// land close behind it, and each refusal costs its lane a pause. The
 /// bounds guard against what the store's clock mapping fixed (11-27
-/// refusals in 90), not against that machine's jitter, which issue 24's
-/// figures report.
+/// refusals in 90), not against a loaded machine's jitter, which the
+/// headroom is declared to absorb and no more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_strict_fleet_keeps_real_nginxs_spacing() {
     let run = fleet_against_nginx(10, 3, true, 30, FLEET_HEADROOM).await;
     assert_eq!(run.failed, 0);
-    assert!(run.refused <= 5, "{} refusals", run.refused);
+    assert!(run.refused <= 7, "{} refusals", run.refused);
     assert!(run.used >= 0.60, "{:.1} % of the quota", run.used * 100.0);
     let run = fleet_against_nginx(10, 3, false, 30, FLEET_HEADROOM).await;
     assert_eq!(run.failed, 0);

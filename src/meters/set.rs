@@ -245,11 +245,8 @@ impl Meters {
         for (meter, unit) in self.meters.iter() {
             earliest = earliest.max(meter.earliest(Self::units(*unit, cost), now));
         }
-        if let Some(pace) = &self.pace {
+        for pace in self.paces() {
             earliest = earliest.max(pace.earliest(1, now));
-        }
-        if let Some(leak) = &self.leak {
-            earliest = earliest.max(leak.earliest(1, now));
         }
         // Strict spacing is measured from the last send, not the last
         // release: the lane's departures keep it (`lane/turn.rs`).

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use super::handle::{Lane, Place, Slot};
 use super::policy::Priority;
-use super::turn::earliest;
+use super::turn::earliest_at;
 use super::turn::{Door, Transit, Turn, departure};
 use super::waiter::Waiter;
 use crate::error::Error;
@@ -133,8 +133,12 @@ impl Lane {
         // to the queue for nothing (and everyone after it, behind it).
         let (charged_at, stamp, transit, door) = shared.with_meters(|meters| {
             let now = Instant::now();
+            let at = Stamp::of(now);
             let waiting = shared.waiting.load(Ordering::SeqCst) != 0;
-            if waiting || shared.paused_until(now).is_some() || earliest(meters, cost, now) > now {
+            if waiting
+                || shared.paused_until(now).is_some()
+                || earliest_at(meters, cost, now, at) > at
+            {
                 return None;
             }
             // Strict: not before the last send's word, released no sooner
@@ -144,8 +148,13 @@ impl Lane {
                 return None;
             }
             let charged = door.map_or(now, Door::at);
+            let charged_stamp = if charged == now {
+                at
+            } else {
+                Stamp::of(charged)
+            };
             for meter in meters.iter_mut() {
-                meter.commit(cost, charged);
+                meter.commit_at(cost, charged, charged_stamp);
             }
             let transit = door.map(|_| Transit::leave(&shared.gates));
             // Stamped once, by the first gate's meters, for the lane too.

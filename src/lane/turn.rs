@@ -26,7 +26,7 @@ use super::policy::Priority;
 use crate::error::Error;
 use crate::gate::{Booked, Gate};
 use crate::meters::Meters;
-use crate::time::later;
+use crate::time::{Stamp, later};
 
 /// Permission to send one request now. Dropping it frees the lane's
 /// in-flight slot, if the lane has a cap.
@@ -274,9 +274,21 @@ async fn on_time(at: Instant) {
 
 /// When every meter of `meters` allows a request of `cost`.
 pub(super) fn earliest(meters: &[MutexGuard<'_, Meters>], cost: u64, now: Instant) -> Instant {
-    meters
-        .iter()
-        .map(|m| m.earliest(cost, now))
-        .max()
-        .unwrap_or(now)
+    let at = Stamp::of(now);
+    earliest_at(meters, cost, now, at).instant_from(at, now)
+}
+
+/// [`earliest`] at `now`, whose stamp is `at`: the fast path's question,
+/// answered in stamps.
+pub(super) fn earliest_at(
+    meters: &[MutexGuard<'_, Meters>],
+    cost: u64,
+    now: Instant,
+    at: Stamp,
+) -> Stamp {
+    let mut earliest = at;
+    for meters in meters {
+        earliest = earliest.max(meters.earliest_at(cost, now, at));
+    }
+    earliest
 }

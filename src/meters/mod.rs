@@ -31,6 +31,7 @@
 //! | `custom.rs` | [`CustomMeter`]: an algorithm of your own |
 //! | `windows.rs` | windows counted from an origin (the window meters) |
 //! | `releases.rs` | a lane's ledger of its own releases |
+//! | `inline.rs` | a quota's meter as a lane keeps it: the buckets inline, asked in stamps |
 //! | `set.rs` | a lane's meters checked together, charged all or none |
 //! | `declared.rs` | a quota as a config file declares it (feature `serde`) |
 
@@ -38,6 +39,7 @@ mod custom;
 #[cfg(feature = "serde")]
 mod declared;
 mod fixed_window;
+mod inline;
 mod leaky_bucket;
 mod meter;
 pub(crate) mod quota;

@@ -3,10 +3,8 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use crate::error::ConfigError;
-use crate::time::later;
+use crate::time::Stamp;
 
 /// A rate: `count` per `per`.
 ///
@@ -82,17 +80,26 @@ pub(crate) fn spacing(interval: Duration, n: u64) -> Duration {
     interval.saturating_mul(u32::try_from(n).unwrap_or(u32::MAX))
 }
 
+/// [`spacing`] in nanoseconds, for an `interval` kept in nanoseconds (by
+/// [`nanos`](crate::time::nanos), saturated at 584 years, past which every span means
+/// "never"): the GCRA meters count in [`Stamp`]s, integer arithmetic where
+/// instants cost a normalisation each.
+pub(crate) fn spacing_nanos(interval: u64, n: u64) -> u64 {
+    interval.saturating_mul(n.min(u64::from(u32::MAX)))
+}
+
 /// Settle a GCRA charge: move `tat` back by the units not used, or forward
 /// by the units used beyond the estimate.
-pub(crate) fn settle_tat(tat: &mut Option<Instant>, interval: Duration, charged: u64, actual: u64) {
-    if let Some(at) = *tat {
-        *tat = Some(if actual < charged {
-            at.checked_sub(spacing(interval, charged - actual))
-                .unwrap_or(at)
-        } else {
-            later(at, spacing(interval, actual - charged))
-        });
+pub(crate) fn settle_tat(tat: &mut Stamp, interval: u64, charged: u64, actual: u64) {
+    if *tat == Stamp::NONE {
+        return;
     }
+    *tat = if actual < charged {
+        tat.earlier(spacing_nanos(interval, charged - actual))
+            .unwrap_or(*tat)
+    } else {
+        tat.later(spacing_nanos(interval, actual - charged))
+    };
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::inline::InlineMeter;
 use super::leaky_bucket::LeakyBucket;
 use super::meter::Meter;
 use super::quota::{Algorithm, Quota, Unit};
@@ -98,7 +99,7 @@ fn strict_spacing(quotas: &[Quota], headroom: Duration) -> Option<Duration> {
 pub(crate) const FIRST_WORD: Duration = Duration::from_secs(1);
 
 /// A meter and what it counts.
-type Counting = (Box<dyn Meter>, Unit);
+type Counting = (InlineMeter, Unit);
 
 /// How many units `meter` lets go at once at `now` (a binary search on
 /// `earliest`, which only says "when").
@@ -139,7 +140,7 @@ impl Meters {
         Self {
             meters: quotas
                 .iter()
-                .map(|q| (q.meter(headroom, now), q.unit))
+                .map(|q| (InlineMeter::of(q, headroom, now), q.unit))
                 .collect(),
             pace: None,
             leak: None,
@@ -180,7 +181,7 @@ impl Meters {
                     return old.swap_remove(at).1;
                 }
                 let first = past.first().copied().unwrap_or(now).min(now);
-                let mut meter = quota.meter(headroom, first);
+                let mut meter = InlineMeter::of(quota, headroom, first);
                 if quota.counts_requests() {
                     for &at in &past {
                         meter.commit(1, at);
@@ -239,28 +240,42 @@ impl Meters {
     }
 
     pub(crate) fn earliest(&self, cost: u64, now: Instant) -> Instant {
-        // A loop, not a chain of iterators: asked on every release, and
-        // the chain's fold cost as much as the meters' own answers.
-        let mut earliest = now;
+        let at = Stamp::of(now);
+        self.earliest_at(cost, now, at).instant_from(at, now)
+    }
+
+    /// [`earliest`](Self::earliest) at `now`, whose stamp is `at`: asked
+    /// on every release, so in stamps, and a loop, not a chain of
+    /// iterators (the chain's fold cost as much as the meters' answers).
+    pub(crate) fn earliest_at(&self, cost: u64, now: Instant, at: Stamp) -> Stamp {
+        let mut earliest = at;
         for (meter, unit) in self.meters.iter() {
-            earliest = earliest.max(meter.earliest(Self::units(*unit, cost), now));
+            earliest = earliest.max(meter.earliest_at(Self::units(*unit, cost), now, at));
         }
-        for pace in self.paces() {
-            earliest = earliest.max(pace.earliest(1, now));
+        if let Some(pace) = &self.pace {
+            earliest = earliest.max(pace.earliest_at(at));
+        }
+        if let Some(leak) = &self.leak {
+            earliest = earliest.max(leak.earliest_at(1, at));
         }
         // Strict spacing is measured from the last send, not the last
         // release: the lane's departures keep it (`lane/turn.rs`).
-        self.first_word()
-            .map_or(earliest, |first| earliest.max(first))
+        earliest.max(self.first_word_at())
     }
 
     /// Until when a burst waits for the vendor's first answer, if it does.
     pub(crate) fn first_word(&self) -> Option<Instant> {
+        self.first_word_at().get()
+    }
+
+    /// [`first_word`](Self::first_word) as a stamp, `Stamp::NONE` for
+    /// none.
+    fn first_word_at(&self) -> Stamp {
         // Asked on every release: the flags first, the stamp only then.
-        if self.heard || !self.bursts() {
-            return None;
+        if self.heard || self.first == Stamp::NONE || !self.bursts() {
+            return Stamp::NONE;
         }
-        self.first.get().map(|first| later(first, FIRST_WORD))
+        self.first.later(nanos(FIRST_WORD))
     }
 
     /// True when the quotas let more than one request go at once.
@@ -335,24 +350,28 @@ impl Meters {
     }
 
     pub(crate) fn commit(&mut self, cost: u64, now: Instant) {
+        self.commit_at(cost, now, Stamp::of(now));
+    }
+
+    /// [`commit`](Self::commit) at `now`, whose stamp is `at`: one stamp
+    /// for every meter, the ledger and the last release, as reading a
+    /// stamp off an instant costs a subtraction of instants.
+    pub(crate) fn commit_at(&mut self, cost: u64, now: Instant, at: Stamp) {
         for (meter, unit) in self.meters.iter_mut() {
-            meter.commit(Self::units(*unit, cost), now);
+            meter.commit_at(Self::units(*unit, cost), now, at);
         }
         if let Some(pace) = &mut self.pace {
-            pace.commit(1, now);
+            pace.commit_at(1, at);
         }
         if let Some(leak) = &mut self.leak {
-            leak.commit(1, now);
+            leak.commit_at(1, at);
         }
-        // One stamp for the ledger and the last release: each costs a
-        // subtraction of instants.
-        let stamp = Stamp::of(now);
         if let Some(releases) = &mut self.releases {
-            releases.record_stamp(stamp);
+            releases.record_stamp(at);
         }
-        self.last = stamp;
+        self.last = at;
         if self.first == Stamp::NONE {
-            self.first = self.last;
+            self.first = at;
         }
     }
 
@@ -447,7 +466,7 @@ impl Meters {
                 .meters
                 .iter()
                 .filter(|(_, unit)| *unit == Unit::Requests)
-                .map(|(meter, _)| room(meter.as_ref(), now))
+                .map(|(meter, _)| room(meter, now))
                 .min()
                 .unwrap_or(capacity);
             let full = room(&bucket, now);
@@ -465,7 +484,7 @@ impl Meters {
             .iter_mut()
             .zip(self.quotas.iter())
             .filter(|(_, quota)| quota.counts_requests() && quota.bursts())
-            .map(|((meter, _), _)| meter.as_mut())
+            .map(|((meter, _), _)| meter as &mut dyn Meter)
     }
 
     /// The meters set at run time that count requests: the pace and a
@@ -497,7 +516,7 @@ mod tests {
             let heard = t0 + Duration::from_millis(after);
             assert!(meters.heard(heard), "the first word");
             assert!(!meters.heard(heard), "heard once");
-            let room = room(meters.meters[0].0.as_ref(), heard);
+            let room = room(&meters.meters[0].0, heard);
             assert_eq!(room, expected, "answered after {after} ms");
         }
     }

@@ -5,8 +5,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::meter::Meter;
-use super::rate::{Rate, settle_tat, spacing};
-use crate::time::{Stamp, later, nanos};
+use super::rate::{Rate, settle_tat, spacing_nanos};
+use crate::time::{Stamp, nanos};
 
 /// A bucket of `capacity` tokens refilled at `refill` ("10 RPS with bursts up
 /// to 50": capacity 50, refill 10 per second). A request takes `cost`
@@ -39,23 +39,19 @@ use crate::time::{Stamp, later, nanos};
 #[derive(Debug, Clone)]
 pub struct TokenBucket {
     capacity: u64,
-    interval: Duration,
-    /// `J`: how late a release may land at the vendor, in nanoseconds. It
-    /// and `tat` are kept small: a lane per tenant keeps a bucket each.
+    /// `T` and `J` (how late a release may land at the vendor) in
+    /// nanoseconds, `tat` a stamp (`Stamp::NONE` until the first charge):
+    /// integer arithmetic on every release, and small, as a lane per
+    /// tenant keeps a bucket each.
+    interval: u64,
     jitter: u64,
-    /// `Stamp::NONE` until the first charge.
     tat: Stamp,
 }
 
 impl TokenBucket {
     /// `capacity` tokens, refilled at `refill` stretched by `headroom`.
     pub fn new(capacity: u64, refill: Rate, headroom: Duration) -> Self {
-        Self {
-            capacity,
-            interval: refill.interval(headroom),
-            jitter: nanos(headroom / 2),
-            tat: Stamp::NONE,
-        }
+        Self::with_interval(capacity, refill.interval(headroom), headroom / 2)
     }
 
     /// `capacity` tokens, one back every `interval`, a release forgiven
@@ -64,20 +60,42 @@ impl TokenBucket {
     pub(crate) fn with_interval(capacity: u64, interval: Duration, jitter: Duration) -> Self {
         Self {
             capacity,
-            interval,
+            interval: nanos(interval),
             jitter: nanos(jitter),
             tat: Stamp::NONE,
         }
     }
 
-    fn tokens(&self, n: u64) -> Duration {
-        spacing(self.interval, n)
+    fn tokens(&self, n: u64) -> u64 {
+        spacing_nanos(self.interval, n)
     }
 
     /// How far ahead of `tat` a request of `cost` may go.
-    fn tolerance(&self, cost: u64) -> Duration {
+    fn tolerance(&self, cost: u64) -> u64 {
         self.tokens(self.capacity.saturating_sub(cost))
-            .saturating_sub(Duration::from_nanos(self.jitter))
+            .saturating_sub(self.jitter)
+    }
+
+    /// When a request of `cost` may go, were the bucket full again at
+    /// `tat`: `tat` less the tolerance, and never before `now`.
+    fn when_full_at(&self, tat: Stamp, cost: u64, now: Stamp) -> Stamp {
+        tat.earlier(self.tolerance(cost))
+            .map_or(now, |at| at.max(now))
+    }
+
+    /// [`Meter::earliest`] at the stamp `now`.
+    pub(crate) fn earliest_at(&self, cost: u64, now: Stamp) -> Stamp {
+        if self.tat == Stamp::NONE {
+            return now;
+        }
+        self.when_full_at(self.tat, cost, now)
+    }
+
+    /// [`Meter::commit`] at the stamp `now`.
+    pub(crate) fn commit_at(&mut self, cost: u64, now: Stamp) {
+        // `Stamp::NONE` is earlier than any stamp: a first charge counts
+        // from now.
+        self.tat = self.tat.max(now).later(self.tokens(cost));
     }
 }
 
@@ -87,38 +105,31 @@ impl Meter for TokenBucket {
     }
 
     fn earliest(&self, cost: u64, now: Instant) -> Instant {
-        let Some(tat) = self.tat.get() else {
-            return now;
-        };
-        tat.checked_sub(self.tolerance(cost))
-            .map_or(now, |at| at.max(now))
+        let at = Stamp::of(now);
+        self.earliest_at(cost, at).instant_from(at, now)
     }
 
     fn commit(&mut self, cost: u64, now: Instant) {
-        let base = self.tat.get().map_or(now, |tat| tat.max(now));
-        self.tat = Stamp::of(later(base, self.tokens(cost)));
+        self.commit_at(cost, Stamp::of(now));
     }
 
     fn settle(&mut self, charged: u64, actual: u64, _at: Instant) {
-        let mut tat = self.tat.get();
-        settle_tat(&mut tat, self.interval, charged, actual);
-        self.tat = tat.map_or(Stamp::NONE, Stamp::of);
+        settle_tat(&mut self.tat, self.interval, charged, actual);
     }
 
     fn is_idle(&self, now: Instant) -> bool {
-        self.tat.get().is_none_or(|tat| tat <= now)
+        self.tat <= Stamp::of(now)
     }
 
     fn interval(&self) -> Duration {
-        self.interval
+        Duration::from_nanos(self.interval)
     }
 
     fn eta(&self, ahead: u64, cost: u64, now: Instant) -> Instant {
         // After `ahead` tokens go, the bucket is full again at `tat`.
-        let tat = self.tat.get().map_or(now, |tat| tat.max(now));
-        let tat = later(tat, self.tokens(ahead));
-        tat.checked_sub(self.tolerance(cost))
-            .map_or(now, |at| at.max(now))
+        let at = Stamp::of(now);
+        let tat = self.tat.max(at).later(self.tokens(ahead));
+        self.when_full_at(tat, cost, at).instant_from(at, now)
     }
 }
 

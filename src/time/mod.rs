@@ -83,7 +83,32 @@ impl Stamp {
     pub(crate) fn plus_nanos(self, nanos: u64) -> Self {
         Self(self.0.saturating_add_unsigned(nanos))
     }
+
+    /// This stamp `nanos` nanoseconds later, at most [`FAR`] later: what
+    /// [`later`] is to an instant, for the meters that count in stamps.
+    pub(crate) fn later(self, nanos: u64) -> Self {
+        self.plus_nanos(nanos.min(FAR_NANOS))
+    }
+
+    /// This stamp `nanos` nanoseconds earlier, or `None` past the earliest
+    /// stamp a clock can read.
+    pub(crate) fn earlier(self, nanos: u64) -> Option<Self> {
+        self.0
+            .checked_sub_unsigned(nanos)
+            .filter(|&at| at != Self::NONE.0)
+            .map(Self)
+    }
+
+    /// The instant this stamp holds, given that `now` is the instant
+    /// `at` holds: `now` itself when they are the same, so a meter that
+    /// lets a request go at once answers with the caller's own instant.
+    pub(crate) fn instant_from(self, at: Stamp, now: Instant) -> Instant {
+        if self == at { now } else { self.instant() }
+    }
 }
+
+/// [`FAR`] in nanoseconds.
+const FAR_NANOS: u64 = FAR.as_secs() * 1_000_000_000;
 
 /// A [`Stamp`] threads move on without a lock: when a lane last released,
 /// when a strict gate's last request went.

@@ -22,16 +22,8 @@ use crate::time::{Stamp, later, nanos};
 pub(crate) struct Meters {
     /// Boxed, not a `Vec`: its length changes only with the quotas.
     meters: Box<[Counting]>,
-    /// A slower pace than declared (a quota the vendor announced, or
-    /// adaptive pacing), counting requests.
-    /// Boxed, as `leak`: most gates never have one, and a lane per tenant
-    /// holds a gate each.
-    pace: Option<Box<LeakyBucket>>,
-    /// A vendor's bucket whose leak its levels showed (Shopify): its
-    /// capacity, refilled at that rate, and held to what it says is left
-    /// as the declared buckets are, so the lane uses the room the vendor
-    /// reports and paces at the leak only when the bucket is full.
-    leak: Option<Box<TokenBucket>>,
+    /// What slows the declared quotas, while anything does.
+    slowed: Option<Box<Slowed>>,
     /// The last release, so a new pace counts from it.
     last: Stamp,
     /// Releases over the request quota's window, when there is one.
@@ -46,6 +38,21 @@ pub(crate) struct Meters {
     /// burst waits for the vendor's first word (see [`FIRST_WORD`]).
     first: Stamp,
     heard: bool,
+}
+
+/// What slows a gate's declared quotas: a pace, a vendor's leak, strict
+/// spacing. Boxed together: most gates never have any of it, and a lane
+/// per tenant holds a gate each.
+#[derive(Debug, Default)]
+struct Slowed {
+    /// A slower pace than declared (a quota the vendor announced, or
+    /// adaptive pacing), counting requests.
+    pace: Option<LeakyBucket>,
+    /// A vendor's bucket whose leak its levels showed (Shopify): its
+    /// capacity, refilled at that rate, and held to what it says is left
+    /// as the declared buckets are, so the lane uses the room the vendor
+    /// reports and paces at the leak only when the bucket is full.
+    leak: Option<TokenBucket>,
     /// Strict spacing declared ([`Quota::strict`]): the widest interval
     /// among the strict quotas.
     strict: Nanos,
@@ -53,10 +60,19 @@ pub(crate) struct Meters {
     learned_spacing: Nanos,
 }
 
+impl Slowed {
+    fn is_empty(&self) -> bool {
+        self.pace.is_none()
+            && self.leak.is_none()
+            && self.strict == Nanos::NONE
+            && self.learned_spacing == Nanos::NONE
+    }
+}
+
 /// A duration in nanoseconds (saturated at 584 years), 0 for none: half
 /// the room of a `Duration` (a third of an `Option<Duration>`), in every
 /// gate's meters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
 struct Nanos(u64);
 
 impl Nanos {
@@ -137,22 +153,22 @@ fn ledger(quotas: &[Quota], headroom: Duration) -> Option<Releases> {
 
 impl Meters {
     pub(crate) fn new(quotas: Arc<[Quota]>, headroom: Duration, now: Instant) -> Self {
-        Self {
+        let strict = strict_spacing(&quotas, headroom);
+        let mut meters = Self {
             meters: quotas
                 .iter()
                 .map(|q| (InlineMeter::of(q, headroom, now), q.unit))
                 .collect(),
-            pace: None,
-            leak: None,
+            slowed: None,
             last: Stamp::NONE,
             releases: ledger(&quotas, headroom),
             slack: Nanos::of(headroom / 2),
             first: Stamp::NONE,
             heard: false,
-            strict: Nanos::or_none(strict_spacing(&quotas, headroom)),
-            learned_spacing: Nanos::NONE,
             quotas,
-        }
+        };
+        meters.set_strict(strict);
+        meters
     }
 
     /// Count by `quotas` from now on, keeping what is known. A meter whose
@@ -196,21 +212,40 @@ impl Meters {
             }
             releases
         });
-        self.strict = Nanos::or_none(strict_spacing(quotas, headroom));
+        self.set_strict(strict_spacing(quotas, headroom));
         self.quotas = Arc::from(quotas);
+    }
+
+    /// What slows the quotas, made when first needed.
+    fn slowed_mut(&mut self) -> &mut Slowed {
+        self.slowed.get_or_insert_with(Box::default)
+    }
+
+    /// Let the box go once nothing slows the quotas.
+    fn tidy(&mut self) {
+        if self.slowed.as_ref().is_some_and(|slowed| slowed.is_empty()) {
+            self.slowed = None;
+        }
+    }
+
+    fn set_strict(&mut self, strict: Option<Duration>) {
+        self.slowed_mut().strict = Nanos::or_none(strict);
+        self.tidy();
     }
 
     /// The strict spacing in force (see `spacing/`): no request less than
     /// this after the last one, released or sent; `None`: the meters
     /// alone decide.
     pub(crate) fn spacing(&self) -> Option<Duration> {
-        self.strict.max(self.learned_spacing).get()
+        let slowed = self.slowed.as_ref()?;
+        slowed.strict.max(slowed.learned_spacing).get()
     }
 
     /// Keep requests at least `gap` apart on the wire, as a vendor's
     /// spacing refusals taught.
     pub(crate) fn set_spacing(&mut self, gap: Option<Duration>) {
-        self.learned_spacing = Nanos::or_none(gap);
+        self.slowed_mut().learned_spacing = Nanos::or_none(gap);
+        self.tidy();
     }
 
     /// The ledger of releases over the request window (`None` when no
@@ -252,11 +287,13 @@ impl Meters {
         for (meter, unit) in self.meters.iter() {
             earliest = earliest.max(meter.earliest_at(Self::units(*unit, cost), now, at));
         }
-        if let Some(pace) = &self.pace {
-            earliest = earliest.max(pace.earliest_at(at));
-        }
-        if let Some(leak) = &self.leak {
-            earliest = earliest.max(leak.earliest_at(1, at));
+        if let Some(slowed) = &self.slowed {
+            if let Some(pace) = &slowed.pace {
+                earliest = earliest.max(pace.earliest_at(at));
+            }
+            if let Some(leak) = &slowed.leak {
+                earliest = earliest.max(leak.earliest_at(1, at));
+            }
         }
         // Strict spacing is measured from the last send, not the last
         // release: the lane's departures keep it (`lane/turn.rs`).
@@ -320,7 +357,7 @@ impl Meters {
     pub(crate) fn hold_to(&mut self, remaining: u64, released: Instant, now: Instant) {
         // Most gates have no meter it holds (a vendor's quota that never
         // bursts): their ledger is not read on every answer.
-        if self.leak.is_none() && self.bursting().next().is_none() {
+        if self.leak().is_none() && self.bursting().next().is_none() {
             return;
         }
         let since = self.releases.as_ref().map_or(0, |releases| {
@@ -344,8 +381,8 @@ impl Meters {
         for meter in self.bursting() {
             hold(meter);
         }
-        if let Some(leak) = &mut self.leak {
-            hold(leak.as_mut());
+        if let Some(leak) = self.slowed.as_mut().and_then(|slowed| slowed.leak.as_mut()) {
+            hold(leak);
         }
     }
 
@@ -360,11 +397,13 @@ impl Meters {
         for (meter, unit) in self.meters.iter_mut() {
             meter.commit_at(Self::units(*unit, cost), now, at);
         }
-        if let Some(pace) = &mut self.pace {
-            pace.commit_at(1, at);
-        }
-        if let Some(leak) = &mut self.leak {
-            leak.commit_at(1, at);
+        if let Some(slowed) = &mut self.slowed {
+            if let Some(pace) = &mut slowed.pace {
+                pace.commit_at(1, at);
+            }
+            if let Some(leak) = &mut slowed.leak {
+                leak.commit_at(1, at);
+            }
         }
         if let Some(releases) = &mut self.releases {
             releases.record_stamp(at);
@@ -426,22 +465,31 @@ impl Meters {
 
     /// Keep requests at least `interval` apart (`None`: as declared).
     pub(crate) fn set_pace(&mut self, interval: Option<Duration>) {
-        match (interval, &mut self.pace) {
+        let (slack, last) = (self.slack.duration(), self.last);
+        let pace = &mut self.slowed_mut().pace;
+        match (interval, pace) {
             (None, pace) => *pace = None,
             (Some(interval), Some(pace)) => pace.set_interval(interval),
             (Some(interval), pace @ None) => {
-                let mut bucket = LeakyBucket::with_interval(interval, self.slack.duration());
-                if let Some(last) = self.last.get() {
-                    bucket.commit(1, last);
+                let mut bucket = LeakyBucket::with_interval(interval, slack);
+                if last != Stamp::NONE {
+                    bucket.commit_at(1, last);
                 }
-                *pace = Some(Box::new(bucket));
+                *pace = Some(bucket);
             }
         }
+        self.tidy();
     }
 
     /// The pace now in force, if slower than declared.
     pub(crate) fn pace(&self) -> Option<Duration> {
-        self.pace.as_deref().map(Meter::interval)
+        let pace = self.slowed.as_ref()?.pace.as_ref()?;
+        Some(pace.interval())
+    }
+
+    /// The vendor's bucket the meters keep to, if its leak was read.
+    fn leak(&self) -> Option<&TokenBucket> {
+        self.slowed.as_ref()?.leak.as_ref()
     }
 
     /// The spacing a shared store keeps to for these meters: the pace, or
@@ -456,11 +504,11 @@ impl Meters {
     /// the declared request meters allow now, which the vendor's last
     /// `remaining` holds.
     pub(crate) fn set_leak(&mut self, leak: Option<(u64, Duration)>, now: Instant) {
-        let kept = self.leak.as_ref().map(|b| (b.capacity(), b.interval()));
+        let kept = self.leak().map(|b| (b.capacity(), b.interval()));
         if kept == leak {
             return;
         }
-        self.leak = leak.map(|(capacity, interval)| {
+        let leak = leak.map(|(capacity, interval)| {
             let mut bucket = TokenBucket::with_interval(capacity, interval, self.slack.duration());
             let allowed = self
                 .meters
@@ -473,8 +521,10 @@ impl Meters {
             if full > allowed {
                 bucket.commit(full - allowed, now);
             }
-            Box::new(bucket)
+            bucket
         });
+        self.slowed_mut().leak = leak;
+        self.tidy();
     }
 
     /// The declared meters that count requests and let several go at once,
@@ -490,8 +540,13 @@ impl Meters {
     /// The meters set at run time that count requests: the pace and a
     /// vendor bucket's leak.
     fn paces(&self) -> impl Iterator<Item = &dyn Meter> {
-        let pace = self.pace.as_deref().map(|pace| pace as &dyn Meter);
-        let leak = self.leak.as_deref().map(|leak| leak as &dyn Meter);
+        let slowed = self.slowed.as_deref();
+        let pace = slowed
+            .and_then(|s| s.pace.as_ref())
+            .map(|p| p as &dyn Meter);
+        let leak = slowed
+            .and_then(|s| s.leak.as_ref())
+            .map(|l| l as &dyn Meter);
         pace.into_iter().chain(leak)
     }
 }

@@ -12,6 +12,33 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// [`lock`], for a lock held a hundred nanoseconds or so by threads that
+/// take it in a loop (a gate's meters, released from every core): tried
+/// a few times, with a doubling pause between tries (about 255 pauses,
+/// a few microseconds, in all), before the thread waits in the kernel.
+/// `Mutex::lock` spins only until the lock is first contended; from then
+/// on each locker sleeps in the kernel and each unlock wakes one there,
+/// and two cores taking one lane's meters in a loop fall into that convoy
+/// and stay in it: 64 tasks on one lane took 142-166 ns a permit over 2
+/// million permits, 103-108 ns tried first.
+pub(crate) fn lock_briefly<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    for round in 0..TRIES {
+        match mutex.try_lock() {
+            Ok(guard) => return guard,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => return poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                for _ in 0..1 << round {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+    }
+    lock(mutex)
+}
+
+/// How many times [`lock_briefly`] tries before it waits.
+const TRIES: u32 = 8;
+
 /// [`lock`] for reading an `RwLock`.
 pub(crate) fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
     lock.read().unwrap_or_else(PoisonError::into_inner)

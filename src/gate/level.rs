@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use super::cause::{PauseCause, Paused, Stop};
 use crate::meters::{Meters, Quota, Rate, Requests};
 use crate::spacing::Departures;
-use crate::sync::lock;
+use crate::sync::{lock, lock_briefly};
 use crate::time::later;
 
 /// Where a shared gate is listed (its `GateMap`), so that it leaves the
@@ -257,7 +257,7 @@ impl Gate {
     /// The gate's meters, locked. Lanes holding several gates lock them in
     /// level order (the same in every lane), so none can deadlock.
     pub(crate) fn meters(&self) -> MutexGuard<'_, Meters> {
-        lock(&self.meters)
+        lock_briefly(&self.meters)
     }
 
     /// A wake-up for when the first waiter in the gate's queue changes,

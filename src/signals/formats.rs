@@ -101,16 +101,21 @@ pub(super) fn integer(value: &HeaderValue) -> Option<u64> {
     digits(value.as_bytes()).or_else(|| value.to_str().ok()?.trim().parse().ok())
 }
 
-/// 1 to 19 ASCII digits (never past `u64::MAX`) as their number.
+/// 1 to 19 ASCII digits (never past `u64::MAX`) as their number, in one
+/// pass: every answer carries a few.
 fn digits(bytes: &[u8]) -> Option<u64> {
-    if bytes.is_empty() || bytes.len() > 19 || !bytes.iter().all(u8::is_ascii_digit) {
+    if bytes.is_empty() || bytes.len() > 19 {
         return None;
     }
-    Some(
-        bytes
-            .iter()
-            .fold(0, |n, &digit| n * 10 + u64::from(digit - b'0')),
-    )
+    let mut number = 0;
+    for &byte in bytes {
+        let digit = byte.wrapping_sub(b'0');
+        if digit > 9 {
+            return None;
+        }
+        number = number * 10 + u64::from(digit);
+    }
+    Some(number)
 }
 
 pub(super) fn seconds(secs: f64) -> Duration {
@@ -153,6 +158,44 @@ pub(super) fn epoch(value: &HeaderValue) -> Option<SystemTime> {
 
 /// A Go duration as OpenAI sends it: `6m0s`, `1.5s`, `17ms`, `1h2m3.5s`.
 pub(super) fn go_duration(value: &HeaderValue) -> Option<Duration> {
+    // Whole amounts ("1ms", "6m0s") are read in integers, at once; a
+    // fraction ("59.989s") in floating point.
+    whole_go_duration(value.as_bytes().trim_ascii()).or_else(|| fractional_go_duration(value))
+}
+
+/// A Go duration of whole amounts in nanoseconds, saturating; `None` for
+/// anything else (a fraction, an unknown unit, nothing), which
+/// [`fractional_go_duration`] reads or refuses.
+fn whole_go_duration(mut rest: &[u8]) -> Option<Duration> {
+    if rest.is_empty() {
+        return None;
+    }
+    let mut total: u64 = 0;
+    while !rest.is_empty() {
+        let split = rest.iter().position(|b| !b.is_ascii_digit())?;
+        let amount = digits(&rest[..split])?;
+        rest = &rest[split..];
+        let unit_end = rest
+            .iter()
+            .position(u8::is_ascii_digit)
+            .unwrap_or(rest.len());
+        let nanos_per: u64 = match &rest[..unit_end] {
+            b"h" => 3_600_000_000_000,
+            b"m" => 60_000_000_000,
+            b"s" => 1_000_000_000,
+            b"ms" => 1_000_000,
+            b"us" => 1_000,
+            b"ns" => 1,
+            _ => return None,
+        };
+        total = total.saturating_add(amount.saturating_mul(nanos_per));
+        rest = &rest[unit_end..];
+    }
+    Some(Duration::from_nanos(total).min(LONGEST))
+}
+
+/// [`go_duration`] in floating point, for amounts with a fraction.
+fn fractional_go_duration(value: &HeaderValue) -> Option<Duration> {
     let mut rest = value.to_str().ok()?.trim();
     if rest.is_empty() {
         return None;

@@ -629,3 +629,36 @@ fn counts_read_fast_agree_with_the_slow_reading() {
     assert_eq!(remaining(b"4 2"), None);
     assert_eq!(remaining(b""), None);
 }
+
+/// Go durations: whole amounts are read in integers, exactly as the
+/// floating-point reading of a fraction gives them; fractions, garbage and
+/// amounts past any clock read as before.
+#[test]
+fn go_durations_read_whole_amounts_exactly() {
+    use super::formats::go_duration;
+    let ms = Duration::from_millis;
+    let read = |text: &[u8]| go_duration(&HeaderValue::from_bytes(text).unwrap());
+    for (text, expected) in [
+        (&b"1ms"[..], Some(ms(1))),
+        (b"17ms", Some(ms(17))),
+        (b"6m0s", Some(Duration::from_secs(360))),
+        (b"1h2m3s", Some(Duration::from_secs(3723))),
+        (b" 59s ", Some(Duration::from_secs(59))),
+        (b"20ns", Some(Duration::from_nanos(20))),
+        (b"3us", Some(Duration::from_micros(3))),
+        (b"0s", Some(Duration::ZERO)),
+        (b"1.5s", Some(ms(1500))),
+        (b"59.989s", Some(ms(59_989))),
+        (b"1h2m3.5s", Some(ms(3_723_500))),
+        (b"99999999999999999999h", Some(LONGEST)),
+        (b"9999999999999999999h", Some(LONGEST)),
+        (b"", None),
+        (b"s", None),
+        (b"12", None),
+        (b"-1s", None),
+        (b"5d", None),
+        (b"1ms2", None),
+    ] {
+        assert_eq!(read(text), expected, "{}", String::from_utf8_lossy(text));
+    }
+}

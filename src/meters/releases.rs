@@ -73,11 +73,6 @@ impl Releases {
             }
             self.at.pop_front();
         }
-        if self.at.capacity() == 0 {
-            // Room for one, where a first push makes room for four: a lane
-            // per tenant keeps a ledger each, and most tenants are quiet.
-            self.at.reserve_exact(1);
-        }
         self.at.push_back(now);
         self.total = self.total.saturating_add(1);
     }

@@ -229,6 +229,10 @@ impl Meters {
     }
 
     fn set_strict(&mut self, strict: Option<Duration>) {
+        // Nothing to clear where nothing slows: no box made for it.
+        if strict.is_none() && self.slowed.is_none() {
+            return;
+        }
         self.slowed_mut().strict = Nanos::or_none(strict);
         self.tidy();
     }
@@ -244,6 +248,9 @@ impl Meters {
     /// Keep requests at least `gap` apart on the wire, as a vendor's
     /// spacing refusals taught.
     pub(crate) fn set_spacing(&mut self, gap: Option<Duration>) {
+        if gap.is_none() && self.slowed.is_none() {
+            return;
+        }
         self.slowed_mut().learned_spacing = Nanos::or_none(gap);
         self.tidy();
     }
@@ -465,6 +472,9 @@ impl Meters {
 
     /// Keep requests at least `interval` apart (`None`: as declared).
     pub(crate) fn set_pace(&mut self, interval: Option<Duration>) {
+        if interval.is_none() && self.slowed.is_none() {
+            return;
+        }
         let (slack, last) = (self.slack.duration(), self.last);
         let pace = &mut self.slowed_mut().pace;
         match (interval, pace) {

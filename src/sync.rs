@@ -2,9 +2,7 @@
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
-use std::sync::{
-    Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak,
-};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 /// A mutex whose data stays valid even if a holder panicked: every critical
 /// section in this crate leaves its data consistent at each step.
@@ -38,16 +36,6 @@ pub(crate) fn lock_briefly<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// How many times [`lock_briefly`] tries before it waits.
 const TRIES: u32 = 8;
-
-/// [`lock`] for reading an `RwLock`.
-pub(crate) fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
-    lock.read().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// [`lock`] for writing an `RwLock`.
-pub(crate) fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
-    lock.write().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// A map by name, hashed with a random seed per map (as std's maps are),
 /// by foldhash rather than SipHash: a request finds its lane and gates

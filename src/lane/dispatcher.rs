@@ -24,7 +24,7 @@ use super::queue::{Costed, Queue};
 use super::release::{Blocked, Ready, Release, Step, Waiting};
 use super::shared::Shared;
 use super::turn::Ticket;
-use crate::sync::write;
+use crate::sync::lock;
 
 /// How long a dispatcher stays once its queue drained: a lane busy in
 /// bursts does not start one a burst. A lane on a shared store stays its
@@ -160,7 +160,7 @@ impl<R: Release> Dispatcher<R> {
     /// lock, which every ticket is sent under, so the next one starts a
     /// successor.
     fn retire(&self) -> bool {
-        let mut door = write(&self.shared.door);
+        let mut door = lock(&self.shared.door);
         if !self.tickets.is_empty() || !self.queue.is_empty() {
             return false;
         }

@@ -21,7 +21,7 @@ use crate::meters::{Quota, Rate};
 use crate::observability::{InFlight, Labels, Series};
 use crate::retry::RetryBudget;
 use crate::store::{Remote, StoreMode};
-use crate::sync::{read, write};
+use crate::sync::lock;
 use crate::time::{AtomicStamp, later};
 use crate::vendor::{Spending, VendorModel, explains};
 
@@ -183,8 +183,8 @@ impl Lane {
         // Unsent, the ticket is dropped with its sender: the waiter
         // counts itself out as it drops.
         let shared = &self.shared;
-        let running = read(&self.shared.door);
-        let ticket = match running.as_ref() {
+        let mut door = lock(&shared.door);
+        let ticket = match door.as_ref() {
             Some(tickets) => match tickets.try_send(ticket) {
                 Ok(()) => None,
                 // Closed: by a shutdown, or with the runtime it ran on.
@@ -192,20 +192,21 @@ impl Lane {
             },
             None => Some(ticket),
         };
-        drop(running);
         if let Some(ticket) = ticket {
-            let mut door = write(&self.shared.door);
             if shared.closed.load(Ordering::Acquire) {
                 return Err(Error::Shutdown);
             }
             if door.as_ref().is_none_or(async_channel::Sender::is_closed) {
                 *door = Some(self.start_dispatcher());
             }
-            match door.as_ref().map(|tickets| tickets.try_send(ticket)) {
-                Some(Ok(())) => drop(door),
-                _ => return Err(Error::Shutdown),
+            if door
+                .as_ref()
+                .is_none_or(|tickets| tickets.try_send(ticket).is_err())
+            {
+                return Err(Error::Shutdown);
             }
         }
+        drop(door);
         *slot = Slot::Waiting(waiter);
         Ok(())
     }
@@ -500,7 +501,7 @@ impl Lane {
         let (turn, _) = oneshot::channel();
         let seq = self.shared.next_seq.fetch_add(1, Ordering::Relaxed);
         // A closed lane, or one nobody waits in, has nothing to wake.
-        if let Some(tickets) = &*read(&self.shared.door) {
+        if let Some(tickets) = &*lock(&self.shared.door) {
             let _ = tickets.try_send(Ticket {
                 seq,
                 cost: 0,
@@ -638,13 +639,13 @@ impl Lane {
     /// True while a dispatcher runs for the lane: someone waits, or did
     /// within its linger.
     pub(crate) fn is_busy(&self) -> bool {
-        read(&self.shared.door).is_some()
+        lock(&self.shared.door).is_some()
     }
 
     /// Refuse new requests and end every waiting one with
     /// [`Error::Shutdown`].
     pub(crate) fn close(&self) {
-        let mut door = write(&self.shared.door);
+        let mut door = lock(&self.shared.door);
         self.shared.closed.store(true, Ordering::Release);
         if let Some(tickets) = door.take() {
             tickets.close();

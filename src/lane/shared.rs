@@ -22,10 +22,11 @@ use crate::time::{AtomicStamp, Stamp};
 use crate::vendor::VendorModel;
 
 /// Where tickets go while a dispatcher runs; `None` while none does.
-/// Tickets are sent under its read side (many at once), and a dispatcher
-/// starts and retires under its write side, so none is sent to one that is
-/// leaving.
-pub(super) type Door = std::sync::RwLock<Option<async_channel::Sender<Ticket>>>;
+/// Tickets are sent, and a dispatcher starts and retires, under its lock,
+/// so none is sent to one that is leaving. A mutex, not a read-write lock:
+/// a send holds it for one `try_send`, and it is 8 bytes smaller in every
+/// lane.
+pub(super) type Door = std::sync::Mutex<Option<async_channel::Sender<Ticket>>>;
 
 pub(super) struct Shared {
     /// Tells lanes apart in a gate's queue.

@@ -216,25 +216,23 @@ impl Meters {
         self.quotas = Arc::from(quotas);
     }
 
-    /// What slows the quotas, made when first needed.
-    fn slowed_mut(&mut self) -> &mut Slowed {
-        self.slowed.get_or_insert_with(Box::default)
-    }
-
-    /// Let the box go once nothing slows the quotas.
-    fn tidy(&mut self) {
+    /// Change what slows the quotas: its box is made when first needed
+    /// (never for a change that only `clears`, where nothing slows) and
+    /// let go once nothing slows them.
+    fn slow(&mut self, clears: bool, change: impl FnOnce(&mut Slowed)) {
+        if clears && self.slowed.is_none() {
+            return;
+        }
+        change(self.slowed.get_or_insert_with(Box::default));
         if self.slowed.as_ref().is_some_and(|slowed| slowed.is_empty()) {
             self.slowed = None;
         }
     }
 
     fn set_strict(&mut self, strict: Option<Duration>) {
-        // Nothing to clear where nothing slows: no box made for it.
-        if strict.is_none() && self.slowed.is_none() {
-            return;
-        }
-        self.slowed_mut().strict = Nanos::or_none(strict);
-        self.tidy();
+        self.slow(strict.is_none(), |slowed| {
+            slowed.strict = Nanos::or_none(strict);
+        });
     }
 
     /// The strict spacing in force (see `spacing/`): no request less than
@@ -248,11 +246,9 @@ impl Meters {
     /// Keep requests at least `gap` apart on the wire, as a vendor's
     /// spacing refusals taught.
     pub(crate) fn set_spacing(&mut self, gap: Option<Duration>) {
-        if gap.is_none() && self.slowed.is_none() {
-            return;
-        }
-        self.slowed_mut().learned_spacing = Nanos::or_none(gap);
-        self.tidy();
+        self.slow(gap.is_none(), |slowed| {
+            slowed.learned_spacing = Nanos::or_none(gap);
+        });
     }
 
     /// The ledger of releases over the request window (`None` when no
@@ -472,23 +468,20 @@ impl Meters {
 
     /// Keep requests at least `interval` apart (`None`: as declared).
     pub(crate) fn set_pace(&mut self, interval: Option<Duration>) {
-        if interval.is_none() && self.slowed.is_none() {
-            return;
-        }
         let (slack, last) = (self.slack.duration(), self.last);
-        let pace = &mut self.slowed_mut().pace;
-        match (interval, pace) {
-            (None, pace) => *pace = None,
-            (Some(interval), Some(pace)) => pace.set_interval(interval),
-            (Some(interval), pace @ None) => {
-                let mut bucket = LeakyBucket::with_interval(interval, slack);
-                if last != Stamp::NONE {
-                    bucket.commit_at(1, last);
+        self.slow(interval.is_none(), |slowed| {
+            match (interval, &mut slowed.pace) {
+                (None, pace) => *pace = None,
+                (Some(interval), Some(pace)) => pace.set_interval(interval),
+                (Some(interval), pace @ None) => {
+                    let mut bucket = LeakyBucket::with_interval(interval, slack);
+                    if last != Stamp::NONE {
+                        bucket.commit_at(1, last);
+                    }
+                    *pace = Some(bucket);
                 }
-                *pace = Some(bucket);
             }
-        }
-        self.tidy();
+        });
     }
 
     /// The pace now in force, if slower than declared.
@@ -533,8 +526,7 @@ impl Meters {
             }
             bucket
         });
-        self.slowed_mut().leak = leak;
-        self.tidy();
+        self.slow(leak.is_none(), |slowed| slowed.leak = leak);
     }
 
     /// The declared meters that count requests and let several go at once,

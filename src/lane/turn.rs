@@ -274,8 +274,7 @@ async fn on_time(at: Instant) {
 
 /// When every meter of `meters` allows a request of `cost`.
 pub(super) fn earliest(meters: &[MutexGuard<'_, Meters>], cost: u64, now: Instant) -> Instant {
-    let at = Stamp::of(now);
-    earliest_at(meters, cost, now, at).instant_from(at, now)
+    Stamp::answer(now, |at| earliest_at(meters, cost, now, at))
 }
 
 /// [`earliest`] at `now`, whose stamp is `at`: the fast path's question,

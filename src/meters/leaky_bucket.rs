@@ -115,8 +115,7 @@ impl Meter for LeakyBucket {
     }
 
     fn earliest(&self, _cost: u64, now: Instant) -> Instant {
-        let at = Stamp::of(now);
-        self.earliest_at(at).instant_from(at, now)
+        Stamp::answer(now, |at| self.earliest_at(at))
     }
 
     fn commit(&mut self, cost: u64, now: Instant) {

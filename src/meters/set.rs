@@ -67,6 +67,33 @@ impl Slowed {
             && self.strict == Nanos::NONE
             && self.learned_spacing == Nanos::NONE
     }
+
+    /// When the pace and the leak let a request go, at the stamp `at`.
+    fn earliest_at(&self, at: Stamp) -> Stamp {
+        let pace = self.pace.as_ref().map_or(at, |pace| pace.earliest_at(at));
+        let leak = self
+            .leak
+            .as_ref()
+            .map_or(at, |leak| leak.earliest_at(1, at));
+        pace.max(leak)
+    }
+
+    /// Charge the pace and the leak one request at the stamp `at`.
+    fn commit_at(&mut self, at: Stamp) {
+        if let Some(pace) = &mut self.pace {
+            pace.commit_at(1, at);
+        }
+        if let Some(leak) = &mut self.leak {
+            leak.commit_at(1, at);
+        }
+    }
+
+    /// The pace and the leak, as meters counting requests.
+    fn paces(&self) -> impl Iterator<Item = &dyn Meter> {
+        let pace = self.pace.as_ref().map(|pace| pace as &dyn Meter);
+        let leak = self.leak.as_ref().map(|leak| leak as &dyn Meter);
+        pace.into_iter().chain(leak)
+    }
 }
 
 /// A duration in nanoseconds (saturated at 584 years), 0 for none: half
@@ -278,8 +305,7 @@ impl Meters {
     }
 
     pub(crate) fn earliest(&self, cost: u64, now: Instant) -> Instant {
-        let at = Stamp::of(now);
-        self.earliest_at(cost, now, at).instant_from(at, now)
+        Stamp::answer(now, |at| self.earliest_at(cost, now, at))
     }
 
     /// [`earliest`](Self::earliest) at `now`, whose stamp is `at`: asked
@@ -291,12 +317,7 @@ impl Meters {
             earliest = earliest.max(meter.earliest_at(Self::units(*unit, cost), now, at));
         }
         if let Some(slowed) = &self.slowed {
-            if let Some(pace) = &slowed.pace {
-                earliest = earliest.max(pace.earliest_at(at));
-            }
-            if let Some(leak) = &slowed.leak {
-                earliest = earliest.max(leak.earliest_at(1, at));
-            }
+            earliest = earliest.max(slowed.earliest_at(at));
         }
         // Strict spacing is measured from the last send, not the last
         // release: the lane's departures keep it (`lane/turn.rs`).
@@ -401,12 +422,7 @@ impl Meters {
             meter.commit_at(Self::units(*unit, cost), now, at);
         }
         if let Some(slowed) = &mut self.slowed {
-            if let Some(pace) = &mut slowed.pace {
-                pace.commit_at(1, at);
-            }
-            if let Some(leak) = &mut slowed.leak {
-                leak.commit_at(1, at);
-            }
+            slowed.commit_at(at);
         }
         if let Some(releases) = &mut self.releases {
             releases.record_stamp(at);
@@ -542,14 +558,7 @@ impl Meters {
     /// The meters set at run time that count requests: the pace and a
     /// vendor bucket's leak.
     fn paces(&self) -> impl Iterator<Item = &dyn Meter> {
-        let slowed = self.slowed.as_deref();
-        let pace = slowed
-            .and_then(|s| s.pace.as_ref())
-            .map(|p| p as &dyn Meter);
-        let leak = slowed
-            .and_then(|s| s.leak.as_ref())
-            .map(|l| l as &dyn Meter);
-        pace.into_iter().chain(leak)
+        self.slowed.iter().flat_map(|slowed| slowed.paces())
     }
 }
 

@@ -77,7 +77,9 @@ impl TokenBucket {
     }
 
     /// When a request of `cost` may go, were the bucket full again at
-    /// `tat`: `tat` less the tolerance, and never before `now`.
+    /// `tat`: `tat` less the tolerance, and never before `now`. A bucket
+    /// never charged (`tat` is `Stamp::NONE`, the earliest stamp) lets it
+    /// go now.
     fn when_full_at(&self, tat: Stamp, cost: u64, now: Stamp) -> Stamp {
         tat.earlier(self.tolerance(cost))
             .map_or(now, |at| at.max(now))
@@ -85,9 +87,6 @@ impl TokenBucket {
 
     /// [`Meter::earliest`] at the stamp `now`.
     pub(crate) fn earliest_at(&self, cost: u64, now: Stamp) -> Stamp {
-        if self.tat == Stamp::NONE {
-            return now;
-        }
         self.when_full_at(self.tat, cost, now)
     }
 
@@ -105,8 +104,7 @@ impl Meter for TokenBucket {
     }
 
     fn earliest(&self, cost: u64, now: Instant) -> Instant {
-        let at = Stamp::of(now);
-        self.earliest_at(cost, at).instant_from(at, now)
+        Stamp::answer(now, |at| self.earliest_at(cost, at))
     }
 
     fn commit(&mut self, cost: u64, now: Instant) {
@@ -127,9 +125,10 @@ impl Meter for TokenBucket {
 
     fn eta(&self, ahead: u64, cost: u64, now: Instant) -> Instant {
         // After `ahead` tokens go, the bucket is full again at `tat`.
-        let at = Stamp::of(now);
-        let tat = self.tat.max(at).later(self.tokens(ahead));
-        self.when_full_at(tat, cost, at).instant_from(at, now)
+        Stamp::answer(now, |at| {
+            let tat = self.tat.max(at).later(self.tokens(ahead));
+            self.when_full_at(tat, cost, at)
+        })
     }
 }
 

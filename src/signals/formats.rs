@@ -166,7 +166,7 @@ pub(super) fn go_duration(value: &HeaderValue) -> Option<Duration> {
 /// A Go duration of whole amounts in nanoseconds, saturating; `None` for
 /// anything else (a fraction, an unknown unit, nothing), which
 /// [`fractional_go_duration`] reads or refuses.
-fn whole_go_duration(mut rest: &[u8]) -> Option<Duration> {
+pub(super) fn whole_go_duration(mut rest: &[u8]) -> Option<Duration> {
     if rest.is_empty() {
         return None;
     }
@@ -195,7 +195,7 @@ fn whole_go_duration(mut rest: &[u8]) -> Option<Duration> {
 }
 
 /// [`go_duration`] in floating point, for amounts with a fraction.
-fn fractional_go_duration(value: &HeaderValue) -> Option<Duration> {
+pub(super) fn fractional_go_duration(value: &HeaderValue) -> Option<Duration> {
     let mut rest = value.to_str().ok()?.trim();
     if rest.is_empty() {
         return None;

@@ -661,4 +661,18 @@ fn go_durations_read_whole_amounts_exactly() {
     ] {
         assert_eq!(read(text), expected, "{}", String::from_utf8_lossy(text));
     }
+    // The integer reading is the one taken for whole amounts, and gives
+    // what the floating-point reading gives.
+    for text in [
+        "1ms", "17ms", "6m0s", "1h2m3s", "20ns", "3us", "1s1ms", "999999ns",
+    ] {
+        let value = HeaderValue::from_static(text);
+        let whole = super::formats::whole_go_duration(value.as_bytes());
+        assert!(whole.is_some(), "{text} is read in integers");
+        assert_eq!(
+            whole,
+            super::formats::fractional_go_duration(&value),
+            "{text}"
+        );
+    }
 }

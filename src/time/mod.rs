@@ -99,11 +99,18 @@ impl Stamp {
             .map(Self)
     }
 
-    /// The instant this stamp holds, given that `now` is the instant
-    /// `at` holds: `now` itself when they are the same, so a meter that
-    /// lets a request go at once answers with the caller's own instant.
-    pub(crate) fn instant_from(self, at: Stamp, now: Instant) -> Instant {
-        if self == at { now } else { self.instant() }
+    /// A question asked at `now` and answered in stamps (`ask` gets the
+    /// stamp of `now`), as an instant: `now` itself when the answer is
+    /// now, so a meter that lets a request go at once answers with the
+    /// caller's own instant.
+    pub(crate) fn answer(now: Instant, ask: impl FnOnce(Stamp) -> Stamp) -> Instant {
+        let at = Self::of(now);
+        let answered = ask(at);
+        if answered == at {
+            now
+        } else {
+            answered.instant()
+        }
     }
 }
 

@@ -372,6 +372,15 @@ impl Meters {
         true
     }
 
+    /// True when a meter lets a burst go (a bucket, or the vendor's leak):
+    /// only such a meter does a vendor's `remaining` hold (see
+    /// [`hold_to`](Self::hold_to)). Most gates have none (a vendor's quota
+    /// that never bursts): their ledger is not read, nor the clock, on
+    /// every answer.
+    pub(crate) fn held_by_remaining(&mut self) -> bool {
+        self.leak().is_some() || self.bursting().next().is_some()
+    }
+
     /// A vendor's bucket has `remaining` requests left as it counted the
     /// request released at `released`: let no request meter allow more
     /// now than that, less the releases since (on their way to it), plus
@@ -379,9 +388,7 @@ impl Meters {
     /// is charged the difference, as if it had gone; one allowing less
     /// keeps its own count (the vendor's word never makes a lane faster).
     pub(crate) fn hold_to(&mut self, remaining: u64, released: Instant, now: Instant) {
-        // Most gates have no meter it holds (a vendor's quota that never
-        // bursts): their ledger is not read on every answer.
-        if self.leak().is_none() && self.bursting().next().is_none() {
+        if !self.held_by_remaining() {
             return;
         }
         let since = self.releases.as_ref().map_or(0, |releases| {

@@ -307,12 +307,17 @@ impl Shaper {
         let mut waiting_since = submitted;
         loop {
             let mut turn = lane.wait(&mut place).await?;
-            tally.queued = tally.queued.saturating_add(waiting_since.elapsed());
+            // One reading of the clock for all that a turn ends: each is
+            // a call into the kernel's clock, a request reads several.
+            let now = Instant::now();
+            tally.queued = tally
+                .queued
+                .saturating_add(now.saturating_duration_since(waiting_since));
             tally.attempts = tally.attempts.saturating_add(1);
             let attempts = tally.attempts;
             if attempts == 1 {
-                lane.vendor().deposit();
-                lane.waited(submitted.elapsed());
+                lane.vendor().deposit(now);
+                lane.waited(now.saturating_duration_since(submitted));
             }
             // A body that can't be cloned (a stream) allows one send only.
             let spare = request.try_clone();

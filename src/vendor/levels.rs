@@ -51,7 +51,9 @@ impl VendorModel {
     ) -> Option<Rate> {
         let around = {
             let mut meters = self.gate.meters();
-            meters.hold_to(remaining, released, Instant::now());
+            if meters.held_by_remaining() {
+                meters.hold_to(remaining, released, Instant::now());
+            }
             // Only a bucket that does not say its rate is read off its levels.
             leaks.and_then(|_| meters.releases().map(|releases| releases.around(released)))
         };

@@ -204,9 +204,10 @@ impl VendorModel {
         meters.set_leak(intervals.leak, Instant::now());
     }
 
-    /// A request's first attempt: it earns the vendor's retry budget some.
-    pub(crate) fn deposit(&self) {
-        lock(&self.allowance).deposit(Instant::now());
+    /// A request's first attempt, at `now`: it earns the vendor's retry
+    /// budget some.
+    pub(crate) fn deposit(&self, now: Instant) {
+        lock(&self.allowance).deposit(now);
     }
 
     /// A retry spends the vendor's retry budget: false when it has none.

@@ -498,10 +498,12 @@ impl Lane {
     /// their next step, at the latest when the pause that came with it
     /// ends.
     pub(crate) fn wake(&self) {
-        let (turn, _) = oneshot::channel();
-        let seq = self.shared.next_seq.fetch_add(1, Ordering::Relaxed);
-        // A closed lane, or one nobody waits in, has nothing to wake.
+        // A closed lane, or one nobody waits in, has nothing to wake (a
+        // tenant's first answer wakes its new lane: no channel is made
+        // for it).
         if let Some(tickets) = &*lock(&self.shared.door) {
+            let (turn, _) = oneshot::channel();
+            let seq = self.shared.next_seq.fetch_add(1, Ordering::Relaxed);
             let _ = tickets.try_send(Ticket {
                 seq,
                 cost: 0,

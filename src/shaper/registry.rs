@@ -297,12 +297,15 @@ impl Registry {
         // that uses it yet: the vendor's quota must be one gate for all.
         let vendor_gate = self.gate_for(vendor_level, vendor_key);
         let vendor = self.vendor_for(vendor_key, &vendor_gate);
-        let mut shared: Vec<Arc<Gate>> = levels
-            .iter()
-            .zip(keys)
-            .take(levels.len() - 1)
-            .map(|(level, key)| self.gate_for(level, key))
-            .collect();
+        // Room for the vendor's gate too: made once, never grown.
+        let mut shared = Vec::with_capacity(levels.len());
+        shared.extend(
+            levels
+                .iter()
+                .zip(keys)
+                .take(levels.len() - 1)
+                .map(|(level, key)| self.gate_for(level, key)),
+        );
         shared.push(vendor_gate);
         let names = (
             vendor_key,

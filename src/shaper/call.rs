@@ -339,6 +339,9 @@ impl Shaper {
 
             let sent = spare.as_ref().filter(|_| options.client_redirects);
             let verdict = self.heard(&lane, &mut outcome, cost, charged_at, sent);
+            // The rare ends (a throttle, a failure) are boxed where taken:
+            // each holds a response or a request across its awaits, which
+            // would widen every request's future by a kilobyte.
             let next = match (verdict, outcome) {
                 (Verdict::Done, outcome) => {
                     lane.vendor().succeeded();
@@ -354,7 +357,7 @@ impl Shaper {
                 }
                 (Verdict::Throttled, Ok(response)) => {
                     tally.throttles = tally.throttles.saturating_add(1);
-                    throttled(&lane, policy, response, charged_at, spare, tally).await
+                    Box::pin(throttled(&lane, policy, response, charged_at, spare, tally)).await
                 }
                 (_, outcome) => {
                     failures += 1;
@@ -363,7 +366,7 @@ impl Shaper {
                         attempts,
                         may_retry_failure,
                     };
-                    failed(&lane, policy, outcome, spare, retry).await
+                    Box::pin(failed(&lane, policy, outcome, spare, retry)).await
                 }
             };
             let backoff = match next {

@@ -147,7 +147,7 @@ impl Shaper {
     }
 
     /// Its callers box its future where a request starts (`execute`,
-    /// `RequestBuilder::send`): the life of a request is a kilobyte of
+    /// `RequestBuilder::send`): the life of a request is 3.5 KB of
     /// state, which every move of the caller's future (into its task, a
     /// `join`) would otherwise copy.
     pub(super) async fn execute_with(

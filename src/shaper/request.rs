@@ -281,7 +281,7 @@ impl RequestBuilder {
     /// each taken their turn.
     pub async fn send(self) -> Result<Response, Error> {
         let request = self.inner.build().map_err(Error::InvalidRequest)?;
-        // Boxed: a kilobyte of state the caller's future would carry and
+        // Boxed: 3.5 KB of state the caller's future would carry and
         // copy on every move (see `execute_with`).
         Box::pin(self.shaper.execute_with(request, self.options)).await
     }

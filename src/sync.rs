@@ -4,6 +4,8 @@ use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
+use hashbrown::HashTable;
+
 /// A mutex whose data stays valid even if a holder panicked: every critical
 /// section in this crate leaves its data consistent at each step.
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -43,22 +45,48 @@ const TRIES: u32 = 8;
 /// which SipHash made an eighth of its cost.
 pub(crate) type Names<K, V> = HashMap<K, V, foldhash::quality::RandomState>;
 
-/// Values by name in [`SHARDS`] shards, each behind a lock of its own:
-/// finding a name takes one shard's lock, and lookups on the other shards
-/// go on meanwhile (the shaper's lanes, its gates).
-pub(crate) struct Sharded<V> {
-    shards: Box<[Shard<V>]>,
-    seed: foldhash::quality::RandomState,
+/// An entry of a [`Sharded`] map: it holds the name it is found by, so
+/// the map keeps no key of its own (a lane's entry is its handle, 8
+/// bytes, where a key beside it took 16 more).
+pub(crate) trait Named {
+    fn name(&self) -> &str;
 }
 
-/// One shard of a [`Sharded`] map.
-pub(crate) type Shard<V> = Mutex<Names<Arc<str>, V>>;
+impl<V> Named for (Arc<str>, V) {
+    fn name(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A name with its hash, reckoned once: its shard, its lookup and its
+/// insertion all read it (a tenant's first request hashed its lane's
+/// name five times).
+#[derive(Clone, Copy)]
+pub(crate) struct Hashed<'a> {
+    name: &'a str,
+    hash: u64,
+}
+
+impl<'a> Hashed<'a> {
+    pub(crate) fn name(&self) -> &'a str {
+        self.name
+    }
+}
+
+/// Entries by name in [`SHARDS`] shards, each behind a lock of its own:
+/// finding a name takes one shard's lock, and lookups on the other shards
+/// go on meanwhile (the shaper's lanes, its gates). Hashed with foldhash
+/// and a random seed per map, as [`Names`] are.
+pub(crate) struct Sharded<T> {
+    shards: Box<[Mutex<HashTable<T>>]>,
+    seed: foldhash::quality::RandomState,
+}
 
 /// Shards of a [`Sharded`] map: enough that two cores rarely meet on one,
 /// few enough that a pass over them all is cheap.
 pub(crate) const SHARDS: usize = 64;
 
-impl<V> Default for Sharded<V> {
+impl<T> Default for Sharded<T> {
     fn default() -> Self {
         Self {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
@@ -67,26 +95,107 @@ impl<V> Default for Sharded<V> {
     }
 }
 
-impl<V> Sharded<V> {
-    /// The shard `name` is in.
-    pub(crate) fn index_of(&self, name: &str) -> usize {
-        // The modulo of a 64-bit hash: the low bits are as good as any.
-        (self.seed.hash_one(name) % SHARDS as u64) as usize
+impl<T: Named> Sharded<T> {
+    /// `name`, hashed for this map.
+    pub(crate) fn hashed<'a>(&self, name: &'a str) -> Hashed<'a> {
+        Hashed {
+            name,
+            hash: self.seed.hash_one(name),
+        }
+    }
+
+    /// The shard `name` is in. Read from the hash's middle bits: a shard's
+    /// table places its entries by the low bits and tells them apart by
+    /// the top seven, which all its entries would otherwise share.
+    pub(crate) fn index_of(&self, name: &Hashed<'_>) -> usize {
+        (name.hash >> 40) as usize % SHARDS
     }
 
     /// Shard `at` (modulo [`SHARDS`]), locked.
-    pub(crate) fn shard(&self, at: usize) -> MutexGuard<'_, Names<Arc<str>, V>> {
-        lock(&self.shards[at % SHARDS])
+    pub(crate) fn shard(&self, at: usize) -> Shard<'_, T> {
+        Shard {
+            table: lock(&self.shards[at % SHARDS]),
+            seed: &self.seed,
+        }
     }
 
     /// The shard `name` is in, locked.
-    pub(crate) fn shard_of(&self, name: &str) -> MutexGuard<'_, Names<Arc<str>, V>> {
+    pub(crate) fn shard_of(&self, name: &Hashed<'_>) -> Shard<'_, T> {
         self.shard(self.index_of(name))
     }
 
     /// Every shard, in order, each locked only as it is taken.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = &Shard<V>> {
-        self.shards.iter()
+    pub(crate) fn shards(&self) -> impl Iterator<Item = Shard<'_, T>> {
+        (0..SHARDS).map(|at| self.shard(at))
+    }
+}
+
+/// One shard of a [`Sharded`] map, locked.
+pub(crate) struct Shard<'a, T> {
+    table: MutexGuard<'a, HashTable<T>>,
+    seed: &'a foldhash::quality::RandomState,
+}
+
+impl<T: Named> Shard<'_, T> {
+    pub(crate) fn get(&self, name: &Hashed<'_>) -> Option<&T> {
+        self.table
+            .find(name.hash, |entry| entry.name() == name.name)
+    }
+
+    pub(crate) fn get_mut(&mut self, name: &Hashed<'_>) -> Option<&mut T> {
+        self.table
+            .find_mut(name.hash, |entry| entry.name() == name.name)
+    }
+
+    /// Put `entry` under `name` (its own), in place of one there.
+    pub(crate) fn insert(&mut self, name: &Hashed<'_>, entry: T) {
+        let seed = self.seed;
+        match self
+            .table
+            .find_entry(name.hash, |old| old.name() == name.name)
+        {
+            Ok(mut old) => *old.get_mut() = entry,
+            Err(_) => {
+                self.table
+                    .insert_unique(name.hash, entry, |t| seed.hash_one(t.name()));
+            }
+        }
+    }
+
+    pub(crate) fn remove(&mut self, name: &Hashed<'_>) -> Option<T> {
+        let found = self
+            .table
+            .find_entry(name.hash, |entry| entry.name() == name.name);
+        found.ok().map(|entry| entry.remove().0)
+    }
+
+    /// Keep the entries `keep` says to, giving memory back once the shard
+    /// is mostly empty (as [`shrink`] does).
+    pub(crate) fn retain(&mut self, keep: impl FnMut(&mut T) -> bool) {
+        self.table.retain(keep);
+        self.shrink();
+    }
+
+    /// [`shrink`], for a shard.
+    pub(crate) fn shrink(&mut self) {
+        let (len, capacity) = (self.table.len(), self.table.capacity());
+        if capacity > 64 && len < capacity / 4 {
+            let seed = self.seed;
+            self.table.shrink_to(len * 2, |t| seed.hash_one(t.name()));
+        }
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
+        self.table.iter()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Every entry, taken out.
+    pub(crate) fn drain(&mut self) -> impl Iterator<Item = T> + '_ {
+        self.table.drain()
     }
 }
 

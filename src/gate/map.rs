@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use super::level::{Gate, Listed, Unlist};
 use crate::meters::Meters;
 use crate::observability::Count;
-use crate::sync::{Sharded, lock, shrink};
+use crate::sync::Sharded;
 
 /// What a resting gate keeps alive: its vendor's model, whose gate holds
 /// the vendor's own count, which no lane may hold any more.
@@ -35,7 +35,7 @@ pub(crate) trait Keep: Send + Sync {
 /// gate's shard, and a sweep of a million resting gates holds one shard
 /// at a time.
 pub(crate) struct GateMap {
-    shards: Sharded<Entry>,
+    shards: Sharded<(Arc<str>, Entry)>,
     /// Resting gates: the sweeper goes on while there are any.
     resting: AtomicUsize,
     /// The same, as a gauge.
@@ -70,16 +70,17 @@ impl GateMap {
         key: &str,
         make: impl FnOnce(Listed, Option<Meters>) -> Gate,
     ) -> Arc<Gate> {
-        let mut gates = self.shards.shard_of(key);
-        let rested = match gates.get(key) {
-            Some(Entry::Live(gate)) => {
+        let hashed = self.shards.hashed(key);
+        let mut gates = self.shards.shard_of(&hashed);
+        let rested = match gates.get(&hashed) {
+            Some((_, Entry::Live(gate))) => {
                 if let Some(gate) = gate.upgrade() {
                     return gate;
                 }
                 None
             }
-            Some(Entry::Resting(_)) => match gates.remove(key) {
-                Some(Entry::Resting(resting)) => Some(*resting),
+            Some((_, Entry::Resting(_))) => match gates.remove(&hashed) {
+                Some((_, Entry::Resting(resting))) => Some(*resting),
                 _ => None,
             },
             None => None,
@@ -96,7 +97,7 @@ impl GateMap {
             None => (None, None),
         };
         let gate = Arc::new(make(listed, meters));
-        gates.insert(key, Entry::Live(Arc::downgrade(&gate)));
+        gates.insert(&hashed, (key, Entry::Live(Arc::downgrade(&gate))));
         drop(gates);
         // Let go of outside the lock: the last hold of a model drops its
         // gate, which leaves this map.
@@ -113,7 +114,8 @@ impl GateMap {
         let Some(key) = gate.listed_key() else {
             return false;
         };
-        let mut gates = self.shards.shard_of(&key);
+        let hashed = self.shards.hashed(&key);
+        let mut gates = self.shards.shard_of(&hashed);
         // Under the lock nobody takes a gate up (`gate` upgrades under
         // it): one holder now is the last.
         let gate = match Arc::try_unwrap(gate) {
@@ -137,16 +139,18 @@ impl GateMap {
             return false;
         };
         let rests = !meters.is_idle(now)
-            && gates.get_mut(&*key).is_some_and(|entry| match entry {
-                Entry::Live(live) if live.strong_count() == 0 => {
-                    *entry = Entry::Resting(Box::new(Resting {
-                        meters,
-                        keep: keep.clone(),
-                    }));
-                    true
-                }
-                _ => false,
-            });
+            && gates
+                .get_mut(&hashed)
+                .is_some_and(|(_, entry)| match entry {
+                    Entry::Live(live) if live.strong_count() == 0 => {
+                        *entry = Entry::Resting(Box::new(Resting {
+                            meters,
+                            keep: keep.clone(),
+                        }));
+                        true
+                    }
+                    _ => false,
+                });
         if rests {
             self.resting.fetch_add(1, Ordering::AcqRel);
             self.count.up();
@@ -174,12 +178,12 @@ impl GateMap {
     /// meters catch up as they wake ([`Gate::resumed`]).
     pub(crate) fn live_after(&self, change: impl FnOnce()) -> Vec<Arc<Gate>> {
         // Every shard, in order (nothing else holds two).
-        let shards: Vec<_> = self.shards.iter().map(|shard| lock(shard)).collect();
+        let shards: Vec<_> = self.shards.shards().collect();
         change();
         shards
             .iter()
-            .flat_map(|gates| gates.values())
-            .filter_map(|entry| match entry {
+            .flat_map(|gates| gates.iter())
+            .filter_map(|(_, entry)| match entry {
                 Entry::Live(gate) => gate.upgrade(),
                 Entry::Resting(_) => None,
             })
@@ -196,16 +200,14 @@ impl GateMap {
     /// `gate`.
     fn forget_resting(&self, go: impl Fn(&Resting) -> bool) -> usize {
         let mut gone: Vec<Entry> = Vec::new();
-        for shard in self.shards.iter() {
-            let mut gates = lock(shard);
-            gates.retain(|_, entry| match entry {
+        for mut gates in self.shards.shards() {
+            gates.retain(|(_, entry)| match entry {
                 Entry::Resting(resting) if go(resting) => {
                     gone.push(std::mem::replace(entry, Entry::Live(Weak::new())));
                     false
                 }
                 _ => true,
             });
-            shrink(&mut gates);
         }
         self.count.down(gone.len());
         let left = self
@@ -221,10 +223,11 @@ impl Unlist for GateMap {
     /// A live gate listed under `key` was dropped: its entry goes, unless
     /// the key was listed again since, or rests.
     fn forget(&self, key: &str) {
-        let mut gates = self.shards.shard_of(key);
-        if matches!(gates.get(key), Some(Entry::Live(gate)) if gate.strong_count() == 0) {
-            gates.remove(key);
-            shrink(&mut gates);
+        let key = self.shards.hashed(key);
+        let mut gates = self.shards.shard_of(&key);
+        if matches!(gates.get(&key), Some((_, Entry::Live(gate))) if gate.strong_count() == 0) {
+            gates.remove(&key);
+            gates.shrink();
         }
     }
 }

@@ -31,11 +31,18 @@ use crate::error::Error;
 use crate::gate::GateMap;
 use crate::lane::{Lane, LaneSnapshot, Leaving};
 use crate::observability::Count;
-use crate::sync::{SHARDS, Sharded, lock, shrink};
+use crate::sync::{Hashed, Named, SHARDS, Sharded, lock};
 use crate::time::later;
 
 /// Lanes looked at to pick one to evict for the cap.
 const SAMPLE: usize = 32;
+
+/// A lane is found by its key, which its map keeps no copy of.
+impl Named for Lane {
+    fn name(&self) -> &str {
+        self.key()
+    }
+}
 
 /// A lane the cap can evict without losing anything: held by nobody but
 /// the map, and counting nothing of its own (see [`Leaving::Bare`]).
@@ -83,8 +90,14 @@ impl Lanes {
         }
     }
 
+    /// `name`, hashed once for [`find`](Self::find) and
+    /// [`open`](Self::open).
+    pub(super) fn hashed<'a>(&self, name: &'a str) -> Hashed<'a> {
+        self.shards.hashed(name)
+    }
+
     /// The lane named `name`, if it is live.
-    pub(super) fn find(&self, name: &str) -> Option<Lane> {
+    pub(super) fn find(&self, name: &Hashed<'_>) -> Option<Lane> {
         self.shards.shard_of(name).get(name).cloned()
     }
 
@@ -94,11 +107,11 @@ impl Lanes {
     /// lane can go.
     pub(super) fn open(
         self: &Arc<Self>,
-        name: &str,
+        name: &Hashed<'_>,
         make: impl FnOnce() -> Lane,
     ) -> Result<Lane, Error> {
         let shard = self.shards.index_of(name);
-        self.take_place(name, shard)?;
+        self.take_place(name.name(), shard)?;
         let mut lanes = self.shards.shard(shard);
         // Checked under the shard's lock, which `shut_down` takes after
         // setting the flag: a lane made here is either refused or drained.
@@ -115,7 +128,7 @@ impl Lanes {
             return Ok(lane);
         }
         let lane = make();
-        lanes.insert(lane.shared_key(), lane.clone());
+        lanes.insert(name, lane.clone());
         drop(lanes);
         self.count.up();
         self.sweep_later();
@@ -161,6 +174,7 @@ impl Lanes {
         let Some((shard, name)) = quietest else {
             return false;
         };
+        let name = self.shards.hashed(&name);
         let _leaving = lock(&self.leaving);
         let mut lanes = self.shards.shard(shard);
         // Looked at again under the lock: a request may have taken it up.
@@ -182,11 +196,11 @@ impl Lanes {
         let mut quietest: Option<(Duration, usize, Arc<str>)> = None;
         for i in 0..SHARDS {
             let shard = (from + i) % SHARDS;
-            for (name, lane) in self.shards.shard(shard).iter().take(left) {
+            for lane in self.shards.shard(shard).iter().take(left) {
                 left -= 1;
                 let quiet = lane.quiet_for();
                 if quietest.as_ref().is_none_or(|(q, ..)| quiet > *q) && evictable(lane) {
-                    quietest = Some((quiet, shard, name.clone()));
+                    quietest = Some((quiet, shard, lane.shared_key()));
                 }
             }
             if left == 0 {
@@ -221,10 +235,9 @@ impl Lanes {
         let mut next: Option<Duration> = None;
         let mut due = |after: Duration| next = Some(next.map_or(after, |n| n.min(after)));
         let mut going: Vec<Lane> = Vec::new();
-        for shard in self.shards.iter() {
-            let mut lanes = lock(shard);
+        for mut lanes in self.shards.shards() {
             let before = lanes.len();
-            lanes.retain(|_, lane| {
+            lanes.retain(|lane| {
                 let quiet = lane.quiet_at(now);
                 if quiet < self.idle {
                     due(self.idle - quiet);
@@ -245,12 +258,9 @@ impl Lanes {
                 true
             });
             let gone = before - lanes.len();
+            drop(lanes);
             if gone > 0 {
-                shrink(&mut lanes);
-                drop(lanes);
                 self.dropped(gone);
-            } else {
-                drop(lanes);
             }
             // Outside the shard's lock: a gate that rests takes the gate
             // map's, which a lane being made takes under a shard's.
@@ -293,28 +303,29 @@ impl Lanes {
 
     /// How many lanes are live.
     pub(super) fn len(&self) -> usize {
-        self.shards.iter().map(|shard| lock(shard).len()).sum()
+        self.shards.shards().map(|shard| shard.len()).sum()
     }
 
     /// What the lane `name` is doing, if it is live.
     pub(super) fn snapshot(&self, name: &str) -> Option<LaneSnapshot> {
-        self.find(name).map(|lane| lane.snapshot())
+        self.find(&self.hashed(name)).map(|lane| lane.snapshot())
     }
 
     /// Every live lane, shard by shard (each lock held only while its
     /// lanes are copied out).
     pub(super) fn all(&self) -> Vec<Lane> {
         self.shards
-            .iter()
-            .flat_map(|shard| lock(shard).values().cloned().collect::<Vec<_>>())
+            .shards()
+            .flat_map(|shard| shard.iter().cloned().collect::<Vec<_>>())
             .collect()
     }
 
     /// Make no lane any more, and close the live ones.
     pub(super) fn shut_down(&self) {
         self.shut.store(true, Ordering::Release);
-        for shard in self.shards.iter() {
-            let closing: Vec<Lane> = lock(shard).drain().map(|(_, lane)| lane).collect();
+        for mut shard in self.shards.shards() {
+            let closing: Vec<Lane> = shard.drain().collect();
+            drop(shard);
             self.dropped(closing.len());
             for lane in closing {
                 lane.close();

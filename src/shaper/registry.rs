@@ -261,7 +261,8 @@ impl Registry {
             }
             level.write_lane_name(request, tag, &mut name);
         }
-        if let Some(lane) = self.lanes.find(&name) {
+        let hashed = self.lanes.hashed(&name);
+        if let Some(lane) = self.lanes.find(&hashed) {
             return Ok(lane);
         }
         // A new lane: its keys, one string for all of them.
@@ -279,7 +280,7 @@ impl Registry {
             })
             .collect();
         self.lanes
-            .open(&name, || self.make_lane(&name, route, &levels, &keys))
+            .open(&hashed, || self.make_lane(&name, route, &levels, &keys))
     }
 
     /// A new lane `name` for `levels`, named by `keys` in each (the

@@ -77,7 +77,7 @@ impl Lane {
         let own = Arc::new(Gate::new(Arc::new(level), None, 1));
         let settings = policy.vendor_settings(RetryBudget::default());
         let vendor = Arc::new(VendorModel::new(own.clone(), settings, None));
-        let key: Arc<str> = key.into().into();
+        let key: Box<str> = key.into().into();
         let series = Arc::new(Series::new(Labels::standalone(&key), None, None));
         Ok(Self::open(
             key,
@@ -94,7 +94,7 @@ impl Lane {
     /// meters. No task runs for it until a request must wait; `retired`
     /// is told each time one stops.
     pub(crate) fn open(
-        key: Arc<str>,
+        key: Box<str>,
         series: Arc<Series>,
         policy: Arc<LanePolicy>,
         (gates, vendor): (Vec<Arc<Gate>>, Arc<VendorModel>),
@@ -128,11 +128,6 @@ impl Lane {
     /// The lane's key.
     pub fn key(&self) -> &str {
         &self.shared.key
-    }
-
-    /// The lane's key, shared: its owner's map is keyed by it.
-    pub(crate) fn shared_key(&self) -> Arc<str> {
-        self.shared.key.clone()
     }
 
     /// The lane's policy.

@@ -31,8 +31,8 @@ pub(super) type Door = std::sync::Mutex<Option<async_channel::Sender<Ticket>>>;
 pub(super) struct Shared {
     /// Tells lanes apart in a gate's queue.
     pub(super) id: u64,
-    /// Shared with the owner's map of lanes, which is keyed by it.
-    pub(super) key: Arc<str>,
+    /// Its owner's map of lanes finds it by this, and keeps no copy.
+    pub(super) key: Box<str>,
     /// Its vendor, level and route, for spans, and its series: shared with
     /// the lanes that carry the same labels.
     pub(super) series: Arc<Series>,

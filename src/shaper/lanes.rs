@@ -191,16 +191,16 @@ impl Lanes {
 
     /// The quietest evictable lane among the first `sample` met (all,
     /// without one), shard after shard from `from`: its shard and name.
-    fn quietest(&self, from: usize, sample: Option<usize>) -> Option<(usize, Arc<str>)> {
+    fn quietest(&self, from: usize, sample: Option<usize>) -> Option<(usize, String)> {
         let mut left = sample.unwrap_or(usize::MAX);
-        let mut quietest: Option<(Duration, usize, Arc<str>)> = None;
+        let mut quietest: Option<(Duration, usize, String)> = None;
         for i in 0..SHARDS {
             let shard = (from + i) % SHARDS;
             for lane in self.shards.shard(shard).iter().take(left) {
                 left -= 1;
                 let quiet = lane.quiet_for();
                 if quietest.as_ref().is_none_or(|(q, ..)| quiet > *q) && evictable(lane) {
-                    quietest = Some((quiet, shard, lane.shared_key()));
+                    quietest = Some((quiet, shard, lane.key().to_owned()));
                 }
             }
             if left == 0 {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::inline::InlineMeter;
+use super::inline::{Counting, Counts, InlineMeter};
 use super::leaky_bucket::LeakyBucket;
 use super::meter::Meter;
 use super::quota::{Algorithm, Quota, Unit};
@@ -20,8 +20,8 @@ use crate::time::{Stamp, later, nanos};
 /// dimension never leaks capacity from another.
 #[derive(Debug)]
 pub(crate) struct Meters {
-    /// Boxed, not a `Vec`: its length changes only with the quotas.
-    meters: Box<[Counting]>,
+    /// Not a `Vec`: its length changes only with the quotas.
+    meters: Counts,
     /// What slows the declared quotas, while anything does.
     slowed: Option<Box<Slowed>>,
     /// The last release, so a new pace counts from it.
@@ -140,9 +140,6 @@ fn strict_spacing(quotas: &[Quota], headroom: Duration) -> Option<Duration> {
 /// long generation) must not hold a burst for long; one interval of a
 /// quota at a request a second.
 pub(crate) const FIRST_WORD: Duration = Duration::from_secs(1);
-
-/// A meter and what it counts.
-type Counting = (InlineMeter, Unit);
 
 /// How many units `meter` lets go at once at `now` (a binary search on
 /// `earliest`, which only says "when").

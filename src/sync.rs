@@ -60,7 +60,8 @@ impl<V> Named for (Arc<str>, V) {
 
 /// A name with its hash, reckoned once: its shard, its lookup and its
 /// insertion all read it (a tenant's first request hashed its lane's
-/// name five times).
+/// name five times). Hashed by one map, for that map: each map's seed is
+/// its own.
 #[derive(Clone, Copy)]
 pub(crate) struct Hashed<'a> {
     name: &'a str,

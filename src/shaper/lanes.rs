@@ -171,9 +171,12 @@ impl Lanes {
         let quietest = self
             .quietest(from, Some(SAMPLE))
             .or_else(|| self.quietest(from, None));
-        let Some((shard, name)) = quietest else {
+        let Some((shard, lane)) = quietest else {
             return false;
         };
+        // Found again by its name: held here, it could not go.
+        let name = lane.key().to_owned();
+        drop(lane);
         let name = self.shards.hashed(&name);
         let _leaving = lock(&self.leaving);
         let mut lanes = self.shards.shard(shard);
@@ -190,24 +193,24 @@ impl Lanes {
     }
 
     /// The quietest evictable lane among the first `sample` met (all,
-    /// without one), shard after shard from `from`: its shard and name.
-    fn quietest(&self, from: usize, sample: Option<usize>) -> Option<(usize, String)> {
+    /// without one), shard after shard from `from`: its shard and itself.
+    fn quietest(&self, from: usize, sample: Option<usize>) -> Option<(usize, Lane)> {
         let mut left = sample.unwrap_or(usize::MAX);
-        let mut quietest: Option<(Duration, usize, String)> = None;
+        let mut quietest: Option<(Duration, usize, Lane)> = None;
         for i in 0..SHARDS {
             let shard = (from + i) % SHARDS;
             for lane in self.shards.shard(shard).iter().take(left) {
                 left -= 1;
                 let quiet = lane.quiet_for();
                 if quietest.as_ref().is_none_or(|(q, ..)| quiet > *q) && evictable(lane) {
-                    quietest = Some((quiet, shard, lane.key().to_owned()));
+                    quietest = Some((quiet, shard, lane.clone()));
                 }
             }
             if left == 0 {
                 break;
             }
         }
-        quietest.map(|(_, shard, name)| (shard, name))
+        quietest.map(|(_, shard, lane)| (shard, lane))
     }
 
     fn dropped(&self, n: usize) {

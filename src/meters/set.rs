@@ -34,10 +34,11 @@ pub(crate) struct Meters {
     /// The quotas the meters count, in the same order: shared by the gates
     /// of a level.
     quotas: Arc<[Quota]>,
-    /// The first release, and whether the vendor has answered since: a
-    /// burst waits for the vendor's first word (see [`FIRST_WORD`]).
+    /// The first release (`NONE`: none yet), or `MARK` once the vendor
+    /// has answered: a burst waits for the vendor's first word (see
+    /// [`FIRST_WORD`]). One stamp for both, not a flag beside it: a lane
+    /// per tenant holds a gate each, and the flag took 8 bytes of it.
     first: Stamp,
-    heard: bool,
 }
 
 /// What slows a gate's declared quotas: a pace, a vendor's leak, strict
@@ -188,7 +189,6 @@ impl Meters {
             releases: ledger(&quotas, headroom),
             slack: Nanos::of(headroom / 2),
             first: Stamp::NONE,
-            heard: false,
             quotas,
         };
         meters.set_strict(strict);
@@ -329,8 +329,8 @@ impl Meters {
     /// [`first_word`](Self::first_word) as a stamp, `Stamp::NONE` for
     /// none.
     fn first_word_at(&self) -> Stamp {
-        // Asked on every release: the flags first, the stamp only then.
-        if self.heard || self.first == Stamp::NONE || !self.bursts() {
+        // Asked on every release: the marks first, the quotas only then.
+        if self.first == Stamp::NONE || self.first == Stamp::MARK || !self.bursts() {
             return Stamp::NONE;
         }
         self.first.later(nanos(FIRST_WORD))
@@ -355,10 +355,11 @@ impl Meters {
     /// reasons (a model generating for seconds), which say nothing of when
     /// the request landed.
     pub(crate) fn heard(&mut self, now: Instant) -> bool {
-        if std::mem::replace(&mut self.heard, true) {
+        let first = std::mem::replace(&mut self.first, Stamp::MARK);
+        if first == Stamp::MARK {
             return false;
         }
-        let Some(first) = self.first.get() else {
+        let Some(first) = first.get() else {
             return false;
         };
         if now.saturating_duration_since(first) > self.slack.duration() {

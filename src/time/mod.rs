@@ -54,8 +54,8 @@ impl Stamp {
         let signed = |d: Duration| i64::try_from(nanos(d)).unwrap_or(i64::MAX);
         match at.checked_duration_since(epoch) {
             Some(after) => Self(signed(after)),
-            // Never `NONE`: that is i64::MIN, this at most its neighbour.
-            None => Self(-signed(epoch.saturating_duration_since(at))),
+            // Never `NONE` nor `MARK`, the two earliest stamps.
+            None => Self((-signed(epoch.saturating_duration_since(at))).max(Self::MARK.0 + 1)),
         }
     }
 
@@ -72,6 +72,11 @@ impl Stamp {
     /// No instant: what an optional stamp holds when it holds none (the
     /// earliest stamp, 292 years before the epoch, which no clock reads).
     pub(crate) const NONE: Self = Self(i64::MIN);
+
+    /// A second stamp no clock reads, after [`NONE`](Self::NONE): what a
+    /// field that keeps a stamp marks when it holds neither an instant nor
+    /// none (the meters' first word, heard).
+    pub(crate) const MARK: Self = Self(i64::MIN + 1);
 
     /// The instant, unless this is [`NONE`](Self::NONE).
     pub(crate) fn get(self) -> Option<Instant> {
@@ -95,7 +100,7 @@ impl Stamp {
     pub(crate) fn earlier(self, nanos: u64) -> Option<Self> {
         self.0
             .checked_sub_unsigned(nanos)
-            .filter(|&at| at != Self::NONE.0)
+            .filter(|&at| at > Self::MARK.0)
             .map(Self)
     }
 

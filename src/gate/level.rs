@@ -16,12 +16,15 @@ use crate::spacing::Departures;
 use crate::sync::{lock, lock_briefly};
 use crate::time::later;
 
-/// Where a shared gate is listed (its `GateMap`), so that it leaves the
-/// map when dropped. A field of the gate: it drops with it.
+/// A gate's level, and its key in the map its level's gates are listed
+/// in (the `GateMap`), so that it leaves the map when dropped. A field of
+/// the gate: it drops with it. The map is the level's, one pointer for
+/// all its gates: a lane per tenant holds a gate each.
 pub(crate) struct Listed {
-    map: Weak<dyn Unlist>,
-    /// The map's own key: one allocation for both.
-    key: Arc<str>,
+    level: Arc<GateLevel>,
+    /// The map's own key: one allocation for both. `None`: listed nowhere
+    /// (a standalone lane's gate, the fallback meters of a fleet's).
+    key: Option<Arc<str>>,
 }
 
 /// A map of gates, as a gate's listing sees it.
@@ -31,15 +34,31 @@ pub(crate) trait Unlist: Send + Sync {
 }
 
 impl Listed {
-    pub(crate) fn new(map: Weak<dyn Unlist>, key: Arc<str>) -> Self {
-        Self { map, key }
+    /// A gate of `level`, listed under `key` in the map `map` makes a
+    /// handle to, which lists every gate of the level.
+    pub(crate) fn new(
+        level: Arc<GateLevel>,
+        key: Arc<str>,
+        map: impl FnOnce() -> Weak<dyn Unlist>,
+    ) -> Self {
+        level.map.get_or_init(map);
+        Self {
+            level,
+            key: Some(key),
+        }
+    }
+
+    /// A gate of `level`, listed nowhere.
+    pub(crate) fn nowhere(level: Arc<GateLevel>) -> Self {
+        Self { level, key: None }
     }
 }
 
 impl Drop for Listed {
     fn drop(&mut self) {
-        if let Some(map) = self.map.upgrade() {
-            map.forget(&self.key);
+        let map = self.level.map.get().and_then(Weak::upgrade);
+        if let (Some(key), Some(map)) = (&self.key, map) {
+            map.forget(key);
         }
     }
 }
@@ -62,6 +81,8 @@ pub(crate) struct GateLevel {
     settings: GateSettings,
     /// As built, or as last changed live; a new gate's meters count them.
     quotas: Mutex<LevelQuotas>,
+    /// The map its shared gates are listed in, once one is.
+    map: OnceLock<Weak<dyn Unlist>>,
 }
 
 /// A level's quotas and their request side (of the whole quotas, not of
@@ -86,6 +107,7 @@ impl GateLevel {
             name: name.into(),
             settings,
             quotas: Mutex::new(LevelQuotas::of(quotas)),
+            map: OnceLock::new(),
         }
     }
 
@@ -105,16 +127,15 @@ impl GateLevel {
 /// waiting at it. What the vendor's answers teach lives beside the
 /// vendor's gate, in its model (`vendor/`), which paces these meters.
 pub(crate) struct Gate {
-    /// The level whose quotas it holds, shared by the level's gates.
-    level: Arc<GateLevel>,
+    /// The level whose quotas it holds, shared by the level's gates, and
+    /// where the gate is listed, to leave the map when dropped.
+    listed: Listed,
     /// The largest request cost every meter can ever allow (an atomic, so
     /// admission needs no lock to check it).
     capacity: AtomicU64,
     meters: Mutex<Meters>,
     /// Its pause, stop and queue, made the first time one is needed.
     cold: OnceLock<Box<Cold>>,
-    /// Where a shared gate is listed, to leave the map when dropped.
-    listed: Option<Listed>,
     /// A stop is in force (see [`Cold::stopped`]): the flag spares the hot
     /// path a lock.
     is_stopped: AtomicBool,
@@ -149,39 +170,38 @@ struct Cold {
 pub(crate) type Contender = (Instant, u64);
 
 impl Gate {
-    /// A gate of `level`, counting its quotas now. With a shared store the
+    /// A gate of the level `listed` names, counting its quotas now. With a shared store the
     /// quotas live there, and the local meters are the fallback: one
     /// `share` of each quota.
-    pub(crate) fn new(level: Arc<GateLevel>, listed: Option<Listed>, share: u32) -> Self {
+    pub(crate) fn new(listed: Listed, share: u32) -> Self {
         let now = Instant::now();
-        let headroom = level.settings.headroom;
-        let quotas = level.quotas();
+        let headroom = listed.level.settings.headroom;
+        let quotas = listed.level.quotas();
         let mut meters = Meters::new(quotas.clone(), headroom, now);
         let capacity = meters.capacity();
         if share > 1 {
             let local: Arc<[Quota]> = quotas.iter().map(|q| q.share(share)).collect();
             meters = Meters::new(local, headroom, now);
         }
-        Self::of(level, listed, capacity, meters)
+        Self::of(listed, capacity, meters)
     }
 
-    /// A gate of `level` again, counting with the `meters` it rested with
+    /// A gate of its level again, counting with the `meters` it rested with
     /// (see `gate/map.rs`), brought up to the level's quotas if they
     /// changed meanwhile. Only a gate on no store rests.
-    pub(crate) fn resumed(level: Arc<GateLevel>, listed: Listed, mut meters: Meters) -> Self {
-        let quotas = level.quotas();
+    pub(crate) fn resumed(listed: Listed, mut meters: Meters) -> Self {
+        let quotas = listed.level.quotas();
         if *quotas != **meters.quotas() {
-            meters.requote(&quotas, level.settings.headroom, Instant::now());
+            meters.requote(&quotas, listed.level.settings.headroom, Instant::now());
         }
         let capacity = meters.capacity();
-        Self::of(level, Some(listed), capacity, meters)
+        Self::of(listed, capacity, meters)
     }
 
-    /// A gate of `level` counting with `meters`, whose requests may cost
+    /// A gate of its level counting with `meters`, whose requests may cost
     /// up to `capacity`: nothing in force yet.
-    fn of(level: Arc<GateLevel>, listed: Option<Listed>, capacity: u64, meters: Meters) -> Self {
+    fn of(listed: Listed, capacity: u64, meters: Meters) -> Self {
         Self {
-            level,
             capacity: AtomicU64::new(capacity),
             meters: Mutex::new(meters),
             cold: OnceLock::new(),
@@ -196,7 +216,7 @@ impl Gate {
     /// pause or stop in force, no lane waiting at it, no strict turn on
     /// its way, and its last send further back than its spacing.
     pub(crate) fn can_rest(&self, now: Instant) -> bool {
-        if self.listed.is_none() {
+        if self.listed.key.is_none() {
             return false;
         }
         let Some(cold) = self.cold.get() else {
@@ -216,7 +236,7 @@ impl Gate {
 
     /// The key it is listed under, if it is.
     pub(crate) fn listed_key(&self) -> Option<Arc<str>> {
-        self.listed.as_ref().map(|listed| listed.key.clone())
+        self.listed.key.clone()
     }
 
     /// The gate's meters and listing, to rest (after
@@ -224,7 +244,7 @@ impl Gate {
     pub(crate) fn into_rest(self) -> Option<(Meters, Listed)> {
         let Self { meters, listed, .. } = self;
         let meters = meters.into_inner().unwrap_or_else(PoisonError::into_inner);
-        listed.map(|listed| (meters, listed))
+        listed.key.is_some().then_some((meters, listed))
     }
 
     /// Refuse every request for `period` from now: the vendor said no pause
@@ -388,12 +408,12 @@ impl Gate {
 
     /// The tightest request quota declared for the gate, if it has one.
     pub(crate) fn declared(&self) -> Option<Rate> {
-        lock(&self.level.quotas).requests.rate
+        lock(&self.listed.level.quotas).requests.rate
     }
 
     /// The request side of the gate's quotas.
     pub(crate) fn requests(&self) -> Requests {
-        lock(&self.level.quotas).requests
+        lock(&self.listed.level.quotas).requests
     }
 
     /// The spacing of the declared request rate, if any.
@@ -403,12 +423,12 @@ impl Gate {
 
     /// What every quota of the gate is stretched by.
     pub(crate) fn headroom(&self) -> Duration {
-        self.level.settings.headroom
+        self.listed.level.settings.headroom
     }
 
     /// The longest the gate pauses, or spaces its requests.
     pub(crate) fn max_pause(&self) -> Duration {
-        self.level.settings.max_pause
+        self.listed.level.settings.max_pause
     }
 
     /// The vendor answered: true when this was its first word, which a
@@ -428,7 +448,7 @@ impl Gate {
 
     /// The name of the level whose quotas the gate holds.
     pub(crate) fn level(&self) -> &str {
-        &self.level.name
+        &self.listed.level.name
     }
 
     /// Hold `quotas` from now on (a live change of the level's quotas,

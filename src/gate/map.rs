@@ -17,7 +17,7 @@ use std::sync::{Arc, Weak};
 
 use tokio::time::Instant;
 
-use super::level::{Gate, Listed, Unlist};
+use super::level::{Gate, GateLevel, Listed, Unlist};
 use crate::meters::Meters;
 use crate::observability::Count;
 use crate::sync::Sharded;
@@ -64,10 +64,12 @@ struct Resting {
 
 impl GateMap {
     /// The live gate named `key`; else one `make` builds now, given its
-    /// listing and the meters it rested with, if it rested.
+    /// listing (in this map, of the `level` it asks for, whose gates are
+    /// all listed here) and the meters it rested with, if it rested.
     pub(crate) fn gate(
         self: &Arc<Self>,
         key: &str,
+        level: impl FnOnce() -> Arc<GateLevel>,
         make: impl FnOnce(Listed, Option<Meters>) -> Gate,
     ) -> Arc<Gate> {
         let hashed = self.shards.hashed(key);
@@ -86,8 +88,8 @@ impl GateMap {
             None => None,
         };
         let key: Arc<str> = Arc::from(key);
-        let map: Weak<dyn Unlist> = Arc::downgrade(self) as Weak<Self>;
-        let listed = Listed::new(map, key.clone());
+        let map = || -> Weak<dyn Unlist> { Arc::downgrade(self) as Weak<Self> };
+        let listed = Listed::new(level(), key.clone(), map);
         let (meters, keep) = match rested {
             Some(Resting { meters, keep }) => {
                 self.resting.fetch_sub(1, Ordering::AcqRel);

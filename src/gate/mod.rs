@@ -21,7 +21,7 @@ mod map;
 
 pub use self::cause::PauseCause;
 pub(crate) use self::cause::{Booked, Stop};
-pub(crate) use self::level::{Gate, GateLevel, GateSettings};
+pub(crate) use self::level::{Gate, GateLevel, GateSettings, Listed};
 pub(crate) use self::map::{GateMap, Keep};
 
 #[cfg(test)]

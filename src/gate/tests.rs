@@ -19,7 +19,7 @@ async fn the_lane_that_waited_longest_is_first_and_its_going_wakes_the_rest() {
     let quotas = [Quota::leaky_bucket(10, Duration::from_secs(1))];
     let quotas = std::sync::Arc::from(quotas);
     let level = GateLevel::new("", quotas, settings(Duration::from_millis(5)));
-    let gate = Gate::new(std::sync::Arc::new(level), None, 1);
+    let gate = Gate::new(Listed::nowhere(std::sync::Arc::new(level)), 1);
     let t0 = Instant::now();
     let (older, newer) = ((t0, 7), (t0 + Duration::from_millis(5), 3));
     assert!(!gate.has_queue());
@@ -42,7 +42,7 @@ async fn the_lane_that_waited_longest_is_first_and_its_going_wakes_the_rest() {
 fn vendor(quota: Quota) -> std::sync::Arc<crate::vendor::VendorModel> {
     use crate::retry::{Backoff, RetryBudget};
     let level = GateLevel::new("", std::sync::Arc::from([quota]), settings(Duration::ZERO));
-    let gate = std::sync::Arc::new(Gate::new(std::sync::Arc::new(level), None, 1));
+    let gate = std::sync::Arc::new(Gate::new(Listed::nowhere(std::sync::Arc::new(level)), 1));
     let settings = crate::vendor::VendorSettings {
         fallback: Backoff::new(Duration::from_secs(1), Duration::from_secs(60)),
         adaptive: None,
@@ -70,10 +70,14 @@ async fn a_gate_rests_as_its_meters_and_wakes_with_them() {
         settings(Duration::ZERO),
     ));
     let gate = || {
-        map.gate("acme", |listed, rested: Option<Meters>| match rested {
-            Some(meters) => Gate::resumed(level.clone(), listed, meters),
-            None => Gate::new(level.clone(), Some(listed), 1),
-        })
+        map.gate(
+            "acme",
+            || level.clone(),
+            |listed, rested: Option<Meters>| match rested {
+                Some(meters) => Gate::resumed(listed, meters),
+                None => Gate::new(listed, 1),
+            },
+        )
     };
     let hour = Duration::from_secs(3600);
     let model = vendor(Quota::fixed_window(1, hour));

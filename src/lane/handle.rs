@@ -16,7 +16,7 @@ use super::snapshot::LaneSnapshot;
 use super::turn::{Ticket, Turn};
 use super::waiter::Waiter;
 use crate::error::{ConfigError, Error};
-use crate::gate::{Booked, Gate, GateLevel, PauseCause, Stop};
+use crate::gate::{Booked, Gate, GateLevel, Listed, PauseCause, Stop};
 use crate::meters::{Quota, Rate};
 use crate::observability::{InFlight, Labels, Series};
 use crate::retry::RetryBudget;
@@ -74,7 +74,7 @@ impl Lane {
             ));
         }
         let level = GateLevel::new("", Arc::from(quotas.as_slice()), policy.gate_settings());
-        let own = Arc::new(Gate::new(Arc::new(level), None, 1));
+        let own = Arc::new(Gate::new(Listed::nowhere(Arc::new(level)), 1));
         let settings = policy.vendor_settings(RetryBudget::default());
         let vendor = Arc::new(VendorModel::new(own.clone(), settings, None));
         let key: Box<str> = key.into().into();

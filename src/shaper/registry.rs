@@ -389,11 +389,13 @@ impl Registry {
     /// The shared gate of `level` for `key`, created on first use.
     fn gate_for(&self, level: &Level, key: &str) -> Arc<Gate> {
         let share = self.store.as_ref().map_or(1, Store::fleet_size);
-        self.gates.gate(key, |listed, rested| match rested {
-            // Only a gate on no store rests.
-            Some(meters) => Gate::resumed(self.gate_level(level), listed, meters),
-            None => Gate::new(self.gate_level(level), Some(listed), share),
-        })
+        let level_of = || self.gate_level(level);
+        self.gates
+            .gate(key, level_of, |listed, rested| match rested {
+                // Only a gate on no store rests.
+                Some(meters) => Gate::resumed(listed, meters),
+                None => Gate::new(listed, share),
+            })
     }
 
     /// The model of the vendor whose gate for `key` is `gate`, created on

@@ -371,7 +371,7 @@ impl Remote {
 #[cfg(all(test, feature = "testing"))]
 mod tests {
     use super::*;
-    use crate::gate::{GateLevel, GateSettings};
+    use crate::gate::{GateLevel, GateSettings, Listed};
     use crate::meters::Quota;
     use crate::observability::Labels;
     use crate::store::{RedisStore, Store};
@@ -396,7 +396,7 @@ mod tests {
             max_pause: Duration::from_secs(60),
         };
         let level = GateLevel::new("vendor", Arc::from(quotas.as_slice()), settings);
-        let gate = Arc::new(Gate::new(Arc::new(level), None, 2));
+        let gate = Arc::new(Gate::new(Listed::nowhere(Arc::new(level)), 2));
         let metrics = StoreMetrics::new(&Labels::standalone("vendor"), None, &[]);
         let remote = store.link(
             vec![gate.clone()],

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use super::ledger::{Spending, explains, frees_at};
 use super::model::{VendorModel, VendorSettings};
-use crate::gate::{Booked, Gate, GateLevel, GateSettings};
+use crate::gate::{Booked, Gate, GateLevel, GateSettings, Listed};
 use crate::meters::Quota;
 use crate::retry::{Backoff, RetryBudget};
 
@@ -19,7 +19,7 @@ fn model(quotas: &[Quota]) -> VendorModel {
         max_pause: Duration::from_secs(120),
     };
     let level = Arc::new(GateLevel::new("", Arc::from(quotas), settings));
-    let gate = Arc::new(Gate::new(level, None, 1));
+    let gate = Arc::new(Gate::new(Listed::nowhere(level), 1));
     let settings = VendorSettings {
         fallback: Backoff::new(Duration::from_secs(1), Duration::from_secs(60)),
         adaptive: None,

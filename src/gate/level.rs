@@ -34,14 +34,14 @@ pub(crate) trait Unlist: Send + Sync {
 }
 
 impl Listed {
-    /// A gate of `level`, listed under `key` in the map `map` makes a
-    /// handle to, which lists every gate of the level.
-    pub(crate) fn new(
-        level: Arc<GateLevel>,
-        key: Arc<str>,
-        map: impl FnOnce() -> Weak<dyn Unlist>,
-    ) -> Self {
-        level.map.get_or_init(map);
+    /// A gate of `level`, listed under `key` in `map`: the one map every
+    /// gate of the level is listed in (a registry makes its own levels).
+    pub(crate) fn new(level: Arc<GateLevel>, key: Arc<str>, map: Weak<dyn Unlist>) -> Self {
+        let listed_in = level.map.get_or_init(|| map.clone());
+        debug_assert!(
+            Weak::ptr_eq(listed_in, &map),
+            "a level's gates are listed in one map"
+        );
         Self {
             level,
             key: Some(key),
@@ -170,9 +170,9 @@ struct Cold {
 pub(crate) type Contender = (Instant, u64);
 
 impl Gate {
-    /// A gate of the level `listed` names, counting its quotas now. With a shared store the
-    /// quotas live there, and the local meters are the fallback: one
-    /// `share` of each quota.
+    /// A gate of the level `listed` names, counting its quotas now. With a
+    /// shared store the quotas live there, and the local meters are the
+    /// fallback: one `share` of each quota.
     pub(crate) fn new(listed: Listed, share: u32) -> Self {
         let now = Instant::now();
         let headroom = listed.level.settings.headroom;

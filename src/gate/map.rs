@@ -88,7 +88,7 @@ impl GateMap {
             None => None,
         };
         let key: Arc<str> = Arc::from(key);
-        let map = || -> Weak<dyn Unlist> { Arc::downgrade(self) as Weak<Self> };
+        let map: Weak<dyn Unlist> = Arc::downgrade(self) as Weak<Self>;
         let listed = Listed::new(level(), key.clone(), map);
         let (meters, keep) = match rested {
             Some(Resting { meters, keep }) => {

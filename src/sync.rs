@@ -179,8 +179,8 @@ impl<T: Named> Shard<'_, T> {
 
     /// [`shrink`], for a shard.
     pub(crate) fn shrink(&mut self) {
-        let (len, capacity) = (self.table.len(), self.table.capacity());
-        if capacity > 64 && len < capacity / 4 {
+        let len = self.table.len();
+        if mostly_empty(len, self.table.capacity()) {
             let seed = self.seed;
             self.table.shrink_to(len * 2, |t| seed.hash_one(t.name()));
         }
@@ -203,9 +203,15 @@ impl<T: Named> Shard<'_, T> {
 /// Give memory back once a map is mostly empty (after a burst of keys),
 /// at a cost amortized over the removals that emptied it.
 pub(crate) fn shrink<K: Eq + std::hash::Hash, V, S: BuildHasher>(map: &mut HashMap<K, V, S>) {
-    if map.capacity() > 64 && map.len() < map.capacity() / 4 {
+    if mostly_empty(map.len(), map.capacity()) {
         map.shrink_to(map.len() * 2);
     }
+}
+
+/// A map of `len` entries with room for `capacity` is worth shrinking (to
+/// twice its entries): a quarter full, and past a few cache lines.
+fn mostly_empty(len: usize, capacity: usize) -> bool {
+    capacity > 64 && len < capacity / 4
 }
 
 /// Values shared by name, held weakly: each lives as long as something

@@ -142,6 +142,13 @@ fn strict_spacing(quotas: &[Quota], headroom: Duration) -> Option<Duration> {
 /// quota at a request a second.
 pub(crate) const FIRST_WORD: Duration = Duration::from_secs(1);
 
+/// True when `quota` counts requests and lets several go at once: what a
+/// vendor's `remaining` holds, and a late first word charges (see
+/// [`Meters::heard`]).
+fn bursts_requests(quota: &Quota) -> bool {
+    quota.counts_requests() && quota.bursts()
+}
+
 /// How many units `meter` lets go at once at `now` (a binary search on
 /// `earliest`, which only says "when").
 fn room(meter: &dyn Meter, now: Instant) -> u64 {
@@ -329,8 +336,9 @@ impl Meters {
     /// [`first_word`](Self::first_word) as a stamp, `Stamp::NONE` for
     /// none.
     fn first_word_at(&self) -> Stamp {
-        // Asked on every release: the marks first, the quotas only then.
-        if self.first == Stamp::NONE || self.first == Stamp::MARK || !self.bursts() {
+        // Asked on every release: the marks first (nothing released yet,
+        // or heard: the two earliest stamps), the quotas only then.
+        if self.first <= Stamp::MARK || !self.bursts() {
             return Stamp::NONE;
         }
         self.first.later(nanos(FIRST_WORD))
@@ -359,6 +367,7 @@ impl Meters {
         if first == Stamp::MARK {
             return false;
         }
+        // Heard before anything went: nothing to hold back.
         let Some(first) = first.get() else {
             return false;
         };
@@ -375,8 +384,8 @@ impl Meters {
     /// [`hold_to`](Self::hold_to)). Most gates have none (a vendor's quota
     /// that never bursts): their ledger is not read, nor the clock, on
     /// every answer.
-    pub(crate) fn held_by_remaining(&mut self) -> bool {
-        self.leak().is_some() || self.bursting().next().is_some()
+    pub(crate) fn held_by_remaining(&self) -> bool {
+        self.leak().is_some() || self.quotas.iter().any(bursts_requests)
     }
 
     /// A vendor's bucket has `remaining` requests left as it counted the
@@ -556,7 +565,7 @@ impl Meters {
         self.meters
             .iter_mut()
             .zip(self.quotas.iter())
-            .filter(|(_, quota)| quota.counts_requests() && quota.bursts())
+            .filter(|(_, quota)| bursts_requests(quota))
             .map(|((meter, _), _)| meter as &mut dyn Meter)
     }
 

@@ -132,6 +132,18 @@ struct Tally {
     redirected: Option<Request>,
 }
 
+impl Tally {
+    /// A turn came at `now`, to a wait begun at `since`: the wait counts
+    /// as queued, and the attempt it starts is counted. Its number.
+    fn turned(&mut self, since: Instant, now: Instant) -> u32 {
+        self.queued = self
+            .queued
+            .saturating_add(now.saturating_duration_since(since));
+        self.attempts = self.attempts.saturating_add(1);
+        self.attempts
+    }
+}
+
 /// A per-request limit on the wait for release, also understood as a
 /// `reqwest_middleware` extension.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -310,11 +322,7 @@ impl Shaper {
             // One reading of the clock for all that a turn ends: each is
             // a call into the kernel's clock, a request reads several.
             let now = Instant::now();
-            tally.queued = tally
-                .queued
-                .saturating_add(now.saturating_duration_since(waiting_since));
-            tally.attempts = tally.attempts.saturating_add(1);
-            let attempts = tally.attempts;
+            let attempts = tally.turned(waiting_since, now);
             if attempts == 1 {
                 lane.vendor().deposit(now);
                 lane.waited(now.saturating_duration_since(submitted));

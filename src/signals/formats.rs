@@ -179,19 +179,24 @@ pub(super) fn whole_go_duration(mut rest: &[u8]) -> Option<Duration> {
             .iter()
             .position(u8::is_ascii_digit)
             .unwrap_or(rest.len());
-        let nanos_per: u64 = match &rest[..unit_end] {
-            b"h" => 3_600_000_000_000,
-            b"m" => 60_000_000_000,
-            b"s" => 1_000_000_000,
-            b"ms" => 1_000_000,
-            b"us" => 1_000,
-            b"ns" => 1,
-            _ => return None,
-        };
+        let nanos_per = go_unit(&rest[..unit_end])?;
         total = total.saturating_add(amount.saturating_mul(nanos_per));
         rest = &rest[unit_end..];
     }
     Some(Duration::from_nanos(total).min(LONGEST))
+}
+
+/// The nanoseconds in one of a Go duration's units, for both readings.
+fn go_unit(unit: &[u8]) -> Option<u64> {
+    Some(match unit {
+        b"h" => 3_600_000_000_000,
+        b"m" => 60_000_000_000,
+        b"s" => 1_000_000_000,
+        b"ms" => 1_000_000,
+        b"us" => 1_000,
+        b"ns" => 1,
+        _ => return None,
+    })
 }
 
 /// [`go_duration`] in floating point, for amounts with a fraction.
@@ -215,15 +220,8 @@ pub(super) fn fractional_go_duration(value: &HeaderValue) -> Option<Duration> {
             .find(|c: char| c.is_ascii_digit() || c == '.')
             .unwrap_or(tail.len());
         let (unit, tail) = tail.split_at(unit_end);
-        let scale = match unit {
-            "h" => 3600.0,
-            "m" => 60.0,
-            "s" => 1.0,
-            "ms" => 1e-3,
-            "us" | "µs" => 1e-6,
-            "ns" => 1e-9,
-            _ => return None,
-        };
+        // Each scale the nearest double to its seconds, as a literal is.
+        let scale = go_unit(unit.as_bytes())? as f64 / 1e9;
         total += amount * scale;
         rest = tail;
     }

@@ -78,9 +78,10 @@ impl Stamp {
     /// none (the meters' first word, heard).
     pub(crate) const MARK: Self = Self(i64::MIN + 1);
 
-    /// The instant, unless this is [`NONE`](Self::NONE).
+    /// The instant, unless this is [`NONE`](Self::NONE) or
+    /// [`MARK`](Self::MARK), which hold none.
     pub(crate) fn get(self) -> Option<Instant> {
-        (self != Self::NONE).then(|| self.instant())
+        (self.0 > Self::MARK.0).then(|| self.instant())
     }
 
     /// This stamp `nanos` nanoseconds later (a span kept by [`nanos`]),

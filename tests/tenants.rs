@@ -204,13 +204,16 @@ async fn a_quiet_lane_goes_and_its_spent_quota_rests() {
 /// vendor, a quiet lane counting nothing of its own goes; the last one
 /// stays while the vendor's hour counts, unless a gate of its own rests,
 /// which keeps the vendor with it. A new tenant still finds the hour
-/// spent.
+/// spent. A thousand tenants: lanes that go in one sweep from one shard
+/// (of 64) hold the vendor until they go, and the last of them is no
+/// word that another lane holds it.
 #[tokio::test(start_paused = true)]
 async fn the_vendors_count_outlives_the_lanes_that_go() {
+    const TENANTS: u32 = 1_000;
     let hour = Duration::from_secs(3600);
-    let shaper = |tenant: Quota| {
+    let shaper = |vendor: u32, tenant: Quota| {
         Shaper::builder()
-            .quota(Quota::fixed_window(3, hour))
+            .quota(Quota::fixed_window(vendor, hour))
             .level(Level::new("tenant", LaneKey::Tag, [tenant]))
             .idle_timeout(Duration::from_secs(1))
             .transport(Recording::default())
@@ -219,16 +222,20 @@ async fn the_vendors_count_outlives_the_lanes_that_go() {
     };
 
     // The tenants' own buckets fill again at once: nothing of theirs rests.
-    let fast = shaper(Quota::token_bucket(10, 1_000, Duration::from_secs(1)));
-    for tenant in ["a", "b", "b"] {
-        call(&fast, tenant).await.unwrap();
+    let fast = shaper(
+        TENANTS + 1,
+        Quota::token_bucket(10, 1_000, Duration::from_secs(1)),
+    );
+    for tenant in 0..TENANTS {
+        call(&fast, &format!("t{tenant}")).await.unwrap();
     }
+    call(&fast, "t0").await.unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(fast.live_lanes(), 1, "the last holder of the vendor stays");
     refused_within_a_second(&fast, "c").await;
 
     // A tenant's own hour rests, and keeps the vendor's with it.
-    let slow = shaper(Quota::fixed_window(10, hour));
+    let slow = shaper(3, Quota::fixed_window(10, hour));
     for _ in 0..3 {
         call(&slow, "a").await.unwrap();
     }

@@ -26,8 +26,10 @@ impl Lane {
     /// or waits in it, it is on no store, each gate of its own counts
     /// nothing (or, `Resting`, can rest), and the vendor's counts nothing
     /// or lives on without it (while another lane, or a gate of this one
-    /// that rests, holds its model).
-    pub(crate) fn can_leave(&self, now: Instant, leaving: Leaving) -> bool {
+    /// that rests, holds its model). `going`: how many of the lanes
+    /// holding its vendor's model go with it (a sweep's, still held until
+    /// they go), whose hold is no word that the model lives on.
+    pub(crate) fn can_leave(&self, now: Instant, leaving: Leaving, going: usize) -> bool {
         let shared = &self.shared;
         if !self.held_alone() || self.queued() != 0 {
             return false;
@@ -51,7 +53,7 @@ impl Lane {
             rests = true;
         }
         // A gate of its own that rests keeps the model alive.
-        rests || Arc::strong_count(&shared.vendor) > 1 || vendor.is_idle(now)
+        rests || Arc::strong_count(&shared.vendor) > 1 + going || vendor.is_idle(now)
     }
 
     /// Go, after [`can_leave`](Self::can_leave) said so at `now`

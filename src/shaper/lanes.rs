@@ -33,6 +33,7 @@ use crate::lane::{Lane, LaneSnapshot, Leaving};
 use crate::observability::Count;
 use crate::sync::{Hashed, Named, SHARDS, Sharded, lock};
 use crate::time::later;
+use crate::vendor::VendorModel;
 
 /// Lanes looked at to pick one to evict for the cap.
 const SAMPLE: usize = 32;
@@ -47,7 +48,7 @@ impl Named for Lane {
 /// A lane the cap can evict without losing anything: held by nobody but
 /// the map, and counting nothing of its own (see [`Leaving::Bare`]).
 fn evictable(lane: &Lane) -> bool {
-    lane.can_leave(Instant::now(), Leaving::Bare)
+    lane.can_leave(Instant::now(), Leaving::Bare, 0)
 }
 
 pub(super) struct Lanes {
@@ -238,6 +239,8 @@ impl Lanes {
         let mut next: Option<Duration> = None;
         let mut due = |after: Duration| next = Some(next.map_or(after, |n| n.min(after)));
         let mut going: Vec<Lane> = Vec::new();
+        // Each vendor's model, and how many of the lanes in `going` hold it.
+        let mut holders: Vec<(*const VendorModel, usize)> = Vec::new();
         for mut lanes in self.shards.shards() {
             let before = lanes.len();
             lanes.retain(|lane| {
@@ -251,7 +254,15 @@ impl Lanes {
                     // first: the nudge says when.
                     return true;
                 }
-                if lane.can_leave(now, Leaving::Resting) {
+                // The lanes going before it in this shard hold their
+                // vendor's model until they go.
+                let vendor = std::ptr::from_ref(lane.vendor());
+                let with = holders.iter().find(|(v, _)| *v == vendor);
+                if lane.can_leave(now, Leaving::Resting, with.map_or(0, |(_, n)| *n)) {
+                    match holders.iter_mut().find(|(v, _)| *v == vendor) {
+                        Some((_, n)) => *n += 1,
+                        None => holders.push((vendor, 1)),
+                    }
                     going.push(lane.clone());
                     return false;
                 }
@@ -270,6 +281,7 @@ impl Lanes {
             for lane in going.drain(..) {
                 lane.leave(&self.gates, now);
             }
+            holders.clear();
         }
         // Resting meters are looked at once an `idle` (a pass over the
         // gate map holds its lock, which every new lane takes).

@@ -239,11 +239,13 @@ impl Gate {
         self.listed.key.clone()
     }
 
-    /// The gate's meters and listing, to rest (after
-    /// [`can_rest`](Self::can_rest)); `None` for a gate listed nowhere.
-    pub(crate) fn into_rest(self) -> Option<(Meters, Listed)> {
+    /// The gate's meters and listing, to rest at `now` (after
+    /// [`can_rest`](Self::can_rest)), their ledger holding no release its
+    /// window left behind; `None` for a gate listed nowhere.
+    pub(crate) fn into_rest(self, now: Instant) -> Option<(Meters, Listed)> {
         let Self { meters, listed, .. } = self;
-        let meters = meters.into_inner().unwrap_or_else(PoisonError::into_inner);
+        let mut meters = meters.into_inner().unwrap_or_else(PoisonError::into_inner);
+        meters.forget_stale(now);
         listed.key.is_some().then_some((meters, listed))
     }
 

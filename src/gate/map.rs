@@ -136,7 +136,7 @@ impl GateMap {
             drop(gate);
             return false;
         }
-        let Some((meters, listed)) = gate.into_rest() else {
+        let Some((meters, listed)) = gate.into_rest(now) else {
             drop(gates);
             return false;
         };

@@ -31,6 +31,7 @@
 //! | `custom.rs` | [`CustomMeter`]: an algorithm of your own |
 //! | `windows.rs` | windows counted from an origin (the window meters) |
 //! | `releases.rs` | a lane's ledger of its own releases |
+//! | `stamps.rs` | where a ledger keeps its stamps: a few in place, more in a buffer |
 //! | `inline.rs` | a quota's meter as a lane keeps it: the buckets inline, asked in stamps |
 //! | `set.rs` | a lane's meters checked together, charged all or none |
 //! | `declared.rs` | a quota as a config file declares it (feature `serde`) |
@@ -49,6 +50,7 @@ mod requests;
 mod set;
 mod sliding_log;
 mod sliding_window;
+mod stamps;
 mod token_bucket;
 mod windows;
 

@@ -2,11 +2,11 @@
 //! window of its request quota. A vendor's `remaining` is news only where
 //! these releases do not explain it (see the crate's `throttle` module).
 
-use std::collections::VecDeque;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::stamps::Stamps;
 use crate::time::{Stamp, nanos};
 
 /// Release instants within the last `window`, at most `cap` of them, kept
@@ -17,7 +17,7 @@ pub(crate) struct Releases {
     /// and this packs it into 64 bytes.
     window: u64,
     cap: u32,
-    at: VecDeque<Stamp>,
+    at: Stamps,
     /// The quota is above [`MOST`]: the cap may forget releases still in
     /// the window.
     truncated: bool,
@@ -42,7 +42,7 @@ impl Releases {
             window: nanos(window),
             cap: u32::try_from(usize::try_from(count).unwrap_or(MOST).clamp(1, MOST))
                 .unwrap_or(u32::MAX),
-            at: VecDeque::new(),
+            at: Stamps::default(),
             truncated: usize::try_from(count).map_or(true, |count| count > MOST),
             lost: Stamp::NONE,
             total: 0,
@@ -60,7 +60,7 @@ impl Releases {
 
     /// [`record`](Self::record), for a release already stamped.
     pub(crate) fn record_stamp(&mut self, now: Stamp) {
-        while let Some(&oldest) = self.at.front() {
+        while let Some(oldest) = self.at.front() {
             if oldest.plus_nanos(self.window) > now {
                 if self.at.len() < self.cap as usize {
                     break;
@@ -73,8 +73,24 @@ impl Releases {
             }
             self.at.pop_front();
         }
+        self.at.settle();
         self.at.push_back(now);
         self.total = self.total.saturating_add(1);
+    }
+
+    /// Forget the releases the window left behind at `now`, and the
+    /// buffer they took (a ledger at rest holds no stale stamps: the next
+    /// release would forget them first, and nothing reads them before).
+    pub(crate) fn forget_stale(&mut self, now: Instant) {
+        let now = Stamp::of(now);
+        while self
+            .at
+            .front()
+            .is_some_and(|oldest| oldest.plus_nanos(self.window) <= now)
+        {
+            self.at.pop_front();
+        }
+        self.at.settle();
     }
 
     /// How many releases were recorded before `at`, and how many at it
@@ -192,6 +208,32 @@ mod tests {
             (5, 1),
             "the total keeps them"
         );
+    }
+
+    /// At rest a ledger keeps only what its window still holds.
+    #[test]
+    fn forgets_what_the_window_left_behind() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut releases = Releases::new(Duration::from_secs(1), 10);
+        for i in 0..8 {
+            releases.record(t0 + ms(100 * i));
+        }
+        releases.forget_stale(t0 + ms(1_000));
+        assert_eq!(releases.instants().count(), 7, "the first left the window");
+        releases.forget_stale(t0 + ms(1_650));
+        assert_eq!(
+            releases.instants().collect::<Vec<_>>(),
+            [t0 + ms(700)],
+            "one is left"
+        );
+        assert_eq!(
+            releases.around(t0 + ms(700)),
+            (7, 1),
+            "the total keeps them"
+        );
+        releases.forget_stale(t0 + ms(1_700));
+        assert_eq!(releases.instants().count(), 0);
     }
 
     /// Within its quota the cap is the count: more in the window is the

@@ -282,6 +282,14 @@ impl Meters {
         });
     }
 
+    /// Forget the ledger's releases its window left behind at `now` (see
+    /// [`Releases::forget_stale`]).
+    pub(crate) fn forget_stale(&mut self, now: Instant) {
+        if let Some(releases) = &mut self.releases {
+            releases.forget_stale(now);
+        }
+    }
+
     /// The ledger of releases over the request window (`None` when no
     /// quota counts requests).
     pub(crate) fn releases(&self) -> Option<&Releases> {

@@ -1,0 +1,182 @@
+//! Where a ledger keeps its release stamps ([`Stamps`]): a few inline,
+//! more in a buffer of their own.
+
+use std::collections::VecDeque;
+
+use crate::time::Stamp;
+
+/// Stamps kept inline: a lane per tenant keeps a ledger each, and nearly
+/// every tenant releases a few requests a window.
+const INLINE: usize = 3;
+
+/// A ledger's release stamps, oldest first. Up to [`INLINE`] are kept in
+/// place, in the room a deque's own fields take (a slot holding
+/// `Stamp::NONE`, which no release is stamped with, is empty, and the
+/// empty ones are last), so a ledger that holds a few costs no
+/// allocation. More spill into a deque, grown by half its length at a
+/// time rather than doubled: a lane that released eleven requests in its
+/// window keeps room for thirteen, not sixteen. Once the window leaves
+/// fewer than [`INLINE`], they move back in place and the buffer goes.
+#[derive(Debug)]
+pub(crate) enum Stamps {
+    Inline([Stamp; INLINE]),
+    Spilled(VecDeque<Stamp>),
+}
+
+impl Default for Stamps {
+    fn default() -> Self {
+        Self::Inline([Stamp::NONE; INLINE])
+    }
+}
+
+impl Stamps {
+    /// The stamps, oldest first, in at most two runs (a deque's two ends).
+    fn runs(&self) -> (&[Stamp], &[Stamp]) {
+        match self {
+            Self::Inline(at) => (&at[..inline_len(at)], &[]),
+            Self::Spilled(deque) => deque.as_slices(),
+        }
+    }
+
+    /// Every stamp, oldest first (and, reversed, newest first).
+    pub(crate) fn iter(&self) -> impl DoubleEndedIterator<Item = &Stamp> + '_ {
+        let (older, newer) = self.runs();
+        older.iter().chain(newer)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Self::Inline(at) => inline_len(at),
+            Self::Spilled(deque) => deque.len(),
+        }
+    }
+
+    pub(crate) fn front(&self) -> Option<Stamp> {
+        self.iter().next().copied()
+    }
+
+    /// Forget the oldest stamp.
+    pub(crate) fn pop_front(&mut self) {
+        match self {
+            Self::Inline(at) => {
+                at.copy_within(1.., 0);
+                at[INLINE - 1] = Stamp::NONE;
+            }
+            Self::Spilled(deque) => {
+                deque.pop_front();
+            }
+        }
+    }
+
+    /// Keep `stamp`, the newest (a release's: never `Stamp::NONE`).
+    pub(crate) fn push_back(&mut self, stamp: Stamp) {
+        debug_assert!(stamp != Stamp::NONE, "a release is stamped");
+        match self {
+            Self::Inline(at) => match at.iter().position(|&slot| slot == Stamp::NONE) {
+                Some(free) => at[free] = stamp,
+                None => {
+                    let mut deque = VecDeque::with_capacity(INLINE * 2);
+                    deque.extend(at.iter().copied());
+                    deque.push_back(stamp);
+                    *self = Self::Spilled(deque);
+                }
+            },
+            Self::Spilled(deque) => {
+                if deque.len() == deque.capacity() {
+                    deque.reserve_exact((deque.len() / 2).max(INLINE));
+                }
+                deque.push_back(stamp);
+            }
+        }
+    }
+
+    /// Back in place, the buffer let go, when fewer than [`INLINE`] are
+    /// left (one more still fits without spilling again at once).
+    pub(crate) fn settle(&mut self) {
+        if let Self::Spilled(deque) = self
+            && deque.len() < INLINE
+        {
+            let mut inline = [Stamp::NONE; INLINE];
+            for (slot, &stamp) in inline.iter_mut().zip(deque.iter()) {
+                *slot = stamp;
+            }
+            *self = Self::Inline(inline);
+        }
+    }
+}
+
+/// How many of `at`'s slots hold a stamp.
+fn inline_len(at: &[Stamp; INLINE]) -> usize {
+    at.iter()
+        .position(|&slot| slot == Stamp::NONE)
+        .unwrap_or(INLINE)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::mem::size_of;
+
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::*;
+
+    fn stamps(n: u64, t0: Instant) -> Vec<Stamp> {
+        (0..n)
+            .map(|i| Stamp::of(t0 + Duration::from_millis(i)))
+            .collect()
+    }
+
+    #[test]
+    fn keeps_the_order_in_place_and_spilled() {
+        let t0 = Instant::now();
+        let all = stamps(20, t0);
+        let mut kept = Stamps::default();
+        for (i, &stamp) in all.iter().enumerate() {
+            kept.push_back(stamp);
+            assert_eq!(kept.len(), i + 1);
+            assert!(kept.iter().copied().eq(all[..=i].iter().copied()));
+            assert!(
+                kept.iter()
+                    .rev()
+                    .copied()
+                    .eq(all[..=i].iter().rev().copied())
+            );
+        }
+        assert!(matches!(kept, Stamps::Spilled(_)));
+        for &stamp in &all[..18] {
+            assert_eq!(kept.front(), Some(stamp));
+            kept.pop_front();
+            kept.settle();
+        }
+        assert!(matches!(kept, Stamps::Inline(_)), "{kept:?}");
+        assert_eq!(kept.len(), 2);
+        assert!(kept.iter().copied().eq(all[18..].iter().copied()));
+        kept.pop_front();
+        kept.pop_front();
+        assert_eq!((kept.len(), kept.front()), (0, None));
+        kept.pop_front();
+        assert_eq!(kept.len(), 0, "nothing to forget");
+    }
+
+    #[test]
+    fn three_stamps_take_no_buffer_and_a_spill_grows_by_half() {
+        assert_eq!(size_of::<Stamps>(), size_of::<VecDeque<Stamp>>());
+        let t0 = Instant::now();
+        let mut kept = Stamps::default();
+        for stamp in stamps(3, t0) {
+            kept.push_back(stamp);
+        }
+        assert!(matches!(kept, Stamps::Inline(_)));
+        assert_eq!(kept.len(), 3);
+        for stamp in stamps(8, t0 + Duration::from_secs(1)) {
+            kept.push_back(stamp);
+        }
+        let Stamps::Spilled(deque) = &kept else {
+            panic!("eleven spill: {kept:?}");
+        };
+        assert_eq!(deque.len(), 11);
+        assert!(deque.capacity() < 16, "grown by half: {}", deque.capacity());
+    }
+}

@@ -1,6 +1,8 @@
 //! A million tenants: N tenants, a lane each, one request each and then
 //! ten each, beside governor's keyed limiter: what a live, idle lane
-//! weighs (resident memory and heap, per lane) and what a request costs.
+//! weighs (resident memory and heap, per lane) and what a request costs,
+//! and what it weighs once it served its ten more (a lane that served
+//! traffic holds its releases in its quota's window).
 //! The `resting` row gives each tenant a day's quota and lets its lane go
 //! a second after it goes quiet: what a tenant weighs once only its count
 //! rests, and what one more request costs, waking it. The `request` row
@@ -57,6 +59,10 @@ fn heap() -> i64 {
 struct Figures {
     rss_per: f64,
     heap_per: f64,
+    /// The same once each tenant made its ten more requests (`None`: no
+    /// tenant keeps anything): a lane that served traffic holds its
+    /// releases in its quota's window.
+    used: Option<(f64, f64)>,
     first: Duration,
     again: Duration,
 }
@@ -70,17 +76,39 @@ impl Figures {
         after: (u64, i64),
         (first, again): (Duration, Duration),
     ) -> Self {
+        let per = |after: (u64, i64)| {
+            (
+                after.0.saturating_sub(before.0) as f64 / n as f64,
+                (after.1 - before.1) as f64 / n as f64,
+            )
+        };
+        let (rss_per, heap_per) = per(after);
         Self {
-            rss_per: after.0.saturating_sub(before.0) as f64 / n as f64,
-            heap_per: (after.1 - before.1) as f64 / n as f64,
+            rss_per,
+            heap_per,
+            used: None,
             first,
             again,
         }
     }
 
+    /// With what `n` tenants grew memory by from `before`, measured once
+    /// they made their ten more requests.
+    fn used(mut self, n: usize, before: (u64, i64), used: (u64, i64)) -> Self {
+        self.used = Some((
+            used.0.saturating_sub(before.0) as f64 / n as f64,
+            (used.1 - before.1) as f64 / n as f64,
+        ));
+        self
+    }
+
     fn print(&self, name: &str, n: usize) {
+        let used = self.used.map_or_else(
+            || "| |".to_owned(),
+            |(rss, heap)| format!("| {rss:.0} B | {heap:.0} B |"),
+        );
         println!(
-            "| {name} | {n} | {:.0} B | {:.0} B | {:.2} µs | {:.2} µs |",
+            "| {name} | {n} | {:.0} B | {:.0} B | {:.2} µs | {:.2} µs {used}",
             self.rss_per,
             self.heap_per,
             self.first.as_secs_f64() * 1e6,
@@ -153,7 +181,11 @@ async fn callshaper(n: usize) -> Figures {
         round.await.expect("a round ran");
     }
     let again = started.elapsed() / (n as u32 * 10);
-    Figures::per_tenant(n, (rss0, heap0), (rss1, heap1), (first, again))
+    Figures::per_tenant(n, (rss0, heap0), (rss1, heap1), (first, again)).used(
+        n,
+        (rss0, heap0),
+        (rss(), heap()),
+    )
 }
 
 /// N tenants with a day's quota each, whose lanes go a second after they
@@ -246,7 +278,11 @@ fn governor(n: usize) -> Figures {
         }
     }
     let again = started.elapsed() / (n as u32 * 10);
-    Figures::per_tenant(n, (rss0, heap0), (rss1, heap1), (first, again))
+    Figures::per_tenant(n, (rss0, heap0), (rss1, heap1), (first, again)).used(
+        n,
+        (rss0, heap0),
+        (rss(), heap()),
+    )
 }
 
 fn main() {
@@ -271,9 +307,9 @@ fn main() {
     };
     let me = std::env::current_exe().expect("the bench's path");
     println!(
-        "| limiter | tenants | resident per lane | heap per lane | first request | each of ten more |"
+        "| limiter | tenants | resident per lane | heap per lane | first request | each of ten more | resident after ten more | heap after ten more |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     for n in counts {
         for which in ["callshaper", "resting", "request", "governor"] {
             let status = Command::new(&me)

@@ -244,6 +244,32 @@ async fn the_vendors_count_outlives_the_lanes_that_go() {
     refused_within_a_second(&slow, "b").await;
 }
 
+/// Resting counts that go in one sweep hold the vendor's model until they
+/// go: the last of them is no word that something else keeps it. A
+/// thousand tenants' own two-second windows rest once their lanes go, and
+/// go once they end; the vendor's hour stays spent.
+#[tokio::test(start_paused = true)]
+async fn resting_counts_that_go_together_keep_the_vendors_hour() {
+    const TENANTS: u32 = 1_000;
+    let shaper = Shaper::builder()
+        .quota(Quota::fixed_window(TENANTS, Duration::from_secs(3600)))
+        .level(Level::new(
+            "tenant",
+            LaneKey::Tag,
+            [Quota::fixed_window(1, Duration::from_secs(2))],
+        ))
+        .idle_timeout(Duration::from_secs(1))
+        .transport(Recording::default())
+        .build()
+        .unwrap();
+    for tenant in 0..TENANTS {
+        call(&shaper, &format!("t{tenant}")).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(shaper.live_lanes(), 0, "every lane went");
+    refused_within_a_second(&shaper, "new").await;
+}
+
 /// A level's quotas changed while a tenant's meters rest: its next lane
 /// counts by the new ones, charged with what the tenant spent.
 #[tokio::test(start_paused = true)]

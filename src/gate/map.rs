@@ -167,7 +167,7 @@ impl GateMap {
     /// they kept alive, unless that still counts something and nothing
     /// else keeps it. True when some still rest.
     pub(crate) fn sweep(&self, now: Instant) -> bool {
-        self.forget_resting(|resting| resting.can_go(now)) > 0
+        self.forget_resting(|resting, going| resting.can_go(now, going)) > 0
     }
 
     /// How many gates rest.
@@ -194,21 +194,33 @@ impl GateMap {
 
     /// Forget every resting gate (the shaper shut down).
     pub(crate) fn clear_resting(&self) {
-        self.forget_resting(|_| true);
+        self.forget_resting(|_, _| true);
     }
 
-    /// Forget the resting gates `go` picks, shard by shard; how many still
-    /// rest. What they kept alive is let go of outside the locks, as in
-    /// `gate`.
-    fn forget_resting(&self, go: impl Fn(&Resting) -> bool) -> usize {
+    /// Forget the resting gates `go` picks, shard by shard, given each
+    /// and how many of those it already picked keep what it keeps; how
+    /// many still rest. What they kept alive is let go of outside the
+    /// locks, as in `gate`.
+    fn forget_resting(&self, go: impl Fn(&Resting, usize) -> bool) -> usize {
         let mut gone: Vec<Entry> = Vec::new();
+        // What the picked ones keep, and how many of them keep each.
+        let mut kept: Vec<(*const (), usize)> = Vec::new();
         for mut gates in self.shards.shards() {
-            gates.retain(|(_, entry)| match entry {
-                Entry::Resting(resting) if go(resting) => {
-                    gone.push(std::mem::replace(entry, Entry::Live(Weak::new())));
-                    false
+            gates.retain(|(_, entry)| {
+                let Entry::Resting(resting) = entry else {
+                    return true;
+                };
+                let keeps = Arc::as_ptr(&resting.keep).cast::<()>();
+                let with = kept.iter_mut().find(|(k, _)| *k == keeps);
+                if !go(resting, with.as_ref().map_or(0, |(_, n)| *n)) {
+                    return true;
                 }
-                _ => true,
+                match with {
+                    Some((_, n)) => *n += 1,
+                    None => kept.push((keeps, 1)),
+                }
+                gone.push(std::mem::replace(entry, Entry::Live(Weak::new())));
+                false
             });
         }
         self.count.down(gone.len());
@@ -236,8 +248,10 @@ impl Unlist for GateMap {
 
 impl Resting {
     /// Its meters count nothing, and what it keeps alive either counts
-    /// nothing or is kept by someone else too.
-    fn can_go(&self, now: Instant) -> bool {
-        self.meters.is_idle(now) && (Arc::strong_count(&self.keep) > 1 || self.keep.rested(now))
+    /// nothing or is kept by someone else too: not only by the `going`
+    /// resting gates that go in the same sweep and keep it until they go.
+    fn can_go(&self, now: Instant, going: usize) -> bool {
+        self.meters.is_idle(now)
+            && (Arc::strong_count(&self.keep) > 1 + going || self.keep.rested(now))
     }
 }

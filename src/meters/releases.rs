@@ -60,20 +60,21 @@ impl Releases {
 
     /// [`record`](Self::record), for a release already stamped.
     pub(crate) fn record_stamp(&mut self, now: Stamp) {
-        while let Some(oldest) = self.at.front() {
-            if oldest.plus_nanos(self.window) > now {
-                if self.at.len() < self.cap as usize {
-                    break;
+        let (window, cap, truncated) = (self.window, self.cap as usize, self.truncated);
+        let lost = &mut self.lost;
+        self.at.forget_while(|oldest, kept| {
+            if oldest.plus_nanos(window) > now {
+                if kept < cap {
+                    return false;
                 }
                 // Within its quota, a release past the cap is the lateness
                 // the meters forgive: the cap is still the count.
-                if self.truncated {
-                    self.lost = oldest;
+                if truncated {
+                    *lost = oldest;
                 }
             }
-            self.at.pop_front();
-        }
-        self.at.settle();
+            true
+        });
         self.at.push_back(now);
         self.total = self.total.saturating_add(1);
     }
@@ -82,15 +83,9 @@ impl Releases {
     /// buffer they took (a ledger at rest holds no stale stamps: the next
     /// release would forget them first, and nothing reads them before).
     pub(crate) fn forget_stale(&mut self, now: Instant) {
-        let now = Stamp::of(now);
-        while self
-            .at
-            .front()
-            .is_some_and(|oldest| oldest.plus_nanos(self.window) <= now)
-        {
-            self.at.pop_front();
-        }
-        self.at.settle();
+        let (now, window) = (Stamp::of(now), self.window);
+        self.at
+            .forget_while(|oldest, _| oldest.plus_nanos(window) <= now);
     }
 
     /// How many releases were recorded before `at`, and how many at it

@@ -44,31 +44,41 @@ impl Stamps {
         older.iter().chain(newer)
     }
 
-    pub(crate) fn len(&self) -> usize {
-        match self {
-            Self::Inline(at) => inline_len(at),
-            Self::Spilled(deque) => deque.len(),
-        }
-    }
-
-    pub(crate) fn front(&self) -> Option<Stamp> {
-        self.iter().next().copied()
-    }
-
-    /// Forget the oldest stamp.
-    pub(crate) fn pop_front(&mut self) {
+    /// Forget the oldest stamps while `forget` says so, given the oldest
+    /// and how many are kept; then, when fewer than [`INLINE`] are left,
+    /// keep them in place and let the buffer go (one more still fits
+    /// without spilling again at once).
+    #[inline]
+    pub(crate) fn forget_while(&mut self, mut forget: impl FnMut(Stamp, usize) -> bool) {
         match self {
             Self::Inline(at) => {
-                at.copy_within(1.., 0);
-                at[INLINE - 1] = Stamp::NONE;
+                let mut len = inline_len(at);
+                while len > 0 && forget(at[0], len) {
+                    at.copy_within(1.., 0);
+                    at[INLINE - 1] = Stamp::NONE;
+                    len -= 1;
+                }
             }
             Self::Spilled(deque) => {
-                deque.pop_front();
+                while let Some(&oldest) = deque.front() {
+                    if !forget(oldest, deque.len()) {
+                        break;
+                    }
+                    deque.pop_front();
+                }
+                if deque.len() < INLINE {
+                    let mut inline = [Stamp::NONE; INLINE];
+                    for (slot, &stamp) in inline.iter_mut().zip(deque.iter()) {
+                        *slot = stamp;
+                    }
+                    *self = Self::Inline(inline);
+                }
             }
         }
     }
 
     /// Keep `stamp`, the newest (a release's: never `Stamp::NONE`).
+    #[inline]
     pub(crate) fn push_back(&mut self, stamp: Stamp) {
         debug_assert!(stamp != Stamp::NONE, "a release is stamped");
         match self {
@@ -87,20 +97,6 @@ impl Stamps {
                 }
                 deque.push_back(stamp);
             }
-        }
-    }
-
-    /// Back in place, the buffer let go, when fewer than [`INLINE`] are
-    /// left (one more still fits without spilling again at once).
-    pub(crate) fn settle(&mut self) {
-        if let Self::Spilled(deque) = self
-            && deque.len() < INLINE
-        {
-            let mut inline = [Stamp::NONE; INLINE];
-            for (slot, &stamp) in inline.iter_mut().zip(deque.iter()) {
-                *slot = stamp;
-            }
-            *self = Self::Inline(inline);
         }
     }
 }
@@ -135,7 +131,7 @@ mod tests {
         let mut kept = Stamps::default();
         for (i, &stamp) in all.iter().enumerate() {
             kept.push_back(stamp);
-            assert_eq!(kept.len(), i + 1);
+            assert_eq!(kept.iter().count(), i + 1);
             assert!(kept.iter().copied().eq(all[..=i].iter().copied()));
             assert!(
                 kept.iter()
@@ -145,19 +141,24 @@ mod tests {
             );
         }
         assert!(matches!(kept, Stamps::Spilled(_)));
-        for &stamp in &all[..18] {
-            assert_eq!(kept.front(), Some(stamp));
-            kept.pop_front();
-            kept.settle();
-        }
+        let mut forgotten = 0;
+        kept.forget_while(|oldest, left| {
+            assert_eq!((oldest, left), (all[forgotten], 20 - forgotten));
+            forgotten += 1;
+            forgotten <= 18
+        });
         assert!(matches!(kept, Stamps::Inline(_)), "{kept:?}");
-        assert_eq!(kept.len(), 2);
+        assert_eq!(
+            (kept.iter().count(), kept.iter().next().copied()),
+            (2, Some(all[18]))
+        );
         assert!(kept.iter().copied().eq(all[18..].iter().copied()));
-        kept.pop_front();
-        kept.pop_front();
-        assert_eq!((kept.len(), kept.front()), (0, None));
-        kept.pop_front();
-        assert_eq!(kept.len(), 0, "nothing to forget");
+        kept.forget_while(|_, _| true);
+        assert_eq!(
+            (kept.iter().count(), kept.iter().next().copied()),
+            (0, None)
+        );
+        kept.forget_while(|_, _| panic!("nothing is left to forget"));
     }
 
     #[test]
@@ -169,7 +170,7 @@ mod tests {
             kept.push_back(stamp);
         }
         assert!(matches!(kept, Stamps::Inline(_)));
-        assert_eq!(kept.len(), 3);
+        assert_eq!(kept.iter().count(), 3);
         for stamp in stamps(8, t0 + Duration::from_secs(1)) {
             kept.push_back(stamp);
         }

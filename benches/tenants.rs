@@ -104,7 +104,7 @@ impl Figures {
 
     fn print(&self, name: &str, n: usize) {
         let used = self.used.map_or_else(
-            || "| |".to_owned(),
+            || "| | |".to_owned(),
             |(rss, heap)| format!("| {rss:.0} B | {heap:.0} B |"),
         );
         println!(

@@ -80,8 +80,8 @@ impl Releases {
     }
 
     /// Forget the releases the window left behind at `now`, and the
-    /// buffer they took (a ledger at rest holds no stale stamps: the next
-    /// release would forget them first, and nothing reads them before).
+    /// buffer they took: a ledger at rest keeps what its window holds, as
+    /// a busy one does after each release.
     pub(crate) fn forget_stale(&mut self, now: Instant) {
         let (now, window) = (Stamp::of(now), self.window);
         self.at

@@ -270,6 +270,75 @@ async fn resting_counts_that_go_together_keep_the_vendors_hour() {
     refused_within_a_second(&shaper, "new").await;
 }
 
+/// However lanes and resting counts come and go, the vendor's quota
+/// holds. Rounds of calls from 16 tasks over 400 tenants, each at
+/// `tenant`, each round followed by a quiet spell of a random length:
+/// every lane goes quiet and goes after its idle timeout, and no ten
+/// seconds on the wire ever hold more than the vendor's fifty.
+async fn vendor_holds_through_churn(tenant: Quota) {
+    const VENDOR: usize = 50;
+    const ROUNDS: usize = 30;
+    let window = Duration::from_secs(10);
+    let recording = Recording::default();
+    let shaper = Shaper::builder()
+        .quota(Quota::sliding_log(VENDOR as u32, window))
+        .level(Level::new("tenant", LaneKey::Tag, [tenant]))
+        .headroom(Duration::ZERO)
+        .idle_timeout(Duration::from_millis(200))
+        .transport(recording.clone())
+        .build()
+        .unwrap();
+    let mut rng = fastrand::Rng::with_seed(7);
+    for _ in 0..ROUNDS {
+        let tasks: Vec<_> = (0..16)
+            .map(|_| {
+                let (shaper, seed) = (shaper.clone(), rng.u64(..));
+                tokio::spawn(async move {
+                    let mut rng = fastrand::Rng::with_seed(seed);
+                    for _ in 0..3 {
+                        let tenant = format!("t{}", rng.usize(..400));
+                        call(&shaper, &tenant).await.expect("answered");
+                    }
+                })
+            })
+            .collect();
+        common::join_all(tasks).await;
+        tokio::time::sleep(Duration::from_millis(rng.u64(100..4_000))).await;
+    }
+    let mut sent: Vec<Instant> = recording
+        .0
+        .lock()
+        .unwrap()
+        .values()
+        .flatten()
+        .copied()
+        .collect();
+    sent.sort();
+    assert_eq!(sent.len(), ROUNDS * 16 * 3);
+    for (first, last) in sent.iter().zip(&sent[VENDOR..]) {
+        assert!(
+            *last - *first >= window,
+            "{} sends within {:?}",
+            VENDOR + 1,
+            *last - *first
+        );
+    }
+}
+
+/// Each tenant's spent second rests when its lane goes, and the rests end
+/// in turn, many in one sweep.
+#[tokio::test(start_paused = true)]
+async fn the_vendors_quota_holds_while_tenants_rest_and_wake() {
+    vendor_holds_through_churn(Quota::fixed_window(2, Duration::from_secs(1))).await;
+}
+
+/// Each tenant's bucket is full again before its lane goes: lanes go with
+/// nothing of their own, many from one shard in one sweep.
+#[tokio::test(start_paused = true)]
+async fn the_vendors_quota_holds_while_bare_lanes_go() {
+    vendor_holds_through_churn(Quota::token_bucket(3, 30, Duration::from_secs(1))).await;
+}
+
 /// A level's quotas changed while a tenant's meters rest: its next lane
 /// counts by the new ones, charged with what the tenant spent.
 #[tokio::test(start_paused = true)]

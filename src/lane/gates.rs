@@ -26,14 +26,16 @@ impl std::ops::Deref for Gates {
     }
 }
 
-impl From<Vec<Arc<Gate>>> for Gates {
-    fn from(gates: Vec<Arc<Gate>>) -> Self {
-        match <[Arc<Gate>; 2]>::try_from(gates) {
-            Ok(two) => Self::Two(two),
-            Err(gates) => match <[Arc<Gate>; 1]>::try_from(gates) {
-                Ok(one) => Self::One(one),
-                Err(gates) => Self::More(gates.into()),
+impl FromIterator<Arc<Gate>> for Gates {
+    fn from_iter<I: IntoIterator<Item = Arc<Gate>>>(gates: I) -> Self {
+        let mut gates = gates.into_iter();
+        match (gates.next(), gates.next()) {
+            (Some(one), None) => Self::One([one]),
+            (Some(one), Some(two)) => match gates.next() {
+                None => Self::Two([one, two]),
+                Some(three) => Self::More([one, two, three].into_iter().chain(gates).collect()),
             },
+            (None, _) => Self::More(Arc::new([])),
         }
     }
 }

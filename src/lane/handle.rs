@@ -83,7 +83,7 @@ impl Lane {
             key,
             series,
             Arc::new(policy),
-            (vec![own], vendor),
+            ([own], vendor),
             (None, None),
         ))
     }
@@ -97,7 +97,7 @@ impl Lane {
         key: Box<str>,
         series: Arc<Series>,
         policy: Arc<LanePolicy>,
-        (gates, vendor): (Vec<Arc<Gate>>, Arc<VendorModel>),
+        (gates, vendor): (impl IntoIterator<Item = Arc<Gate>>, Arc<VendorModel>),
         (remote, retired): (Option<Arc<Remote>>, Option<Arc<Notify>>),
     ) -> Self {
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
@@ -105,7 +105,7 @@ impl Lane {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             series,
             key,
-            gates: gates.into(),
+            gates: gates.into_iter().collect(),
             vendor,
             in_flight: policy
                 .max_in_flight

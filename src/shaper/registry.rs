@@ -13,6 +13,7 @@ use std::fmt;
 use std::sync::{Arc, Weak};
 
 use reqwest::Request;
+use smallvec::SmallVec;
 
 use super::lanes::Lanes;
 use crate::error::{ConfigError, Error};
@@ -255,29 +256,26 @@ impl Registry {
             name.push_str(&route.name);
             name.push_str(" | ");
         }
+        // Where each level's key is in the name: a new lane's keys are read
+        // there, with no string or list of their own (a lane's levels are
+        // nearly always a tenant's and the vendor's).
+        let mut spans: SmallVec<[(usize, usize); 4]> = SmallVec::new();
         for (i, level) in self.levels_for(route).enumerate() {
             if i > 0 {
                 name.push_str(" | ");
             }
+            let start = name.len();
             level.write_lane_name(request, tag, &mut name);
+            spans.push((start, name.len()));
         }
         let hashed = self.lanes.hashed(&name);
         if let Some(lane) = self.lanes.find(&hashed) {
             return Ok(lane);
         }
-        // A new lane: its keys, one string for all of them.
-        let levels: Vec<&Level> = self.levels_for(route).collect();
-        let mut written = String::with_capacity(name.len());
-        let mut ends = Vec::with_capacity(levels.len());
-        for level in &levels {
-            level.write_lane_name(request, tag, &mut written);
-            ends.push(written.len());
-        }
-        let keys: Vec<&str> = ends
+        let levels: SmallVec<[&Level; 4]> = self.levels_for(route).collect();
+        let keys: SmallVec<[&str; 4]> = spans
             .iter()
-            .scan(0, |start, &end| {
-                Some(&written[std::mem::replace(start, end)..end])
-            })
+            .map(|&(start, end)| &name[start..end])
             .collect();
         self.lanes
             .open(&hashed, || self.make_lane(&name, route, &levels, &keys))
@@ -298,8 +296,8 @@ impl Registry {
         // that uses it yet: the vendor's quota must be one gate for all.
         let vendor_gate = self.gate_for(vendor_level, vendor_key);
         let vendor = self.vendor_for(vendor_key, &vendor_gate);
-        // Room for the vendor's gate too: made once, never grown.
-        let mut shared = Vec::with_capacity(levels.len());
+        // Nearly always a tenant's and the vendor's: no list of their own.
+        let mut shared: SmallVec<[Arc<Gate>; 2]> = SmallVec::with_capacity(levels.len());
         shared.extend(
             levels
                 .iter()
@@ -331,7 +329,7 @@ impl Registry {
                 per_lane,
                 &StoreMode::ALL.map(StoreMode::label),
             );
-            let link = store.link(shared.clone(), keys, &quotas, headroom, failure, metrics);
+            let link = store.link(shared.to_vec(), keys, &quotas, headroom, failure, metrics);
             Arc::new(link)
         });
         let policy = self.policy_for(route);

@@ -214,6 +214,38 @@ fn mostly_empty(len: usize, capacity: usize) -> bool {
     capacity > 64 && len < capacity / 4
 }
 
+/// The holds a sweep is letting go of, counted for each thing held (by
+/// its address): a holder going in the same sweep still holds until it
+/// goes, and is no word that what it holds lives on. Nearly always one
+/// or two things are held (a vendor's model), so a list.
+#[derive(Default)]
+pub(crate) struct Going(Vec<(*const (), usize)>);
+
+impl Going {
+    /// How many of the holds going are on `held`.
+    pub(crate) fn on<T: ?Sized>(&self, held: &T) -> usize {
+        let at = std::ptr::from_ref(held).cast::<()>();
+        self.0
+            .iter()
+            .find(|(on, _)| *on == at)
+            .map_or(0, |(_, n)| *n)
+    }
+
+    /// One more hold on `held` is going.
+    pub(crate) fn add<T: ?Sized>(&mut self, held: &T) {
+        let at = std::ptr::from_ref(held).cast::<()>();
+        match self.0.iter_mut().find(|(on, _)| *on == at) {
+            Some((_, n)) => *n += 1,
+            None => self.0.push((at, 1)),
+        }
+    }
+
+    /// The holds counted went.
+    pub(crate) fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
 /// Values shared by name, held weakly: each lives as long as something
 /// holds it, and leaves the map when the last holder lets go (its
 /// [`Listing`] drops with it).

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use super::level::{Gate, GateLevel, Listed, Unlist};
 use crate::meters::Meters;
 use crate::observability::Count;
-use crate::sync::Sharded;
+use crate::sync::{Going, Sharded};
 
 /// What a resting gate keeps alive: its vendor's model, whose gate holds
 /// the vendor's own count, which no lane may hold any more.
@@ -203,22 +203,17 @@ impl GateMap {
     /// locks, as in `gate`.
     fn forget_resting(&self, go: impl Fn(&Resting, usize) -> bool) -> usize {
         let mut gone: Vec<Entry> = Vec::new();
-        // What the picked ones keep, and how many of them keep each.
-        let mut kept: Vec<(*const (), usize)> = Vec::new();
+        // What the picked ones keep, held until they go at the end.
+        let mut holds = Going::default();
         for mut gates in self.shards.shards() {
             gates.retain(|(_, entry)| {
                 let Entry::Resting(resting) = entry else {
                     return true;
                 };
-                let keeps = Arc::as_ptr(&resting.keep).cast::<()>();
-                let with = kept.iter_mut().find(|(k, _)| *k == keeps);
-                if !go(resting, with.as_ref().map_or(0, |(_, n)| *n)) {
+                if !go(resting, holds.on(&*resting.keep)) {
                     return true;
                 }
-                match with {
-                    Some((_, n)) => *n += 1,
-                    None => kept.push((keeps, 1)),
-                }
+                holds.add(&*resting.keep);
                 gone.push(std::mem::replace(entry, Entry::Live(Weak::new())));
                 false
             });

@@ -31,9 +31,8 @@ use crate::error::Error;
 use crate::gate::GateMap;
 use crate::lane::{Lane, LaneSnapshot, Leaving};
 use crate::observability::Count;
-use crate::sync::{Hashed, Named, SHARDS, Sharded, lock};
+use crate::sync::{Going, Hashed, Named, SHARDS, Sharded, lock};
 use crate::time::later;
-use crate::vendor::VendorModel;
 
 /// Lanes looked at to pick one to evict for the cap.
 const SAMPLE: usize = 32;
@@ -239,8 +238,8 @@ impl Lanes {
         let mut next: Option<Duration> = None;
         let mut due = |after: Duration| next = Some(next.map_or(after, |n| n.min(after)));
         let mut going: Vec<Lane> = Vec::new();
-        // Each vendor's model, and how many of the lanes in `going` hold it.
-        let mut holders: Vec<(*const VendorModel, usize)> = Vec::new();
+        // The vendors' models the lanes in `going` hold.
+        let mut holds = Going::default();
         for mut lanes in self.shards.shards() {
             let before = lanes.len();
             lanes.retain(|lane| {
@@ -256,13 +255,8 @@ impl Lanes {
                 }
                 // The lanes going before it in this shard hold their
                 // vendor's model until they go.
-                let vendor = std::ptr::from_ref(lane.vendor());
-                let with = holders.iter().find(|(v, _)| *v == vendor);
-                if lane.can_leave(now, Leaving::Resting, with.map_or(0, |(_, n)| *n)) {
-                    match holders.iter_mut().find(|(v, _)| *v == vendor) {
-                        Some((_, n)) => *n += 1,
-                        None => holders.push((vendor, 1)),
-                    }
+                if lane.can_leave(now, Leaving::Resting, holds.on(lane.vendor())) {
+                    holds.add(lane.vendor());
                     going.push(lane.clone());
                     return false;
                 }
@@ -281,7 +275,7 @@ impl Lanes {
             for lane in going.drain(..) {
                 lane.leave(&self.gates, now);
             }
-            holders.clear();
+            holds.clear();
         }
         // Resting meters are looked at once an `idle` (a pass over the
         // gate map holds its lock, which every new lane takes).

@@ -55,6 +55,15 @@ fn heap() -> i64 {
     memory::heap() as i64
 }
 
+/// What each of `n` tenants grew memory by, from `before` to `after`
+/// (resident, heap).
+fn grown(n: usize, before: (u64, i64), after: (u64, i64)) -> (f64, f64) {
+    (
+        after.0.saturating_sub(before.0) as f64 / n as f64,
+        (after.1 - before.1) as f64 / n as f64,
+    )
+}
+
 /// What one run measured.
 struct Figures {
     rss_per: f64,
@@ -68,21 +77,15 @@ struct Figures {
 }
 
 impl Figures {
-    /// What `n` tenants grew memory by, from `before` to `after` (resident,
-    /// heap), and the `times` per request.
+    /// What each of `n` tenants grew memory by, from `before` to `after`,
+    /// and the times per request.
     fn per_tenant(
         n: usize,
         before: (u64, i64),
         after: (u64, i64),
         (first, again): (Duration, Duration),
     ) -> Self {
-        let per = |after: (u64, i64)| {
-            (
-                after.0.saturating_sub(before.0) as f64 / n as f64,
-                (after.1 - before.1) as f64 / n as f64,
-            )
-        };
-        let (rss_per, heap_per) = per(after);
+        let (rss_per, heap_per) = grown(n, before, after);
         Self {
             rss_per,
             heap_per,
@@ -95,10 +98,7 @@ impl Figures {
     /// With what `n` tenants grew memory by from `before`, measured once
     /// they made their ten more requests.
     fn used(mut self, n: usize, before: (u64, i64), used: (u64, i64)) -> Self {
-        self.used = Some((
-            used.0.saturating_sub(before.0) as f64 / n as f64,
-            (used.1 - before.1) as f64 / n as f64,
-        ));
+        self.used = Some(grown(n, before, used));
         self
     }
 

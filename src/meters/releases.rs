@@ -176,14 +176,24 @@ impl Releases {
 mod tests {
     use super::*;
 
+    const fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// A ledger over a second, for ten, with `n` releases 100 ms apart
+    /// from `t0`.
+    fn every_100ms(n: u64, t0: Instant) -> Releases {
+        let mut releases = Releases::new(Duration::from_secs(1), 10);
+        for i in 0..n {
+            releases.record(t0 + ms(100 * i));
+        }
+        releases
+    }
+
     #[test]
     fn counts_releases_in_the_window_and_forgets_older_ones() {
         let t0 = Instant::now();
-        let ms = Duration::from_millis;
-        let mut releases = Releases::new(Duration::from_secs(1), 10);
-        for i in 0..5 {
-            releases.record(t0 + ms(100 * i));
-        }
+        let mut releases = every_100ms(5, t0);
         assert_eq!(releases.since(t0), 5);
         assert_eq!(releases.since(t0 + ms(250)), 2);
         assert_eq!(
@@ -209,11 +219,7 @@ mod tests {
     #[test]
     fn forgets_what_the_window_left_behind() {
         let t0 = Instant::now();
-        let ms = Duration::from_millis;
-        let mut releases = Releases::new(Duration::from_secs(1), 10);
-        for i in 0..8 {
-            releases.record(t0 + ms(100 * i));
-        }
+        let mut releases = every_100ms(8, t0);
         releases.forget_stale(t0 + ms(1_000));
         assert_eq!(releases.instants().count(), 7, "the first left the window");
         releases.forget_stale(t0 + ms(1_650));

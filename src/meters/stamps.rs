@@ -179,5 +179,18 @@ mod tests {
         };
         assert_eq!(deque.len(), 11);
         assert!(deque.capacity() < 16, "grown by half: {}", deque.capacity());
+        // Doubling from its first six would have room for 192 by now.
+        for stamp in stamps(89, t0 + Duration::from_secs(2)) {
+            kept.push_back(stamp);
+        }
+        let Stamps::Spilled(deque) = &kept else {
+            panic!("a hundred spill: {kept:?}");
+        };
+        assert_eq!(deque.len(), 100);
+        assert!(
+            deque.capacity() <= 100 * 3 / 2 + INLINE,
+            "grown by half: {}",
+            deque.capacity()
+        );
     }
 }

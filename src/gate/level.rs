@@ -11,7 +11,7 @@ use tokio::sync::futures::OwnedNotified;
 use tokio::time::Instant;
 
 use super::cause::{PauseCause, Paused, Stop};
-use crate::meters::{Meters, Quota, Rate, Requests};
+use crate::meters::{Meters, Quota, Rate, Requests, Terms};
 use crate::spacing::Departures;
 use crate::sync::{lock, lock_briefly};
 use crate::time::later;
@@ -85,18 +85,29 @@ pub(crate) struct GateLevel {
     map: OnceLock<Weak<dyn Unlist>>,
 }
 
-/// A level's quotas and their request side (of the whole quotas, not of
-/// the local share a fleet's fallback meters hold), changed together.
+/// A level's quotas, their request side (of the whole quotas, not of
+/// the local share a fleet's fallback meters hold) and what its gates'
+/// meters count by, changed together.
 #[derive(Debug)]
 struct LevelQuotas {
     quotas: Arc<[Quota]>,
     requests: Requests,
+    terms: Arc<Terms>,
+    /// The terms of a fleet's share of the quotas, once a gate counts
+    /// them: a fleet of `.0` shapers.
+    share: Option<(u32, Arc<Terms>)>,
 }
 
 impl LevelQuotas {
-    fn of(quotas: Arc<[Quota]>) -> Self {
+    fn of(quotas: Arc<[Quota]>, headroom: Duration) -> Self {
         let requests = Requests::of(&quotas);
-        Self { quotas, requests }
+        let terms = Arc::new(Terms::new(quotas.clone(), headroom, Instant::now()));
+        Self {
+            quotas,
+            requests,
+            terms,
+            share: None,
+        }
     }
 }
 
@@ -106,7 +117,7 @@ impl GateLevel {
         Self {
             name: name.into(),
             settings,
-            quotas: Mutex::new(LevelQuotas::of(quotas)),
+            quotas: Mutex::new(LevelQuotas::of(quotas, settings.headroom)),
             map: OnceLock::new(),
         }
     }
@@ -119,7 +130,28 @@ impl GateLevel {
     /// The level holds `quotas` from now on; its gates follow by
     /// [`Gate::requote`].
     pub(crate) fn requote(&self, quotas: &[Quota]) {
-        *lock(&self.quotas) = LevelQuotas::of(Arc::from(quotas));
+        *lock(&self.quotas) = LevelQuotas::of(Arc::from(quotas), self.settings.headroom);
+    }
+
+    /// What the level's gates count by now: the whole quotas, or with a
+    /// shared store one `share` of each (the fallback meters), made once
+    /// for all of them; and the largest cost of the whole quotas.
+    fn terms(&self, share: u32) -> (Arc<Terms>, u64) {
+        let mut quotas = lock(&self.quotas);
+        let capacity = quotas.terms.capacity();
+        if share <= 1 {
+            return (quotas.terms.clone(), capacity);
+        }
+        let terms = match &quotas.share {
+            Some((of, terms)) if *of == share => terms.clone(),
+            _ => {
+                let local: Arc<[Quota]> = quotas.quotas.iter().map(|q| q.share(share)).collect();
+                let terms = Arc::new(Terms::new(local, self.settings.headroom, Instant::now()));
+                quotas.share = Some((share, terms.clone()));
+                terms
+            }
+        };
+        (terms, capacity)
     }
 }
 
@@ -174,15 +206,8 @@ impl Gate {
     /// shared store the quotas live there, and the local meters are the
     /// fallback: one `share` of each quota.
     pub(crate) fn new(listed: Listed, share: u32) -> Self {
-        let now = Instant::now();
-        let headroom = listed.level.settings.headroom;
-        let quotas = listed.level.quotas();
-        let mut meters = Meters::new(quotas.clone(), headroom, now);
-        let capacity = meters.capacity();
-        if share > 1 {
-            let local: Arc<[Quota]> = quotas.iter().map(|q| q.share(share)).collect();
-            meters = Meters::new(local, headroom, now);
-        }
+        let (terms, capacity) = listed.level.terms(share);
+        let meters = Meters::new(terms, Instant::now());
         Self::of(listed, capacity, meters)
     }
 
@@ -190,9 +215,9 @@ impl Gate {
     /// (see `gate/map.rs`), brought up to the level's quotas if they
     /// changed meanwhile. Only a gate on no store rests.
     pub(crate) fn resumed(listed: Listed, mut meters: Meters) -> Self {
-        let quotas = listed.level.quotas();
-        if *quotas != **meters.quotas() {
-            meters.requote(&quotas, listed.level.settings.headroom, Instant::now());
+        let (terms, _) = listed.level.terms(1);
+        if !Arc::ptr_eq(&terms, meters.terms()) {
+            meters.requote(terms, Instant::now());
         }
         let capacity = meters.capacity();
         Self::of(listed, capacity, meters)
@@ -453,16 +478,18 @@ impl Gate {
         &self.listed.level.name
     }
 
-    /// Hold `quotas` from now on (a live change of the level's quotas,
-    /// which [`GateLevel::requote`] took first): the meters change as
-    /// `Meters::requote` says, the pause stays, and
-    /// lanes waiting at the gate look again. The vendor's model, which
-    /// paces these meters, follows (`VendorModel::requoted`, called by the
-    /// registry).
-    pub(crate) fn requote(&self, quotas: &[Quota]) {
+    /// Hold its level's quotas now (a live change, which
+    /// [`GateLevel::requote`] took first): the meters change as
+    /// `Meters::requote` says, the pause stays, and lanes waiting at the
+    /// gate look again. The vendor's model, which paces these meters,
+    /// follows (`VendorModel::requoted`, called by the registry). A shared
+    /// store refuses live changes (its quotas are the fleet's), so the
+    /// gate counts the whole quotas.
+    pub(crate) fn requote(&self) {
+        let (terms, _) = self.listed.level.terms(1);
         {
             let mut meters = lock(&self.meters);
-            meters.requote(quotas, self.headroom(), Instant::now());
+            meters.requote(terms, Instant::now());
             self.capacity.store(meters.capacity(), Ordering::Relaxed);
         }
         self.wake_first();

@@ -238,11 +238,9 @@ mod tests {
     const SECOND: Duration = Duration::from_secs(1);
 
     fn meters(quota: Quota, now: Instant) -> Mutex<Meters> {
-        Mutex::new(Meters::new(
-            std::sync::Arc::from([quota]),
-            Duration::ZERO,
-            now,
-        ))
+        let quotas = std::sync::Arc::from([quota]);
+        let terms = crate::meters::Terms::new(quotas, Duration::ZERO, now);
+        Mutex::new(Meters::new(std::sync::Arc::new(terms), now))
     }
 
     #[tokio::test(start_paused = true)]

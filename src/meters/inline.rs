@@ -1,4 +1,4 @@
-//! A quota's meter as a lane's meters keep it ([`InlineMeter`]).
+//! A quota's meter as a gate's meters keep it ([`InlineMeter`]).
 
 use std::time::Duration;
 
@@ -6,103 +6,96 @@ use tokio::time::Instant;
 
 use super::leaky_bucket::LeakyBucket;
 use super::meter::Meter;
-use super::quota::{Algorithm, Quota, Unit};
+use super::quota::{Algorithm, Quota};
+use super::rate::Shape;
 use super::token_bucket::TokenBucket;
 use crate::time::Stamp;
 
-/// A quota's meter, kept in the lane's meters: the buckets (the default
-/// leaky one, and the token bucket of nearly every tenant quota) inline
-/// and asked in stamps, with no call through a pointer and no instant
-/// arithmetic on a release; the window meters and an algorithm of the
-/// user's own boxed, behind [`Meter`].
+/// A quota's meter as a gate keeps it: a bucket (the default leaky one,
+/// and the token bucket of nearly every tenant quota) as its one stamp,
+/// asked in stamps with its level's [`Shape`], with no call through a
+/// pointer and no instant arithmetic on a release; the window meters and
+/// an algorithm of the user's own whole, boxed, behind [`Meter`]. A lane
+/// per tenant holds a gate each: a bucket kept whole took 40 bytes of it.
 #[derive(Debug)]
 pub(crate) enum InlineMeter {
-    Leaky(LeakyBucket),
-    Token(TokenBucket),
-    Boxed(Box<dyn Meter>),
+    Leaky(Stamp),
+    Token(Stamp),
+    Whole(Box<dyn Meter>),
 }
 
 impl InlineMeter {
     /// A fresh meter for `quota`.
     pub(crate) fn of(quota: &Quota, headroom: Duration, now: Instant) -> Self {
         match quota.algorithm {
-            Algorithm::LeakyBucket(rate) => Self::Leaky(LeakyBucket::new(rate, headroom)),
-            Algorithm::TokenBucket { capacity, refill } => {
-                Self::Token(TokenBucket::new(capacity, refill, headroom))
+            Algorithm::LeakyBucket(_) => Self::Leaky(Stamp::NONE),
+            Algorithm::TokenBucket { .. } => Self::Token(Stamp::NONE),
+            _ => Self::Whole(quota.meter(headroom, now)),
+        }
+    }
+
+    /// [`Meter::earliest`] at `now`, whose stamp is `at`, for a bucket of
+    /// `shape`.
+    pub(crate) fn earliest_at(&self, shape: &Shape, cost: u64, now: Instant, at: Stamp) -> Stamp {
+        match self {
+            Self::Leaky(tat) => LeakyBucket::shaped(shape, *tat).earliest_at(at),
+            Self::Token(tat) => TokenBucket::shaped(shape, *tat).earliest_at(cost, at),
+            Self::Whole(meter) => Stamp::of(meter.earliest(cost, now)),
+        }
+    }
+
+    /// [`Meter::commit`] at `now`, whose stamp is `at`, for a bucket of
+    /// `shape`.
+    pub(crate) fn commit_at(&mut self, shape: &Shape, cost: u64, now: Instant, at: Stamp) {
+        match self {
+            Self::Leaky(tat) => {
+                let mut bucket = LeakyBucket::shaped(shape, *tat);
+                bucket.commit_at(cost, at);
+                *tat = bucket.tat();
             }
-            _ => Self::Boxed(quota.meter(headroom, now)),
+            Self::Token(tat) => {
+                let mut bucket = TokenBucket::shaped(shape, *tat);
+                bucket.commit_at(cost, at);
+                *tat = bucket.tat();
+            }
+            Self::Whole(meter) => meter.commit(cost, now),
         }
     }
 
-    /// [`Meter::earliest`] at `now`, whose stamp is `at`.
-    pub(crate) fn earliest_at(&self, cost: u64, now: Instant, at: Stamp) -> Stamp {
+    /// Ask the meter, whole (a bucket of `shape`), what `ask` asks: the
+    /// questions off the release path (predictions, idleness, capacity).
+    pub(crate) fn read<R>(&self, shape: &Shape, ask: impl FnOnce(&dyn Meter) -> R) -> R {
         match self {
-            Self::Leaky(bucket) => bucket.earliest_at(at),
-            Self::Token(bucket) => bucket.earliest_at(cost, at),
-            Self::Boxed(meter) => Stamp::of(meter.earliest(cost, now)),
+            Self::Leaky(tat) => ask(&LeakyBucket::shaped(shape, *tat)),
+            Self::Token(tat) => ask(&TokenBucket::shaped(shape, *tat)),
+            Self::Whole(meter) => ask(meter.as_ref()),
         }
     }
 
-    /// [`Meter::commit`] at `now`, whose stamp is `at`.
-    pub(crate) fn commit_at(&mut self, cost: u64, now: Instant, at: Stamp) {
+    /// Change the meter, whole (a bucket of `shape`), as `change` does:
+    /// settling, a vendor's word, a requote's history.
+    pub(crate) fn change<R>(
+        &mut self,
+        shape: &Shape,
+        change: impl FnOnce(&mut dyn Meter) -> R,
+    ) -> R {
         match self {
-            Self::Leaky(bucket) => bucket.commit_at(cost, at),
-            Self::Token(bucket) => bucket.commit_at(cost, at),
-            Self::Boxed(meter) => meter.commit(cost, now),
-        }
-    }
-
-    fn meter(&self) -> &dyn Meter {
-        match self {
-            Self::Leaky(bucket) => bucket,
-            Self::Token(bucket) => bucket,
-            Self::Boxed(meter) => meter.as_ref(),
-        }
-    }
-
-    fn meter_mut(&mut self) -> &mut dyn Meter {
-        match self {
-            Self::Leaky(bucket) => bucket,
-            Self::Token(bucket) => bucket,
-            Self::Boxed(meter) => meter.as_mut(),
+            Self::Leaky(tat) => {
+                let mut bucket = LeakyBucket::shaped(shape, *tat);
+                let answer = change(&mut bucket);
+                *tat = bucket.tat();
+                answer
+            }
+            Self::Token(tat) => {
+                let mut bucket = TokenBucket::shaped(shape, *tat);
+                let answer = change(&mut bucket);
+                *tat = bucket.tat();
+                answer
+            }
+            Self::Whole(meter) => change(meter.as_mut()),
         }
     }
 }
-
-/// The questions asked off the release path (predictions, settling, a
-/// vendor's word), through the meter itself.
-impl Meter for InlineMeter {
-    fn capacity(&self) -> u64 {
-        self.meter().capacity()
-    }
-
-    fn earliest(&self, cost: u64, now: Instant) -> Instant {
-        self.meter().earliest(cost, now)
-    }
-
-    fn commit(&mut self, cost: u64, now: Instant) {
-        self.meter_mut().commit(cost, now);
-    }
-
-    fn settle(&mut self, charged: u64, actual: u64, at: Instant) {
-        self.meter_mut().settle(charged, actual, at);
-    }
-
-    fn is_idle(&self, now: Instant) -> bool {
-        self.meter().is_idle(now)
-    }
-
-    fn interval(&self) -> Duration {
-        self.meter().interval()
-    }
-
-    fn eta(&self, ahead: u64, cost: u64, now: Instant) -> Instant {
-        self.meter().eta(ahead, cost, now)
-    }
-}
-
-/// A meter and the unit it counts (requests, or each request's cost).
-pub(crate) type Counting = (InlineMeter, Unit);
 
 /// A gate's meters, in the order of its quotas: the one nearly every gate
 /// counts kept inline, more in a box. A lane per tenant holds a gate
@@ -110,12 +103,12 @@ pub(crate) type Counting = (InlineMeter, Unit);
 /// the allocator's own) and a pointer to follow on every release.
 #[derive(Debug)]
 pub(crate) enum Counts {
-    One([Counting; 1]),
-    Many(Box<[Counting]>),
+    One([InlineMeter; 1]),
+    Many(Box<[InlineMeter]>),
 }
 
 impl Counts {
-    pub(crate) fn into_vec(self) -> Vec<Counting> {
+    pub(crate) fn into_vec(self) -> Vec<InlineMeter> {
         match self {
             Self::One(one) => one.into(),
             Self::Many(many) => many.into_vec(),
@@ -129,8 +122,8 @@ impl Default for Counts {
     }
 }
 
-impl FromIterator<Counting> for Counts {
-    fn from_iter<I: IntoIterator<Item = Counting>>(meters: I) -> Self {
+impl FromIterator<InlineMeter> for Counts {
+    fn from_iter<I: IntoIterator<Item = InlineMeter>>(meters: I) -> Self {
         let mut meters = meters.into_iter();
         match (meters.next(), meters.next()) {
             (None, _) => Self::default(),
@@ -143,9 +136,9 @@ impl FromIterator<Counting> for Counts {
 }
 
 impl std::ops::Deref for Counts {
-    type Target = [Counting];
+    type Target = [InlineMeter];
 
-    fn deref(&self) -> &[Counting] {
+    fn deref(&self) -> &[InlineMeter] {
         match self {
             Self::One(one) => one,
             Self::Many(many) => many,
@@ -154,7 +147,7 @@ impl std::ops::Deref for Counts {
 }
 
 impl std::ops::DerefMut for Counts {
-    fn deref_mut(&mut self) -> &mut [Counting] {
+    fn deref_mut(&mut self) -> &mut [InlineMeter] {
         match self {
             Self::One(one) => one,
             Self::Many(many) => many,

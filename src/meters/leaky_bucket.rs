@@ -5,7 +5,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::meter::Meter;
-use super::rate::{Rate, settle_tat, spacing_nanos};
+use super::rate::{Rate, Shape, settle_tat, spacing_nanos};
 use crate::time::{Stamp, nanos};
 
 /// One release every `T = (per + headroom) / count`, no burst.
@@ -87,6 +87,33 @@ impl LeakyBucket {
         if self.last != Stamp::NONE {
             self.tat = self.last.later(self.interval);
         }
+    }
+
+    /// Its numbers, which every gate counting its quota shares.
+    pub(crate) fn shape(&self) -> Shape {
+        Shape {
+            capacity: self.count,
+            interval: self.interval,
+            forgiven: self.slack,
+        }
+    }
+
+    /// The bucket of `shape` whose state is `tat`. Its last release is
+    /// not kept: only a pace's interval changes ([`set_interval`](Self::set_interval)),
+    /// and a pace is kept whole.
+    pub(crate) fn shaped(shape: &Shape, tat: Stamp) -> Self {
+        Self {
+            count: shape.capacity,
+            interval: shape.interval,
+            slack: shape.forgiven,
+            tat,
+            last: Stamp::NONE,
+        }
+    }
+
+    /// Its state: when the next request may go.
+    pub(crate) fn tat(&self) -> Stamp {
+        self.tat
     }
 
     /// [`Meter::earliest`] at the stamp `now`.

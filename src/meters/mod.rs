@@ -32,8 +32,9 @@
 //! | `windows.rs` | windows counted from an origin (the window meters) |
 //! | `releases.rs` | a lane's ledger of its own releases |
 //! | `stamps.rs` | where a ledger keeps its stamps: a few in place, more in a buffer |
-//! | `inline.rs` | a quota's meter as a lane keeps it: the buckets inline, asked in stamps |
-//! | `set.rs` | a lane's meters checked together, charged all or none |
+//! | `terms.rs` | what a gate's meters count by: the quotas, each bucket's numbers, the ledger's window; one for every gate of a level |
+//! | `inline.rs` | a quota's meter as a gate keeps it: a bucket as its one stamp, asked with its level's numbers |
+//! | `set.rs` | a gate's meters checked together, charged all or none |
 //! | `declared.rs` | a quota as a config file declares it (feature `serde`) |
 
 mod custom;
@@ -51,6 +52,7 @@ mod set;
 mod sliding_log;
 mod sliding_window;
 mod stamps;
+mod terms;
 mod token_bucket;
 mod windows;
 
@@ -61,9 +63,12 @@ pub use self::meter::Meter;
 pub(crate) use self::quota::Quota;
 pub use self::quota::{Algorithm, Unit};
 pub(crate) use self::rate::Rate;
+#[cfg(test)]
+pub(crate) use self::releases::Reach;
 pub(crate) use self::releases::Releases;
 pub(crate) use self::requests::Requests;
 pub(crate) use self::set::{FIRST_WORD, Meters};
 pub use self::sliding_log::SlidingLog;
 pub use self::sliding_window::SlidingWindow;
+pub(crate) use self::terms::Terms;
 pub use self::token_bucket::TokenBucket;

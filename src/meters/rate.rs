@@ -74,6 +74,17 @@ impl Rate {
     }
 }
 
+/// A GCRA bucket's numbers: its capacity, its interval and the lateness
+/// it forgives, in nanoseconds. The same for every gate counting its
+/// quota, so a level's terms (`terms.rs`) keep them once, and each gate
+/// keeps only its bucket's one stamp (`inline.rs`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Shape {
+    pub(crate) capacity: u64,
+    pub(crate) interval: u64,
+    pub(crate) forgiven: u64,
+}
+
 /// `interval × n`, saturating: the time `n` units take at one per
 /// `interval`.
 pub(crate) fn spacing(interval: Duration, n: u64) -> Duration {

@@ -9,18 +9,12 @@ use tokio::time::Instant;
 use super::stamps::Stamps;
 use crate::time::{Stamp, nanos};
 
-/// Release instants within the last `window`, at most `cap` of them, kept
-/// as 8-byte stamps: a lane per tenant keeps a ledger each.
+/// Release instants within the last window of a [`Reach`], at most its
+/// cap of them, kept as 8-byte stamps: a lane per tenant keeps a ledger
+/// each, and its reach is its level's.
 #[derive(Debug)]
 pub(crate) struct Releases {
-    /// The window in nanoseconds: a lane per tenant keeps a ledger each,
-    /// and this packs it into 64 bytes.
-    window: u64,
-    cap: u32,
     at: Stamps,
-    /// The quota is above [`MOST`]: the cap may forget releases still in
-    /// the window.
-    truncated: bool,
     /// The latest release so forgotten (`Stamp::NONE`: none): counts since
     /// then are "at least".
     lost: Stamp,
@@ -29,38 +23,63 @@ pub(crate) struct Releases {
     total: u64,
 }
 
+/// How far back a ledger keeps releases: its request quota's window, and
+/// at most how many. The same for every gate of a level, so a level's
+/// terms (`terms.rs`) keep it once, not each ledger (16 bytes of a gate).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Reach {
+    /// The window in nanoseconds.
+    window: u64,
+    cap: u32,
+    /// The quota is above [`MOST`]: the cap may forget releases still in
+    /// the window.
+    truncated: bool,
+}
+
 /// The most releases a ledger keeps (64 KiB): a quota above it (GitHub's
 /// 5,000 an hour) forgets its oldest releases in the window, and then
 /// counts "more than it holds", which explains any vendor count, and knows
 /// no oldest release: the old behaviour of trusting the meters.
 const MOST: usize = 4_096;
 
-impl Releases {
-    /// A ledger over `window`, for a quota of `count` requests in it.
+impl Reach {
+    /// A ledger's reach over `window`, for a quota of `count` requests in
+    /// it.
     pub(crate) fn new(window: Duration, count: u64) -> Self {
         Self {
             window: nanos(window),
             cap: u32::try_from(usize::try_from(count).unwrap_or(MOST).clamp(1, MOST))
                 .unwrap_or(u32::MAX),
-            at: Stamps::default(),
             truncated: usize::try_from(count).map_or(true, |count| count > MOST),
+        }
+    }
+}
+
+impl Default for Releases {
+    /// An empty ledger.
+    fn default() -> Self {
+        Self {
+            at: Stamps::default(),
             lost: Stamp::NONE,
             total: 0,
         }
     }
+}
 
+impl Releases {
     /// Every release it holds, oldest first.
     pub(crate) fn instants(&self) -> impl Iterator<Item = Instant> + '_ {
         self.at.iter().map(|stamp| stamp.instant())
     }
 
-    pub(crate) fn record(&mut self, now: Instant) {
-        self.record_stamp(Stamp::of(now));
+    /// A release at `now`, kept as far back as `reach`.
+    pub(crate) fn record(&mut self, reach: &Reach, now: Instant) {
+        self.record_stamp(reach, Stamp::of(now));
     }
 
     /// [`record`](Self::record), for a release already stamped.
-    pub(crate) fn record_stamp(&mut self, now: Stamp) {
-        let (window, cap, truncated) = (self.window, self.cap as usize, self.truncated);
+    pub(crate) fn record_stamp(&mut self, reach: &Reach, now: Stamp) {
+        let (window, cap, truncated) = (reach.window, reach.cap as usize, reach.truncated);
         let lost = &mut self.lost;
         self.at.forget_while(|oldest, kept| {
             if oldest.plus_nanos(window) > now {
@@ -82,8 +101,8 @@ impl Releases {
     /// Forget the releases the window left behind at `now`, and the
     /// buffer they took: a ledger at rest keeps what its window holds, as
     /// a busy one does after each release.
-    pub(crate) fn forget_stale(&mut self, now: Instant) {
-        let (now, window) = (Stamp::of(now), self.window);
+    pub(crate) fn forget_stale(&mut self, reach: &Reach, now: Instant) {
+        let (now, window) = (Stamp::of(now), reach.window);
         self.at
             .forget_while(|oldest, _| oldest.plus_nanos(window) <= now);
     }
@@ -180,12 +199,17 @@ mod tests {
         Duration::from_millis(n)
     }
 
+    /// A ledger's reach over a second, for ten.
+    fn second() -> Reach {
+        Reach::new(Duration::from_secs(1), 10)
+    }
+
     /// A ledger over a second, for ten, with `n` releases 100 ms apart
     /// from `t0`.
     fn every_100ms(n: u64, t0: Instant) -> Releases {
-        let mut releases = Releases::new(Duration::from_secs(1), 10);
+        let mut releases = Releases::default();
         for i in 0..n {
-            releases.record(t0 + ms(100 * i));
+            releases.record(&second(), t0 + ms(100 * i));
         }
         releases
     }
@@ -205,7 +229,7 @@ mod tests {
         assert_eq!(releases.first_since(t0 + ms(150)), Some(t0 + ms(200)));
         assert_eq!(releases.longest_gap(t0, t0 + ms(900)), ms(500));
         assert_eq!(releases.around(t0 + ms(200)), (2, 1));
-        releases.record(t0 + ms(1_150));
+        releases.record(&second(), t0 + ms(1_150));
         // The first two left the window; the rest still count.
         assert_eq!(releases.since(t0), 4);
         assert_eq!(
@@ -220,9 +244,9 @@ mod tests {
     fn forgets_what_the_window_left_behind() {
         let t0 = Instant::now();
         let mut releases = every_100ms(8, t0);
-        releases.forget_stale(t0 + ms(1_000));
+        releases.forget_stale(&second(), t0 + ms(1_000));
         assert_eq!(releases.instants().count(), 7, "the first left the window");
-        releases.forget_stale(t0 + ms(1_650));
+        releases.forget_stale(&second(), t0 + ms(1_650));
         assert_eq!(
             releases.instants().collect::<Vec<_>>(),
             [t0 + ms(700)],
@@ -233,7 +257,7 @@ mod tests {
             (7, 1),
             "the total keeps them"
         );
-        releases.forget_stale(t0 + ms(1_700));
+        releases.forget_stale(&second(), t0 + ms(1_700));
         assert_eq!(releases.instants().count(), 0);
     }
 
@@ -242,9 +266,9 @@ mod tests {
     #[test]
     fn holds_at_most_its_quota() {
         let t0 = Instant::now();
-        let mut releases = Releases::new(Duration::from_secs(1), 3);
+        let (reach, mut releases) = (Reach::new(Duration::from_secs(1), 3), Releases::default());
         for i in 0..10 {
-            releases.record(t0 + Duration::from_millis(i));
+            releases.record(&reach, t0 + Duration::from_millis(i));
         }
         assert_eq!(releases.since(t0), 3);
         assert_eq!(
@@ -259,9 +283,10 @@ mod tests {
     fn a_quota_above_its_cap_counts_more_than_it_holds() {
         let t0 = Instant::now();
         let micros = Duration::from_micros;
-        let mut releases = Releases::new(Duration::from_secs(1), MOST as u64 + 1);
+        let reach = Reach::new(Duration::from_secs(1), MOST as u64 + 1);
+        let mut releases = Releases::default();
         for i in 0..MOST as u64 + 10 {
-            releases.record(t0 + micros(i));
+            releases.record(&reach, t0 + micros(i));
         }
         assert_eq!(releases.instants().count(), MOST);
         assert_eq!(releases.since(t0), u64::MAX, "more than it holds");

@@ -7,11 +7,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::inline::{Counting, Counts, InlineMeter};
+use super::inline::{Counts, InlineMeter};
 use super::leaky_bucket::LeakyBucket;
 use super::meter::Meter;
-use super::quota::{Algorithm, Quota, Unit};
+use super::quota::{Quota, Unit};
 use super::releases::Releases;
+use super::terms::{Terms, bursts_requests};
 use super::token_bucket::TokenBucket;
 use crate::time::{Stamp, later, nanos};
 
@@ -28,12 +29,9 @@ pub(crate) struct Meters {
     last: Stamp,
     /// Releases over the request quota's window, when there is one.
     releases: Option<Releases>,
-    /// Lateness a pace forgives (half the headroom, as the declared
-    /// buckets).
-    slack: Nanos,
-    /// The quotas the meters count, in the same order: shared by the gates
-    /// of a level.
-    quotas: Arc<[Quota]>,
+    /// The quotas the meters count, in the same order, and what the
+    /// meters make of them: shared by the gates of a level.
+    terms: Arc<Terms>,
     /// The first release (`NONE`: none yet), or `MARK` once the vendor
     /// has answered: a burst waits for the vendor's first word (see
     /// [`FIRST_WORD`]). One stamp for both, not a flag beside it: a lane
@@ -123,16 +121,6 @@ impl Nanos {
     }
 }
 
-/// The strict spacing `quotas` declare: the widest interval among the
-/// strict ones.
-fn strict_spacing(quotas: &[Quota], headroom: Duration) -> Option<Duration> {
-    quotas
-        .iter()
-        .filter(|quota| quota.strict)
-        .map(|quota| quota.rate().interval(headroom))
-        .max()
-}
-
 /// How long a lane whose quotas allow a burst waits, after its first
 /// release, for the vendor's first answer before it sends the rest: that
 /// answer says what the vendor really has left (a bucket declared half as
@@ -141,13 +129,6 @@ fn strict_spacing(quotas: &[Quota], headroom: Duration) -> Option<Duration> {
 /// long generation) must not hold a burst for long; one interval of a
 /// quota at a request a second.
 pub(crate) const FIRST_WORD: Duration = Duration::from_secs(1);
-
-/// True when `quota` counts requests and lets several go at once: what a
-/// vendor's `remaining` holds, and a late first word charges (see
-/// [`Meters::heard`]).
-fn bursts_requests(quota: &Quota) -> bool {
-    quota.counts_requests() && quota.bursts()
-}
 
 /// How many units `meter` lets go at once at `now` (a binary search on
 /// `earliest`, which only says "when").
@@ -164,41 +145,22 @@ fn room(meter: &dyn Meter, now: Instant) -> u64 {
     fits
 }
 
-/// The ledger for `quotas`: over the longest window of those that count
-/// requests.
-fn ledger(quotas: &[Quota], headroom: Duration) -> Option<Releases> {
-    quotas
-        .iter()
-        .filter(|q| q.counts_requests())
-        .max_by_key(|quota| quota.rate().per)
-        .map(|quota| {
-            let rate = quota.rate();
-            // A bucket lets its burst go on top of a window's refill.
-            let burst = match quota.algorithm {
-                Algorithm::TokenBucket { capacity, .. } => capacity,
-                _ => 0,
-            };
-            let most = u64::from(rate.count).saturating_add(burst);
-            Releases::new(rate.per.saturating_add(headroom), most)
-        })
-}
-
 impl Meters {
-    pub(crate) fn new(quotas: Arc<[Quota]>, headroom: Duration, now: Instant) -> Self {
-        let strict = strict_spacing(&quotas, headroom);
+    /// Fresh meters counting by `terms`, made at `now`.
+    pub(crate) fn new(terms: Arc<Terms>, now: Instant) -> Self {
         let mut meters = Self {
-            meters: quotas
+            meters: terms
+                .quotas()
                 .iter()
-                .map(|q| (InlineMeter::of(q, headroom, now), q.unit))
+                .map(|quota| InlineMeter::of(quota, terms.headroom(), now))
                 .collect(),
             slowed: None,
             last: Stamp::NONE,
-            releases: ledger(&quotas, headroom),
-            slack: Nanos::of(headroom / 2),
+            releases: terms.ledger(),
             first: Stamp::NONE,
-            quotas,
+            terms,
         };
-        meters.set_strict(strict);
+        meters.set_strict(meters.terms.strict());
         meters
     }
 
@@ -209,42 +171,46 @@ impl Meters {
     /// releases, with no burst and no gap; a new meter counting cost
     /// starts from now (the ledger has no costs). The pace (learned,
     /// adaptive) stays.
-    pub(crate) fn requote(&mut self, quotas: &[Quota], headroom: Duration, now: Instant) {
+    pub(crate) fn requote(&mut self, terms: Arc<Terms>, now: Instant) {
         let past: Vec<Instant> = self
             .releases
             .as_ref()
             .map(|releases| releases.instants().collect())
             .unwrap_or_default();
-        let mut old: Vec<(Quota, Counting)> = self
-            .quotas
+        let mut old: Vec<(Quota, InlineMeter)> = self
+            .terms
+            .quotas()
             .iter()
             .cloned()
             .zip(std::mem::take(&mut self.meters).into_vec())
             .collect();
-        self.meters = quotas
+        self.meters = terms
+            .quotas()
             .iter()
-            .map(|quota| {
+            .zip(terms.shapes())
+            .map(|(quota, (shape, _))| {
                 if let Some(at) = old.iter().position(|(was, _)| was == quota) {
                     return old.swap_remove(at).1;
                 }
                 let first = past.first().copied().unwrap_or(now).min(now);
-                let mut meter = InlineMeter::of(quota, headroom, first);
+                let mut meter = InlineMeter::of(quota, terms.headroom(), first);
                 if quota.counts_requests() {
                     for &at in &past {
-                        meter.commit(1, at);
+                        meter.change(shape, |meter| meter.commit(1, at));
                     }
                 }
-                (meter, quota.unit)
+                meter
             })
             .collect();
-        self.releases = ledger(quotas, headroom).map(|mut releases| {
+        self.releases = terms.reach().map(|reach| {
+            let mut releases = Releases::default();
             for &at in &past {
-                releases.record(at);
+                releases.record(reach, at);
             }
             releases
         });
-        self.set_strict(strict_spacing(quotas, headroom));
-        self.quotas = Arc::from(quotas);
+        self.set_strict(terms.strict());
+        self.terms = terms;
     }
 
     /// Change what slows the quotas: its box is made when first needed
@@ -285,8 +251,8 @@ impl Meters {
     /// Forget the ledger's releases its window left behind at `now` (see
     /// [`Releases::forget_stale`]).
     pub(crate) fn forget_stale(&mut self, now: Instant) {
-        if let Some(releases) = &mut self.releases {
-            releases.forget_stale(now);
+        if let (Some(releases), Some(reach)) = (&mut self.releases, self.terms.reach()) {
+            releases.forget_stale(reach, now);
         }
     }
 
@@ -303,17 +269,9 @@ impl Meters {
         }
     }
 
-    /// The largest cost a request may have: the smallest capacity among
-    /// meters that count cost (a meter counting requests takes one unit of
-    /// any request, so only a zero capacity, refused by validation, could
-    /// stop it).
+    /// The largest cost a request may have (see [`Terms::capacity`]).
     pub(crate) fn capacity(&self) -> u64 {
-        self.meters
-            .iter()
-            .filter(|(_, unit)| *unit == Unit::Cost)
-            .map(|(meter, _)| meter.capacity())
-            .min()
-            .unwrap_or(u64::MAX)
+        self.terms.capacity()
     }
 
     pub(crate) fn earliest(&self, cost: u64, now: Instant) -> Instant {
@@ -325,8 +283,9 @@ impl Meters {
     /// iterators (the chain's fold cost as much as the meters' answers).
     pub(crate) fn earliest_at(&self, cost: u64, now: Instant, at: Stamp) -> Stamp {
         let mut earliest = at;
-        for (meter, unit) in self.meters.iter() {
-            earliest = earliest.max(meter.earliest_at(Self::units(*unit, cost), now, at));
+        for (meter, (shape, unit)) in self.meters.iter().zip(self.terms.shapes()) {
+            let units = Self::units(*unit, cost);
+            earliest = earliest.max(meter.earliest_at(shape, units, now, at));
         }
         if let Some(slowed) = &self.slowed {
             earliest = earliest.max(slowed.earliest_at(at));
@@ -354,7 +313,7 @@ impl Meters {
 
     /// True when the quotas let more than one request go at once.
     pub(crate) fn bursts(&self) -> bool {
-        self.quotas.iter().any(Quota::bursts)
+        self.terms.bursts()
     }
 
     /// The vendor answered, at `now`. True when this was its first word,
@@ -379,10 +338,8 @@ impl Meters {
         let Some(first) = first.get() else {
             return false;
         };
-        if now.saturating_duration_since(first) > self.slack.duration() {
-            for meter in self.bursting() {
-                meter.commit(1, now);
-            }
+        if now.saturating_duration_since(first) > self.terms.slack() {
+            self.each_bursting(|meter| meter.commit(1, now));
         }
         true
     }
@@ -393,7 +350,7 @@ impl Meters {
     /// that never bursts): their ledger is not read, nor the clock, on
     /// every answer.
     pub(crate) fn held_by_remaining(&self) -> bool {
-        self.leak().is_some() || self.quotas.iter().any(bursts_requests)
+        self.leak().is_some() || self.terms.bursts_requests()
     }
 
     /// A vendor's bucket has `remaining` requests left as it counted the
@@ -424,9 +381,7 @@ impl Meters {
                 meter.commit(room - allowed, now);
             }
         };
-        for meter in self.bursting() {
-            hold(meter);
-        }
+        self.each_bursting(hold);
         if let Some(leak) = self.slowed.as_mut().and_then(|slowed| slowed.leak.as_mut()) {
             hold(leak);
         }
@@ -440,14 +395,14 @@ impl Meters {
     /// for every meter, the ledger and the last release, as reading a
     /// stamp off an instant costs a subtraction of instants.
     pub(crate) fn commit_at(&mut self, cost: u64, now: Instant, at: Stamp) {
-        for (meter, unit) in self.meters.iter_mut() {
-            meter.commit_at(Self::units(*unit, cost), now, at);
+        for (meter, (shape, unit)) in self.meters.iter_mut().zip(self.terms.shapes()) {
+            meter.commit_at(shape, Self::units(*unit, cost), now, at);
         }
         if let Some(slowed) = &mut self.slowed {
             slowed.commit_at(at);
         }
-        if let Some(releases) = &mut self.releases {
-            releases.record_stamp(at);
+        if let (Some(releases), Some(reach)) = (&mut self.releases, self.terms.reach()) {
+            releases.record_stamp(reach, at);
         }
         self.last = at;
         if self.first == Stamp::NONE {
@@ -455,9 +410,9 @@ impl Meters {
         }
     }
 
-    /// The quotas the meters count.
-    pub(crate) fn quotas(&self) -> &Arc<[Quota]> {
-        &self.quotas
+    /// What the meters count by.
+    pub(crate) fn terms(&self) -> &Arc<Terms> {
+        &self.terms
     }
 
     /// When the last release was charged, as [`commit`](Self::commit)
@@ -467,25 +422,34 @@ impl Meters {
     }
 
     pub(crate) fn settle(&mut self, charged: u64, actual: u64, at: Instant) {
-        for (meter, unit) in self.meters.iter_mut() {
+        for (meter, (shape, unit)) in self.meters.iter_mut().zip(self.terms.shapes()) {
             if *unit == Unit::Cost {
-                meter.settle(charged, actual, at);
+                meter.change(shape, |meter| meter.settle(charged, actual, at));
             }
         }
     }
 
     pub(crate) fn is_idle(&self, now: Instant) -> bool {
-        self.meters.iter().all(|(meter, _)| meter.is_idle(now))
+        self.meters
+            .iter()
+            .zip(self.terms.shapes())
+            .all(|(meter, (shape, _))| meter.read(shape, |meter| meter.is_idle(now)))
             && self.paces().all(|pace| pace.is_idle(now))
     }
 
     /// When a request of `cost` could go behind `ahead` requests, taking
     /// each of them to cost as much as this one.
     pub(crate) fn eta(&self, ahead: u64, cost: u64, now: Instant) -> Instant {
-        let declared = self.meters.iter().map(|(meter, unit)| {
-            let units = Self::units(*unit, cost);
-            meter.eta(ahead.saturating_mul(units), units, now)
-        });
+        let declared = self
+            .meters
+            .iter()
+            .zip(self.terms.shapes())
+            .map(|(meter, (shape, unit))| {
+                let units = Self::units(*unit, cost);
+                meter.read(shape, |meter| {
+                    meter.eta(ahead.saturating_mul(units), units, now)
+                })
+            });
         let pace = self.paces().map(|pace| pace.eta(ahead, 1, now));
         declared.chain(pace).max().unwrap_or(now)
     }
@@ -496,8 +460,9 @@ impl Meters {
         let declared = self
             .meters
             .iter()
-            .filter(|(_, unit)| *unit == Unit::Requests)
-            .map(|(meter, _)| meter.interval());
+            .zip(self.terms.shapes())
+            .filter(|(_, (_, unit))| *unit == Unit::Requests)
+            .map(|(meter, (shape, _))| meter.read(shape, |meter| meter.interval()));
         declared
             .chain(self.paces().map(Meter::interval))
             .max()
@@ -506,7 +471,7 @@ impl Meters {
 
     /// Keep requests at least `interval` apart (`None`: as declared).
     pub(crate) fn set_pace(&mut self, interval: Option<Duration>) {
-        let (slack, last) = (self.slack.duration(), self.last);
+        let (slack, last) = (self.terms.slack(), self.last);
         self.slow(interval.is_none(), |slowed| {
             match (interval, &mut slowed.pace) {
                 (None, pace) => *pace = None,
@@ -550,12 +515,13 @@ impl Meters {
             return;
         }
         let leak = leak.map(|(capacity, interval)| {
-            let mut bucket = TokenBucket::with_interval(capacity, interval, self.slack.duration());
+            let mut bucket = TokenBucket::with_interval(capacity, interval, self.terms.slack());
             let allowed = self
                 .meters
                 .iter()
-                .filter(|(_, unit)| *unit == Unit::Requests)
-                .map(|(meter, _)| room(meter, now))
+                .zip(self.terms.shapes())
+                .filter(|(_, (_, unit))| *unit == Unit::Requests)
+                .map(|(meter, (shape, _))| meter.read(shape, |meter| room(meter, now)))
                 .min()
                 .unwrap_or(capacity);
             let full = room(&bucket, now);
@@ -567,14 +533,17 @@ impl Meters {
         self.slow(leak.is_none(), |slowed| slowed.leak = leak);
     }
 
-    /// The declared meters that count requests and let several go at once,
-    /// which a vendor's word about its bucket holds.
-    fn bursting(&mut self) -> impl Iterator<Item = &mut (dyn Meter + 'static)> {
-        self.meters
-            .iter_mut()
-            .zip(self.quotas.iter())
-            .filter(|(_, quota)| bursts_requests(quota))
-            .map(|((meter, _), _)| meter as &mut dyn Meter)
+    /// Change each declared meter that counts requests and lets several
+    /// go at once, which a vendor's word about its bucket holds, as
+    /// `change` does.
+    fn each_bursting(&mut self, mut change: impl FnMut(&mut dyn Meter)) {
+        let terms = &*self.terms;
+        let declared = terms.quotas().iter().zip(terms.shapes());
+        for (meter, (quota, (shape, _))) in self.meters.iter_mut().zip(declared) {
+            if bursts_requests(quota) {
+                meter.change(shape, &mut change);
+            }
+        }
     }
 
     /// The meters set at run time that count requests: the pace and a
@@ -588,6 +557,11 @@ impl Meters {
 mod tests {
     use super::*;
 
+    /// Fresh meters counting `quota` stretched by `headroom`, at `now`.
+    fn counting(quota: Quota, headroom: Duration, now: Instant) -> Meters {
+        Meters::new(Arc::new(Terms::new(Arc::from([quota]), headroom, now)), now)
+    }
+
     /// A first answer later than the slack may mean the first request
     /// landed that late: the burst is one smaller, and only one, however
     /// slow the answer.
@@ -599,12 +573,13 @@ mod tests {
         let headroom = Duration::ZERO;
         for (after, expected) in [(0, 9), (7, 8), (5_000, 9)] {
             let t0 = Instant::now();
-            let mut meters = Meters::new(Arc::from([quota.clone()]), headroom, t0);
+            let mut meters = counting(quota.clone(), headroom, t0);
             meters.commit(1, t0);
             let heard = t0 + Duration::from_millis(after);
             assert!(meters.heard(heard), "the first word");
             assert!(!meters.heard(heard), "heard once");
-            let room = room(&meters.meters[0].0, heard);
+            let shape = &meters.terms.shapes()[0].0;
+            let room = meters.meters[0].read(shape, |meter| room(meter, heard));
             assert_eq!(room, expected, "answered after {after} ms");
         }
     }
@@ -616,7 +591,7 @@ mod tests {
     async fn a_read_leak_lets_the_reported_room_go_then_refills_at_its_rate() {
         let now = Instant::now();
         let quota = Quota::token_bucket(60, 30, Duration::from_secs(1));
-        let mut meters = Meters::new(Arc::from([quota]), Duration::ZERO, now);
+        let mut meters = counting(quota, Duration::ZERO, now);
         meters.heard(now);
         meters.hold_to(10, now, now);
         meters.set_leak(Some((40, Duration::from_millis(50))), now);

@@ -5,7 +5,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::meter::Meter;
-use super::rate::{Rate, settle_tat, spacing_nanos};
+use super::rate::{Rate, Shape, settle_tat, spacing_nanos};
 use crate::time::{Stamp, nanos};
 
 /// A bucket of `capacity` tokens refilled at `refill` ("10 RPS with bursts up
@@ -64,6 +64,30 @@ impl TokenBucket {
             jitter: nanos(jitter),
             tat: Stamp::NONE,
         }
+    }
+
+    /// Its numbers, which every gate counting its quota shares.
+    pub(crate) fn shape(&self) -> Shape {
+        Shape {
+            capacity: self.capacity,
+            interval: self.interval,
+            forgiven: self.jitter,
+        }
+    }
+
+    /// The bucket of `shape` whose state is `tat`.
+    pub(crate) fn shaped(shape: &Shape, tat: Stamp) -> Self {
+        Self {
+            capacity: shape.capacity,
+            interval: shape.interval,
+            jitter: shape.forgiven,
+            tat,
+        }
+    }
+
+    /// Its state: when it is full again.
+    pub(crate) fn tat(&self) -> Stamp {
+        self.tat
     }
 
     fn tokens(&self, n: u64) -> u64 {

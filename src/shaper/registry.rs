@@ -201,7 +201,7 @@ impl Registry {
             .filter(|gate| gate.level() == level)
             .collect();
         for gate in &changed {
-            gate.requote(&quotas);
+            gate.requote();
         }
         // The models beside the changed gates follow once each.
         let models: Vec<Arc<VendorModel>> = lock(&self.vendors)

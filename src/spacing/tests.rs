@@ -4,7 +4,7 @@ use tokio::time::Instant;
 
 use super::departures::Departures;
 use super::learned::{Declared, Learned, Reading, Refusal};
-use crate::meters::{Rate, Releases};
+use crate::meters::{Rate, Reach, Releases};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -97,9 +97,9 @@ async fn a_decayed_gap_keeps_a_margin_for_jitter() {
 #[tokio::test(start_paused = true)]
 async fn the_gaps_the_vendor_accepted_are_read_off_the_ledger() {
     let t0 = Instant::now();
-    let mut releases = Releases::new(Duration::from_secs(1), 10);
+    let (reach, mut releases) = (Reach::new(Duration::from_secs(1), 10), Releases::default());
     for at in [0, 67, 150, 300] {
-        releases.record(t0 + ms(at));
+        releases.record(&reach, t0 + ms(at));
     }
     let mut learned = Learned::default();
     let first = learned

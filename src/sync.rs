@@ -47,14 +47,24 @@ pub(crate) type Names<K, V> = HashMap<K, V, foldhash::quality::RandomState>;
 
 /// An entry of a [`Sharded`] map: it holds the name it is found by, so
 /// the map keeps no key of its own (a lane's entry is its handle, 8
-/// bytes, where a key beside it took 16 more).
+/// bytes, where a key beside it took 16 more), and it may keep that name
+/// in parts (a lane's, in its gates' keys).
 pub(crate) trait Named {
-    fn name(&self) -> &str;
+    /// True when it is named `name`.
+    fn is_named(&self, name: &str) -> bool;
+
+    /// Its name's hash by `seed`, as [`Sharded::hashed`] reckons it: asked
+    /// only as a shard's table grows or shrinks.
+    fn name_hash(&self, seed: &foldhash::quality::RandomState) -> u64;
 }
 
 impl<V> Named for (Arc<str>, V) {
-    fn name(&self) -> &str {
-        &self.0
+    fn is_named(&self, name: &str) -> bool {
+        *self.0 == *name
+    }
+
+    fn name_hash(&self, seed: &foldhash::quality::RandomState) -> u64 {
+        seed.hash_one(&*self.0)
     }
 }
 
@@ -140,12 +150,12 @@ pub(crate) struct Shard<'a, T> {
 impl<T: Named> Shard<'_, T> {
     pub(crate) fn get(&self, name: &Hashed<'_>) -> Option<&T> {
         self.table
-            .find(name.hash, |entry| entry.name() == name.name)
+            .find(name.hash, |entry| entry.is_named(name.name))
     }
 
     pub(crate) fn get_mut(&mut self, name: &Hashed<'_>) -> Option<&mut T> {
         self.table
-            .find_mut(name.hash, |entry| entry.name() == name.name)
+            .find_mut(name.hash, |entry| entry.is_named(name.name))
     }
 
     /// Put `entry` under `name` (its own), in place of one there.
@@ -153,12 +163,12 @@ impl<T: Named> Shard<'_, T> {
         let seed = self.seed;
         match self
             .table
-            .find_entry(name.hash, |old| old.name() == name.name)
+            .find_entry(name.hash, |old| old.is_named(name.name))
         {
             Ok(mut old) => *old.get_mut() = entry,
             Err(_) => {
                 self.table
-                    .insert_unique(name.hash, entry, |t| seed.hash_one(t.name()));
+                    .insert_unique(name.hash, entry, |t| t.name_hash(seed));
             }
         }
     }
@@ -166,7 +176,7 @@ impl<T: Named> Shard<'_, T> {
     pub(crate) fn remove(&mut self, name: &Hashed<'_>) -> Option<T> {
         let found = self
             .table
-            .find_entry(name.hash, |entry| entry.name() == name.name);
+            .find_entry(name.hash, |entry| entry.is_named(name.name));
         found.ok().map(|entry| entry.remove().0)
     }
 
@@ -182,7 +192,7 @@ impl<T: Named> Shard<'_, T> {
         let len = self.table.len();
         if mostly_empty(len, self.table.capacity()) {
             let seed = self.seed;
-            self.table.shrink_to(len * 2, |t| seed.hash_one(t.name()));
+            self.table.shrink_to(len * 2, |t| t.name_hash(seed));
         }
     }
 

@@ -171,14 +171,14 @@ pub(crate) fn final_answer(
     if pause.cause == PauseCause::Contested {
         // Every window while another consumer is busy.
         tracing::debug!(
-            lane = lane.key(),
+            lane = %lane.name(),
             pause = ?pause.asked,
             said = said.as_deref(),
             "another consumer spends the quota; leaving it the last unit"
         );
     } else {
         tracing::info!(
-            lane = lane.key(),
+            lane = %lane.name(),
             reset = ?pause.asked,
             cause = pause.cause.label(),
             said = said.as_deref(),
@@ -287,7 +287,7 @@ pub(crate) fn refusal(
         refused(lane, status, signals, released);
     }
     tracing::warn!(
-        lane = lane.key(),
+        lane = %lane.name(),
         status = status.as_u16(),
         pause = ?pause.asked,
         cause = pause.cause.label(),
@@ -320,7 +320,7 @@ fn spacing(
         .flatten()
         .or_else(|| lane.spacing_refused(signals.request_limit(), silent, released, status))?;
     tracing::warn!(
-        lane = lane.key(),
+        lane = %lane.name(),
         status,
         ?gap,
         "the vendor refused a send for its spacing; the lane keeps its sends this far apart"
@@ -370,7 +370,7 @@ fn spaced_with_hint(
 /// The lane keeps to `learned`, below its declared quota, because `why`.
 fn slowed(lane: &Lane, learned: Rate, why: &str) {
     tracing::warn!(
-        lane = lane.key(),
+        lane = %lane.name(),
         declared = ?lane.declared(),
         ?learned,
         "{why}; the lane keeps to what the vendor allows"
@@ -413,7 +413,7 @@ pub(crate) fn out_of_credit(lane: &Lane, answer: &Answer) -> Option<Error> {
         return None;
     }
     tracing::error!(
-        lane = lane.key(),
+        lane = %lane.name(),
         status = status.as_u16(),
         "the vendor says the account is out of credit; ending the vendor's requests for max_pause"
     );

@@ -264,6 +264,12 @@ impl Gate {
         self.listed.key.clone()
     }
 
+    /// The key it is listed under, if it is, borrowed: a lane's name reads
+    /// it (`lane/name.rs`).
+    pub(crate) fn key(&self) -> Option<&str> {
+        self.listed.key.as_deref()
+    }
+
     /// The gate's meters and listing, to rest at `now` (after
     /// [`can_rest`](Self::can_rest)), their ledger holding no release its
     /// window left behind; `None` for a gate listed nowhere.

@@ -55,7 +55,7 @@ impl Lane {
         let too_costly = shared.gates.iter().filter_map(|g| g.too_costly(cost)).min();
         if let Some(capacity) = too_costly {
             return Err(Error::CostTooHigh {
-                lane: shared.key.to_string(),
+                lane: shared.name().to_string(),
                 cost,
                 capacity,
             });
@@ -68,7 +68,7 @@ impl Lane {
                 let predicted = self.predicted_wait(cost, now);
                 if predicted > max_wait {
                     return Err(Error::WouldExceedMaxWait {
-                        lane: shared.key.to_string(),
+                        lane: shared.name().to_string(),
                         predicted,
                         max_wait,
                     });
@@ -92,7 +92,7 @@ impl Lane {
         if queued >= capacity {
             shared.count_out();
             return Err(Error::QueueFull {
-                lane: shared.key.to_string(),
+                lane: shared.name().to_string(),
                 capacity,
             });
         }

@@ -9,6 +9,7 @@ use tokio::sync::{Notify, Semaphore, oneshot};
 use tokio::time::{Instant, sleep_until};
 
 use super::dispatcher::Dispatcher;
+use super::name::LaneName;
 use super::policy::{LanePolicy, Priority};
 use super::release::{Local, Reserved};
 use super::shared::{Door, Shared};
@@ -77,10 +78,10 @@ impl Lane {
         let own = Arc::new(Gate::new(Listed::nowhere(Arc::new(level)), 1));
         let settings = policy.vendor_settings(RetryBudget::default());
         let vendor = Arc::new(VendorModel::new(own.clone(), settings, None));
-        let key: Box<str> = key.into().into();
+        let key: Arc<str> = key.into().into();
         let series = Arc::new(Series::new(Labels::standalone(&key), None, None));
         Ok(Self::open(
-            key,
+            Some(key),
             series,
             Arc::new(policy),
             ([own], vendor),
@@ -88,13 +89,14 @@ impl Lane {
         ))
     }
 
-    /// A lane whose policy is already validated, releasing through `gates`
+    /// A lane whose policy is already validated, named by its `prefix` and
+    /// its gates' keys, releasing through `gates`
     /// (narrowest first, the vendor's last, whose model is `vendor`), by
     /// the store's reservations when it has a `remote`, else by the gates'
     /// meters. No task runs for it until a request must wait; `retired`
     /// is told each time one stops.
     pub(crate) fn open(
-        key: Box<str>,
+        prefix: Option<Arc<str>>,
         series: Arc<Series>,
         policy: Arc<LanePolicy>,
         (gates, vendor): (impl IntoIterator<Item = Arc<Gate>>, Arc<VendorModel>),
@@ -104,7 +106,7 @@ impl Lane {
         let shared = Arc::new(Shared {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             series,
-            key,
+            prefix,
             gates: gates.into_iter().collect(),
             vendor,
             in_flight: policy
@@ -125,9 +127,17 @@ impl Lane {
         Self { shared }
     }
 
-    /// The lane's key.
-    pub fn key(&self) -> &str {
-        &self.shared.key
+    /// The lane's key: a standalone lane's name, or a shaper's lane's
+    /// key in each of its levels (`tenant/acme | https://api.vendor.com`).
+    /// Written out on each call: a lane keeps no copy of it.
+    pub fn key(&self) -> String {
+        self.name().to_string()
+    }
+
+    /// The lane's key, read where its parts are kept: written out only
+    /// where it is shown.
+    pub(crate) fn name(&self) -> LaneName<'_> {
+        self.shared.name()
     }
 
     /// The lane's policy.
@@ -231,7 +241,7 @@ impl Lane {
             let release = paused.max(not_before.unwrap_or(now));
             if release > deadline {
                 return Err(Error::WouldExceedMaxWait {
-                    lane: self.shared.key.to_string(),
+                    lane: self.shared.name().to_string(),
                     predicted: release.saturating_duration_since(now),
                     max_wait,
                 });
@@ -290,7 +300,7 @@ impl Lane {
             return turn;
         }
         Err(Error::MaxWaitElapsed {
-            lane: self.shared.key.to_string(),
+            lane: self.shared.name().to_string(),
             max_wait,
         })
     }
@@ -443,7 +453,7 @@ impl Lane {
         let room = self.shared.vendor.burst_room(released, spending);
         if room == Some(true) {
             tracing::info!(
-                lane = self.key(),
+                lane = %self.name(),
                 "the vendor said nothing is left after the lane's first request in a window: \
                  that is its burst room, not a spent window; the meters keep to its quota"
             );
@@ -662,7 +672,7 @@ impl Lane {
         // Before the literal: its `interval` holds the meters' locks to its end.
         let spacing = self.shared.gates.iter().filter_map(|g| g.spacing()).max();
         LaneSnapshot {
-            key: self.shared.key.to_string(),
+            key: self.shared.name().to_string(),
             queued: self.queued(),
             paused_for: pause.as_ref().map(|pause| pause.until - now),
             pause_cause: pause.as_ref().map(|pause| pause.cause),
@@ -686,7 +696,7 @@ impl Lane {
 impl std::fmt::Debug for Lane {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Lane")
-            .field("key", &self.shared.key)
+            .field("key", &self.shared.name())
             .finish_non_exhaustive()
     }
 }

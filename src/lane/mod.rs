@@ -30,6 +30,7 @@
 //! | `snapshot.rs` | [`LaneSnapshot`]: what a lane is doing, for dashboards |
 //! | `shared.rs` | what a lane's handles and its dispatcher share |
 //! | `gates.rs` | the gates a lane's releases pass, inline for one or two |
+//! | `name.rs` | a lane's name, read off its prefix and its gates' keys |
 //! | `policy.rs` | [`LanePolicy`] and [`Priority`] |
 //! | `admission.rs` | refusals at the door, the `max_wait` prediction, the fast path |
 //! | `leave.rs` | when a shaper's lane may go though its meters count, its gates' meters resting |
@@ -45,6 +46,7 @@ mod dispatcher;
 mod gates;
 mod handle;
 mod leave;
+mod name;
 mod policy;
 mod queue;
 mod release;

@@ -11,6 +11,7 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use super::gates::Gates;
+use super::name::LaneName;
 use super::policy::LanePolicy;
 use super::turn::{Fleet, Ticket};
 use crate::error::Error;
@@ -31,8 +32,10 @@ pub(super) type Door = std::sync::Mutex<Option<async_channel::Sender<Ticket>>>;
 pub(super) struct Shared {
     /// Tells lanes apart in a gate's queue.
     pub(super) id: u64,
-    /// Its owner's map of lanes finds it by this, and keeps no copy.
-    pub(super) key: Box<str>,
+    /// The first part of its name (a route's name, or a standalone lane's
+    /// own), before its gates' keys (see [`LaneName`]): shared by the
+    /// lanes of a route.
+    pub(super) prefix: Option<Arc<str>>,
     /// Its vendor, level and route, for spans, and its series: shared with
     /// the lanes that carry the same labels.
     pub(super) series: Arc<Series>,
@@ -70,6 +73,12 @@ pub(super) struct Shared {
 }
 
 impl Shared {
+    /// Its name: its owner's map of lanes finds it by it, and keeps no
+    /// copy.
+    pub(super) fn name(&self) -> LaneName<'_> {
+        LaneName::new(self.prefix.as_deref(), &self.gates)
+    }
+
     /// One more throttle seen.
     pub(super) fn throttled(&self) {
         let _ = self
@@ -143,7 +152,7 @@ impl Shared {
     /// The error a stopped gate ends requests with.
     pub(super) fn out_of_credit(&self, stop: &Stop) -> Error {
         Error::OutOfCredit {
-            lane: self.key.to_string(),
+            lane: self.name().to_string(),
             status: reqwest::StatusCode::from_u16(stop.status)
                 .unwrap_or(reqwest::StatusCode::TOO_MANY_REQUESTS),
             body: stop.body.clone(),

@@ -248,7 +248,7 @@ async fn a_lane_alone_does_not_share_its_gate_with_its_vendor_model() {
     let series = Arc::new(Series::new(Labels::standalone("twin"), None, None));
     let gates = (shared.gates.to_vec(), shared.vendor.clone());
     let twin = Lane::open(
-        "twin".into(),
+        Some("twin".into()),
         series,
         Arc::new(policy()),
         gates,

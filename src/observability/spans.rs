@@ -51,9 +51,15 @@ impl RequestSpan {
     }
 
     /// The request joined `lane`.
-    pub(crate) fn entered(&self, lane: &str, labels: &Labels, cost: u64, priority: &str) {
+    pub(crate) fn entered(
+        &self,
+        lane: impl std::fmt::Display,
+        labels: &Labels,
+        cost: u64,
+        priority: &str,
+    ) {
         let span = &self.0;
-        span.record("lane", lane);
+        span.record("lane", tracing::field::display(lane));
         span.record("vendor", labels.vendor.as_str());
         span.record("level", labels.level.as_str());
         span.record("route", labels.route.as_str());

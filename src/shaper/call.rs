@@ -273,7 +273,7 @@ impl Shaper {
         }
         let metering = Metering::read(&lane, request);
         let cost = self.cost_of(request, options.cost.or(metering.estimate()));
-        span.entered(lane.key(), lane.labels(), cost, options.priority.label());
+        span.entered(lane.name(), lane.labels(), cost, options.priority.label());
         let max_wait = options.max_wait.or(lane.policy().max_wait);
         let kept = logical.and_then(Logical::place);
         let place = lane.enter_at(kept, cost, options.priority, max_wait)?;
@@ -525,7 +525,7 @@ async fn throttled<E>(
     let max_pause = lane.policy().max_pause;
     if pause.asked > max_pause {
         return Next::End(Err(Error::PauseTooLong {
-            lane: lane.key().to_owned(),
+            lane: lane.key(),
             requested: pause.asked,
             max_pause,
             answer: Box::new(Answer::read(response).await),
@@ -597,7 +597,7 @@ async fn failed<E: SendFailure>(
             Err(_) => None,
         };
         return Next::End(Err(Error::RetryBudgetExhausted {
-            lane: lane.key().to_owned(),
+            lane: lane.key(),
             attempts,
             last_status: last_answer.as_ref().map(|answer| answer.status),
             last_answer,
@@ -611,7 +611,7 @@ async fn failed<E: SendFailure>(
         .full_jitter(failures - 1)
         .min(lane.policy().max_pause);
     tracing::debug!(
-        lane = lane.key(),
+        lane = %lane.name(),
         attempts,
         ?backoff,
         "retrying a failed request"
@@ -623,13 +623,13 @@ async fn failed<E: SendFailure>(
 /// after `attempts` sends.
 fn attempts_spent(lane: &Lane, attempts: u32) -> Error {
     tracing::warn!(
-        lane = lane.key(),
+        lane = %lane.name(),
         attempts,
         "a layer above sent again a request the shaper gave up on; \
          put retry layers above the shaper and let it own the retries"
     );
     Error::AttemptsSpent {
-        lane: lane.key().to_owned(),
+        lane: lane.key(),
         attempts,
     }
 }

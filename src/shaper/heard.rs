@@ -58,7 +58,7 @@ impl Shaper {
         }
         let path = |url: &Url| format!("{}{}", url.origin().ascii_serialization(), url.path());
         tracing::warn!(
-            lane = lane.key(),
+            lane = %lane.name(),
             sent = path(sent),
             landed = path(landed),
             "the client followed a redirect by itself, so its hops went without a turn: \
@@ -88,14 +88,14 @@ impl Shaper {
         {
             let policy = lane.policy();
             tracing::warn!(
-                lane = lane.key(),
+                lane = %lane.name(),
                 configured = ?lane.declared(),
                 ?announced,
                 "the vendor announced a lower quota than configured; the lane keeps to it"
             );
             if announced.interval(policy.headroom) > policy.max_pause {
                 tracing::warn!(
-                    lane = lane.key(),
+                    lane = %lane.name(),
                     ?announced,
                     max_pause = ?policy.max_pause,
                     "the announced quota spaces requests further apart than max_pause; \

@@ -19,6 +19,7 @@
 //! [`Error::LaneLimit`]. The cap evicts only lanes whose every gate counts
 //! nothing: resting gates are not lanes, and are not counted.
 
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -39,8 +40,12 @@ const SAMPLE: usize = 32;
 
 /// A lane is found by its key, which its map keeps no copy of.
 impl Named for Lane {
-    fn name(&self) -> &str {
-        self.key()
+    fn is_named(&self, name: &str) -> bool {
+        self.name().is(name)
+    }
+
+    fn name_hash(&self, seed: &foldhash::quality::RandomState) -> u64 {
+        seed.hash_one(self.name().to_string().as_str())
     }
 }
 
@@ -175,7 +180,7 @@ impl Lanes {
             return false;
         };
         // Found again by its name: held here, it could not go.
-        let name = lane.key().to_owned();
+        let name = lane.name().to_string();
         drop(lane);
         let name = self.shards.hashed(&name);
         let _leaving = lock(&self.leaving);

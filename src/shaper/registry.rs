@@ -44,6 +44,9 @@ pub(crate) struct Registry {
     shaper_policy: Arc<LanePolicy>,
     /// `policy` with each route's answers and tokens, by route.
     route_policies: Vec<Arc<LanePolicy>>,
+    /// Each route's name, the first part of the names of its lanes that
+    /// wait under the shaper's levels alone (see `lane_for`).
+    route_names: Vec<Arc<str>>,
     /// Each vendor model's allowance of failure retries.
     budget: RetryBudget,
     routes: Vec<Route>,
@@ -91,6 +94,11 @@ impl Registry {
         Self {
             shaper_policy: Arc::new(plan.policy.clone()),
             route_policies,
+            route_names: plan
+                .routes
+                .iter()
+                .map(|route| Arc::from(route.name.as_str()))
+                .collect(),
             lanes: Arc::new(Lanes::new(
                 plan.max_lanes,
                 plan.policy.idle_timeout,
@@ -334,8 +342,14 @@ impl Registry {
         });
         let policy = self.policy_for(route);
         let series = self.series_for(names, per_lane);
+        // Its name is read off this and its gates' keys, which are the
+        // spans of `name` (see `lane_for`).
+        let prefix = route
+            .filter(|route| route.levels.is_empty())
+            .and_then(|route| self.route_at(Some(route)))
+            .map(|at| self.route_names[at].clone());
         Lane::open(
-            name.into(),
+            prefix,
             series,
             policy,
             (shared, vendor),
@@ -346,11 +360,15 @@ impl Registry {
     /// How the lanes of `route` behave: the shaper's policy, with the
     /// route's answers and tokens; one for all of them.
     fn policy_for(&self, route: Option<&Route>) -> Arc<LanePolicy> {
-        let at = route.and_then(|route| self.routes.iter().position(|r| std::ptr::eq(r, route)));
-        match at {
+        match self.route_at(route) {
             Some(at) => self.route_policies[at].clone(),
             None => self.shaper_policy.clone(),
         }
+    }
+
+    /// Where `route` is among the shaper's routes.
+    fn route_at(&self, route: Option<&Route>) -> Option<usize> {
+        route.and_then(|route| self.routes.iter().position(|r| std::ptr::eq(r, route)))
     }
 
     /// The series of lanes labelled `names` (vendor, level, route): one

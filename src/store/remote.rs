@@ -317,14 +317,14 @@ impl Remote {
 
     /// A call failed: fall back or close, per the lane's policy; try again
     /// after `probe_every`. Returns the new mode.
-    pub(crate) fn failed(&self, error: StoreError, lane: &str) -> StoreMode {
+    pub(crate) fn failed(&self, error: StoreError, lane: impl std::fmt::Display) -> StoreMode {
         let mode = match self.failure {
             StoreFailure::Open => StoreMode::Fallback,
             StoreFailure::Closed => StoreMode::Unavailable,
         };
         let mut state = lock(&self.state);
         if state.mode != mode {
-            tracing::warn!(lane, %error, mode = mode.label(), "callshaper: the shared store failed; the lane leaves the shared quota");
+            tracing::warn!(%lane, %error, mode = mode.label(), "callshaper: the shared store failed; the lane leaves the shared quota");
             self.metrics.mode(mode.label());
             if mode == StoreMode::Fallback && state.mode == StoreMode::Shared {
                 // Other instances may still hold slots booked before the
@@ -349,11 +349,11 @@ impl Remote {
     }
 
     /// A call succeeded: back on the shared quota.
-    pub(crate) fn recovered(&self, lane: &str) {
+    pub(crate) fn recovered(&self, lane: impl std::fmt::Display) {
         let mut state = lock(&self.state);
         if state.mode != StoreMode::Shared {
             tracing::info!(
-                lane,
+                %lane,
                 "callshaper: the shared store is back; the lane is on the shared quota again"
             );
             self.metrics.mode(StoreMode::Shared.label());

@@ -341,7 +341,7 @@ impl Reserved {
         let shared = ready.shared;
         match reply {
             Ok(schedule) => {
-                self.remote.recovered(&shared.key);
+                self.remote.recovered(shared.name());
                 if let Some(paused) = schedule.paused {
                     shared
                         .vendor_gate()
@@ -358,7 +358,7 @@ impl Reserved {
                 // Slots held from before are of no use off the store: the
                 // fallback keeps its own count.
                 self.slots.clear();
-                match self.remote.failed(error, &shared.key) {
+                match self.remote.failed(error, shared.name()) {
                     StoreMode::Unavailable => {
                         self.refuse_all(ready);
                         Step::Done
@@ -399,7 +399,7 @@ impl Reserved {
         self.stand_down(shared);
         let remote = &self.remote;
         ready.refuse_all(|| Error::StoreUnavailable {
-            lane: shared.key.to_string(),
+            lane: shared.name().to_string(),
             source: remote.last_error(),
         });
     }

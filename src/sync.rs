@@ -53,8 +53,9 @@ pub(crate) trait Named {
     /// True when it is named `name`.
     fn is_named(&self, name: &str) -> bool;
 
-    /// Its name's hash by `seed`, as [`Sharded::hashed`] reckons it: asked
-    /// only as a shard's table grows or shrinks.
+    /// Its name's hash by `seed`, as [`Sharded::hashed`] reckons it (or as
+    /// it was reckoned when the entry went in, if the entry keeps it):
+    /// asked only as a shard's table grows or shrinks.
     fn name_hash(&self, seed: &foldhash::quality::RandomState) -> u64;
 }
 
@@ -81,6 +82,11 @@ pub(crate) struct Hashed<'a> {
 impl<'a> Hashed<'a> {
     pub(crate) fn name(&self) -> &'a str {
         self.name
+    }
+
+    /// Its hash, for an entry that keeps it (see [`Named::name_hash`]).
+    pub(crate) fn hash(&self) -> u64 {
+        self.hash
     }
 }
 

@@ -19,7 +19,6 @@
 //! [`Error::LaneLimit`]. The cap evicts only lanes whose every gate counts
 //! nothing: resting gates are not lanes, and are not counted.
 
-use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -38,14 +37,23 @@ use crate::time::later;
 /// Lanes looked at to pick one to evict for the cap.
 const SAMPLE: usize = 32;
 
-/// A lane is found by its key, which its map keeps no copy of.
-impl Named for Lane {
+/// A lane in its map, found by its name, which the lane keeps in parts
+/// (see `lane/name.rs`), and that name's hash: a shard's table growing
+/// would otherwise write every lane's name out to hash it again (600
+/// instructions of a tenant's first request at a million tenants; the
+/// hash costs a slot 8 bytes, a tenant 9 to 18).
+struct Entry {
+    hash: u64,
+    lane: Lane,
+}
+
+impl Named for Entry {
     fn is_named(&self, name: &str) -> bool {
-        self.name().is(name)
+        self.lane.name().is(name)
     }
 
-    fn name_hash(&self, seed: &foldhash::quality::RandomState) -> u64 {
-        seed.hash_one(self.name().to_string().as_str())
+    fn name_hash(&self, _: &foldhash::quality::RandomState) -> u64 {
+        self.hash
     }
 }
 
@@ -56,7 +64,7 @@ fn evictable(lane: &Lane) -> bool {
 }
 
 pub(super) struct Lanes {
-    shards: Sharded<Lane>,
+    shards: Sharded<Entry>,
     /// Lanes in the map, and those being made (a place taken under the cap).
     live: AtomicUsize,
     max: Option<usize>,
@@ -103,7 +111,8 @@ impl Lanes {
 
     /// The lane named `name`, if it is live.
     pub(super) fn find(&self, name: &Hashed<'_>) -> Option<Lane> {
-        self.shards.shard_of(name).get(name).cloned()
+        let lanes = self.shards.shard_of(name);
+        lanes.get(name).map(|entry| entry.lane.clone())
     }
 
     /// The lane named `name`: the live one, or one `make` makes (after
@@ -125,15 +134,19 @@ impl Lanes {
             self.give_place();
             return Err(Error::Shutdown);
         }
-        if let Some(lane) = lanes.get(name) {
+        if let Some(entry) = lanes.get(name) {
             // Made by another request meanwhile.
-            let lane = lane.clone();
+            let lane = entry.lane.clone();
             drop(lanes);
             self.give_place();
             return Ok(lane);
         }
         let lane = make();
-        lanes.insert(name, lane.clone());
+        let entry = Entry {
+            hash: name.hash(),
+            lane: lane.clone(),
+        };
+        lanes.insert(name, entry);
         drop(lanes);
         self.count.up();
         self.sweep_later();
@@ -186,7 +199,7 @@ impl Lanes {
         let _leaving = lock(&self.leaving);
         let mut lanes = self.shards.shard(shard);
         // Looked at again under the lock: a request may have taken it up.
-        if lanes.get(&name).is_none_or(|lane| !evictable(lane)) {
+        if lanes.get(&name).is_none_or(|entry| !evictable(&entry.lane)) {
             return true;
         }
         let evicted = lanes.remove(&name);
@@ -204,7 +217,7 @@ impl Lanes {
         let mut quietest: Option<(Duration, usize, Lane)> = None;
         for i in 0..SHARDS {
             let shard = (from + i) % SHARDS;
-            for lane in self.shards.shard(shard).iter().take(left) {
+            for Entry { lane, .. } in self.shards.shard(shard).iter().take(left) {
                 left -= 1;
                 let quiet = lane.quiet_for();
                 if quietest.as_ref().is_none_or(|(q, ..)| quiet > *q) && evictable(lane) {
@@ -247,7 +260,7 @@ impl Lanes {
         let mut holds = Going::default();
         for mut lanes in self.shards.shards() {
             let before = lanes.len();
-            lanes.retain(|lane| {
+            lanes.retain(|Entry { lane, .. }| {
                 let quiet = lane.quiet_at(now);
                 if quiet < self.idle {
                     due(self.idle - quiet);
@@ -330,7 +343,10 @@ impl Lanes {
     pub(super) fn all(&self) -> Vec<Lane> {
         self.shards
             .shards()
-            .flat_map(|shard| shard.iter().cloned().collect::<Vec<_>>())
+            .flat_map(|shard| {
+                let lanes = shard.iter().map(|entry| entry.lane.clone());
+                lanes.collect::<Vec<_>>()
+            })
             .collect()
     }
 
@@ -338,7 +354,7 @@ impl Lanes {
     pub(super) fn shut_down(&self) {
         self.shut.store(true, Ordering::Release);
         for mut shard in self.shards.shards() {
-            let closing: Vec<Lane> = shard.drain().collect();
+            let closing: Vec<Lane> = shard.drain().map(|entry| entry.lane).collect();
             drop(shard);
             self.dropped(closing.len());
             for lane in closing {

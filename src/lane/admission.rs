@@ -87,7 +87,7 @@ impl Lane {
         if let Some(turn) = self.turn_now(cost) {
             return Ok(place(Slot::Ready(turn)));
         }
-        let capacity = shared.policy.queue_capacity;
+        let capacity = shared.road.policy.queue_capacity;
         let queued = shared.count_in();
         if queued >= capacity {
             shared.count_out();
@@ -164,7 +164,7 @@ impl Lane {
         })?;
         shared.released.fetch_add(1, Ordering::Relaxed);
         shared.active(stamp.unwrap_or_else(|| Stamp::of(charged_at)));
-        shared.series.metrics.released();
+        shared.road.series.metrics.released();
         Some(Turn {
             in_flight: permit,
             at: charged_at,

@@ -43,7 +43,7 @@ impl<R: Release> Dispatcher<R> {
     /// Run a dispatcher of `shared`'s lane on the current runtime, until
     /// the lane is closed, or it has had nothing to do for a while.
     pub(super) fn spawn(shared: Arc<Shared>, tickets: async_channel::Receiver<Ticket>, engine: R) {
-        let queue = Queue::new(shared.policy.batch_share);
+        let queue = Queue::new(shared.road.policy.batch_share);
         let dispatcher = Self {
             shared,
             tickets,
@@ -141,7 +141,7 @@ impl<R: Release> Dispatcher<R> {
     /// Nothing to release: wait for a request; false once the lane is
     /// closed or this dispatcher retired.
     async fn wait_for_work(&mut self) -> bool {
-        let idle = self.shared.policy.idle_timeout;
+        let idle = self.shared.road.policy.idle_timeout;
         let linger = match self.shared.remote {
             None => LINGER.min(idle),
             Some(_) => idle,
@@ -166,7 +166,7 @@ impl<R: Release> Dispatcher<R> {
         }
         *door = None;
         drop(door);
-        if let Some(retired) = &self.shared.retired {
+        if let Some(retired) = &self.shared.road.retired {
             retired.notify_one();
         }
         true

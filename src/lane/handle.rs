@@ -5,13 +5,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use tokio::sync::{Notify, Semaphore, oneshot};
+use tokio::sync::{Semaphore, oneshot};
 use tokio::time::{Instant, sleep_until};
 
 use super::dispatcher::Dispatcher;
 use super::name::LaneName;
 use super::policy::{LanePolicy, Priority};
 use super::release::{Local, Reserved};
+use super::road::Road;
 use super::shared::{Door, Shared};
 use super::snapshot::LaneSnapshot;
 use super::turn::{Ticket, Turn};
@@ -79,48 +80,39 @@ impl Lane {
         let settings = policy.vendor_settings(RetryBudget::default());
         let vendor = Arc::new(VendorModel::new(own.clone(), settings, None));
         let key: Arc<str> = key.into().into();
-        let series = Arc::new(Series::new(Labels::standalone(&key), None, None));
-        Ok(Self::open(
-            Some(key),
-            series,
-            Arc::new(policy),
-            ([own], vendor),
-            (None, None),
-        ))
+        let series = Series::new(Labels::standalone(&key), None);
+        let road = Road::new(Some(key), series, Arc::new(policy), (None, None));
+        Ok(Self::open(Arc::new(road), ([own], vendor), None))
     }
 
-    /// A lane whose policy is already validated, named by its `prefix` and
-    /// its gates' keys, releasing through `gates`
+    /// A lane on `road` (its policy already validated), named by the
+    /// road's prefix and its gates' keys, releasing through `gates`
     /// (narrowest first, the vendor's last, whose model is `vendor`), by
     /// the store's reservations when it has a `remote`, else by the gates'
-    /// meters. No task runs for it until a request must wait; `retired`
-    /// is told each time one stops.
+    /// meters. No task runs for it until a request must wait; the road
+    /// hears each one stop.
     pub(crate) fn open(
-        prefix: Option<Arc<str>>,
-        series: Arc<Series>,
-        policy: Arc<LanePolicy>,
+        road: Arc<Road>,
         (gates, vendor): (impl IntoIterator<Item = Arc<Gate>>, Arc<VendorModel>),
-        (remote, retired): (Option<Arc<Remote>>, Option<Arc<Notify>>),
+        remote: Option<Arc<Remote>>,
     ) -> Self {
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         let shared = Arc::new(Shared {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            series,
-            prefix,
             gates: gates.into_iter().collect(),
             vendor,
-            in_flight: policy
+            in_flight: road
+                .policy
                 .max_in_flight
                 .map(|n| Arc::new(Semaphore::new(n.min(Semaphore::MAX_PERMITS)))),
             next_seq: AtomicU64::new(0),
             released: AtomicU64::new(0),
             throttles: AtomicU32::new(0),
             waiting: AtomicUsize::new(0),
-            policy,
+            road,
             remote,
             closed: AtomicBool::new(false),
             active_at: AtomicStamp::new(Instant::now()),
-            retired,
             door: Door::default(),
         });
         shared.report_quota();
@@ -142,7 +134,7 @@ impl Lane {
 
     /// The lane's policy.
     pub fn policy(&self) -> &LanePolicy {
-        &self.shared.policy
+        &self.shared.road.policy
     }
 
     /// The request quota declared for the lane's vendor: a shaper's lanes
@@ -154,7 +146,7 @@ impl Lane {
     /// Wait for this caller's turn, in FIFO order, under the policy's
     /// `max_wait`, for a request of cost 1.
     pub async fn acquire(&self) -> Result<Turn, Error> {
-        let max_wait = self.shared.policy.max_wait;
+        let max_wait = self.shared.road.policy.max_wait;
         let mut place = self
             .enter(1, Priority::Interactive, max_wait)
             .inspect_err(|error| self.ended(error.reason()))?;
@@ -341,7 +333,7 @@ impl Lane {
         said: Option<&Arc<str>>,
     ) -> Instant {
         if let Some(remote) = &self.shared.remote {
-            remote.pause(pause.min(self.shared.policy.max_pause));
+            remote.pause(pause.min(self.shared.road.policy.max_pause));
         }
         let gates = &self.shared.gates;
         let until = gates
@@ -349,7 +341,7 @@ impl Lane {
             .map(|gate| gate.pause_for(pause, cause, said))
             .max()
             .unwrap_or_else(Instant::now);
-        self.shared.series.metrics.paused(until, cause.label());
+        self.shared.road.series.metrics.paused(until, cause.label());
         until
     }
 
@@ -362,7 +354,11 @@ impl Lane {
         cause: PauseCause,
     ) -> Duration {
         self.shared.throttled();
-        self.shared.series.metrics.throttled(status, cause.label());
+        self.shared
+            .road
+            .series
+            .metrics
+            .throttled(status, cause.label());
         self.shared.vendor.throttled(hint)
     }
 
@@ -390,6 +386,7 @@ impl Lane {
     fn spaced(&self, status: u16, gap: Duration) -> Duration {
         self.shared.throttled();
         self.shared
+            .road
             .series
             .metrics
             .throttled(status, PauseCause::Spacing.label());
@@ -479,7 +476,7 @@ impl Lane {
     pub(crate) fn learn(&self, announced: Rate) -> bool {
         let learned = self.shared.vendor.learn(announced);
         if learned {
-            self.shared.series.metrics.learned(announced);
+            self.shared.road.series.metrics.learned(announced);
         }
         learned
     }
@@ -492,7 +489,7 @@ impl Lane {
         let error = self.shared.out_of_credit(&stop);
         self.shared
             .vendor_gate()
-            .stop_for(self.shared.policy.max_pause, stop);
+            .stop_for(self.shared.road.policy.max_pause, stop);
         self.wake();
         error
     }
@@ -531,7 +528,7 @@ impl Lane {
         bucket: Option<u64>,
     ) -> Option<Rate> {
         let learned = self.shared.vendor.refused(limit, reset, released, bucket)?;
-        self.shared.series.metrics.learned(learned);
+        self.shared.road.series.metrics.learned(learned);
         Some(learned)
     }
 
@@ -570,29 +567,29 @@ impl Lane {
             .shared
             .vendor
             .bucket(remaining, leaks, released, refused)?;
-        self.shared.series.metrics.learned(learned);
+        self.shared.road.series.metrics.learned(learned);
         Some(learned)
     }
 
     /// A failed request is tried again.
     pub(crate) fn retried(&self) {
-        self.shared.series.metrics.retried();
+        self.shared.road.series.metrics.retried();
     }
 
     /// A request waited `wait` from submission to its first release.
     pub(crate) fn waited(&self, wait: Duration) {
-        self.shared.series.metrics.waited(wait);
+        self.shared.road.series.metrics.waited(wait);
     }
 
     /// A released request goes on the wire until the guard drops.
     pub(crate) fn sending(&self) -> InFlight {
-        self.shared.series.metrics.sending()
+        self.shared.road.series.metrics.sending()
     }
 
     /// A request of this lane ended with an error of `reason` (see
     /// [`Error::reason`]), not a response.
     pub(crate) fn ended(&self, reason: &'static str) {
-        self.shared.series.metrics.refused(reason);
+        self.shared.road.series.metrics.refused(reason);
     }
 
     /// Its gates' quotas changed: report the new declared rate, and wake
@@ -609,7 +606,7 @@ impl Lane {
 
     /// The lane's vendor, level and route.
     pub(crate) fn labels(&self) -> &Labels {
-        &self.shared.series.labels
+        &self.shared.road.series.labels
     }
 
     /// The model of the lane's vendor: what its answers taught, its

@@ -29,6 +29,7 @@
 //! | `handle.rs` | the [`Lane`] handle: a caller's place, its wait, pauses |
 //! | `snapshot.rs` | [`LaneSnapshot`]: what a lane is doing, for dashboards |
 //! | `shared.rs` | what a lane's handles and its dispatcher share |
+//! | `road.rs` | what the lanes of a route, level and vendor share: their name's prefix, policy and series |
 //! | `gates.rs` | the gates a lane's releases pass, inline for one or two |
 //! | `name.rs` | a lane's name, read off its prefix and its gates' keys |
 //! | `policy.rs` | [`LanePolicy`] and [`Priority`] |
@@ -50,6 +51,7 @@ mod name;
 mod policy;
 mod queue;
 mod release;
+mod road;
 mod shared;
 mod snapshot;
 mod turn;
@@ -59,6 +61,7 @@ pub use self::handle::Lane;
 pub(crate) use self::handle::Place;
 pub(crate) use self::leave::Leaving;
 pub use self::policy::{LanePolicy, Priority};
+pub(crate) use self::road::Road;
 pub use self::snapshot::LaneSnapshot;
 pub use self::turn::Turn;
 pub use crate::adaptive::Adaptive;

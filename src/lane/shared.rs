@@ -12,12 +12,11 @@ use tokio::time::Instant;
 
 use super::gates::Gates;
 use super::name::LaneName;
-use super::policy::LanePolicy;
+use super::road::Road;
 use super::turn::{Fleet, Ticket};
 use crate::error::Error;
 use crate::gate::{Gate, Stop};
 use crate::meters::Meters;
-use crate::observability::Series;
 use crate::store::Remote;
 use crate::time::{AtomicStamp, Stamp};
 use crate::vendor::VendorModel;
@@ -32,15 +31,9 @@ pub(super) type Door = std::sync::Mutex<Option<async_channel::Sender<Ticket>>>;
 pub(super) struct Shared {
     /// Tells lanes apart in a gate's queue.
     pub(super) id: u64,
-    /// The first part of its name (a route's name, or a standalone lane's
-    /// own), before its gates' keys (see [`LaneName`]): shared by the
-    /// lanes of a route.
-    pub(super) prefix: Option<Arc<str>>,
-    /// Its vendor, level and route, for spans, and its series: shared with
-    /// the lanes that carry the same labels.
-    pub(super) series: Arc<Series>,
-    /// Shared by every lane of a route: a lane per tenant pays for it once.
-    pub(super) policy: Arc<LanePolicy>,
+    /// Its name's prefix, policy and series, and who hears its dispatcher
+    /// retire: shared with the lanes of its route, level and vendor.
+    pub(super) road: Arc<Road>,
     /// The gates a release must pass, narrowest level first; the last one
     /// is the vendor's. A standalone [`Lane`] has one of its own; a
     /// shaper's lane holds the shared gate of each of its levels.
@@ -64,9 +57,6 @@ pub(super) struct Shared {
     /// When the lane last released a turn: how long it has been idle, for
     /// its owner's sweep.
     pub(super) active_at: AtomicStamp,
-    /// Told when a dispatcher retires: its owner's sweep may find the
-    /// lane due.
-    pub(super) retired: Option<Arc<tokio::sync::Notify>>,
     /// The door to its dispatcher, while one runs: a lane nobody waits in
     /// has none.
     pub(super) door: Door,
@@ -76,7 +66,7 @@ impl Shared {
     /// Its name: its owner's map of lanes finds it by it, and keeps no
     /// copy.
     pub(super) fn name(&self) -> LaneName<'_> {
-        LaneName::new(self.prefix.as_deref(), &self.gates)
+        LaneName::new(self.road.prefix.as_deref(), &self.gates)
     }
 
     /// One more throttle seen.
@@ -107,13 +97,13 @@ impl Shared {
             .filter_map(|gate| gate.declared())
             .min_by(|a, b| a.cmp_speed(b));
         if let Some(rate) = declared {
-            self.series.metrics.declared(rate);
+            self.road.series.metrics.declared(rate);
         }
     }
 
     /// A request joins the waiting; returns how many waited before it.
     pub(super) fn count_in(&self) -> usize {
-        self.series.metrics.queued();
+        self.road.series.metrics.queued();
         self.waiting.fetch_add(1, Ordering::SeqCst)
     }
 
@@ -128,7 +118,7 @@ impl Shared {
 
     /// A request stops waiting: released, refused or gone.
     pub(super) fn count_out(&self) {
-        self.series.metrics.dequeued();
+        self.road.series.metrics.dequeued();
         self.waiting.fetch_sub(1, Ordering::SeqCst);
     }
 

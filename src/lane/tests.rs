@@ -240,20 +240,21 @@ async fn a_paused_lane_releases_nothing_until_the_pause_ends() {
 /// shared gate's slow path: 1.6 times the cost per permit, 64 tasks.)
 #[tokio::test(start_paused = true)]
 async fn a_lane_alone_does_not_share_its_gate_with_its_vendor_model() {
+    use super::road::Road;
     use crate::observability::{Labels, Series};
 
     let lane = Lane::new("alone", ten(), policy()).unwrap();
     let shared = &lane.shared;
     assert!(!shared.is_shared(&shared.gates[0]));
-    let series = Arc::new(Series::new(Labels::standalone("twin"), None, None));
-    let gates = (shared.gates.to_vec(), shared.vendor.clone());
-    let twin = Lane::open(
+    let series = Series::new(Labels::standalone("twin"), None);
+    let road = Road::new(
         Some("twin".into()),
         series,
         Arc::new(policy()),
-        gates,
         (None, None),
     );
+    let gates = (shared.gates.to_vec(), shared.vendor.clone());
+    let twin = Lane::open(Arc::new(road), gates, None);
     assert!(shared.is_shared(&shared.gates[0]));
     assert!(twin.shared.is_shared(&twin.shared.gates[0]));
 }

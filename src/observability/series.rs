@@ -4,29 +4,18 @@
 
 use super::labels::Labels;
 use super::metrics::LaneMetrics;
-use crate::sync::Listing;
 
 /// The labels a lane's spans and series carry, and its series' handles.
 pub(crate) struct Series {
     pub(crate) labels: Labels,
     pub(crate) metrics: LaneMetrics,
-    /// Where shared series are listed, to leave the list when dropped.
-    _listing: Option<Listing<Series>>,
 }
 
 impl Series {
     /// The series of `labels`, and `lane` too when series per lane were
-    /// asked for; listed at `listing` when shared.
-    pub(crate) fn new(
-        labels: Labels,
-        lane: Option<&str>,
-        listing: Option<Listing<Series>>,
-    ) -> Self {
+    /// asked for.
+    pub(crate) fn new(labels: Labels, lane: Option<&str>) -> Self {
         let metrics = LaneMetrics::new(&labels, lane);
-        Self {
-            labels,
-            metrics,
-            _listing: listing,
-        }
+        Self { labels, metrics }
     }
 }

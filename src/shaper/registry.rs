@@ -18,7 +18,7 @@ use smallvec::SmallVec;
 use super::lanes::Lanes;
 use crate::error::{ConfigError, Error};
 use crate::gate::{Gate, GateLevel, GateMap};
-use crate::lane::{Lane, LanePolicy, LaneSnapshot};
+use crate::lane::{Lane, LanePolicy, LaneSnapshot, Road};
 use crate::meters::Quota;
 use crate::observability::{Labels, Series, StoreMetrics};
 use crate::retry::RetryBudget;
@@ -33,8 +33,9 @@ pub(crate) struct Registry {
     lanes: Arc<Lanes>,
     gates: Arc<GateMap>,
     vendors: Arc<VendorMap>,
-    /// Lanes' labels and series, by labels (see [`Series`]).
-    series: Arc<Listings<Series>>,
+    /// What lanes of a route, level and vendor share (see [`Road`]), by
+    /// their labels and route.
+    roads: Arc<Listings<Road>>,
     /// Each level by name: its quotas now (as built, or as last changed
     /// live), its settings and name, which its gates share.
     gate_levels: HashMap<String, Arc<GateLevel>>,
@@ -106,7 +107,7 @@ impl Registry {
             )),
             gates,
             vendors: Arc::default(),
-            series: Arc::default(),
+            roads: Arc::default(),
             gate_levels: every_level(&plan).fold(HashMap::new(), |mut levels, level| {
                 // Levels of one name are one level (one gate per key, and
                 // one change of quotas): the first one's quotas, as the
@@ -340,21 +341,8 @@ impl Registry {
             let link = store.link(shared.to_vec(), keys, &quotas, headroom, failure, metrics);
             Arc::new(link)
         });
-        let policy = self.policy_for(route);
-        let series = self.series_for(names, per_lane);
-        // Its name is read off this and its gates' keys, which are the
-        // spans of `name` (see `lane_for`).
-        let prefix = route
-            .filter(|route| route.levels.is_empty())
-            .and_then(|route| self.route_at(Some(route)))
-            .map(|at| self.route_names[at].clone());
-        Lane::open(
-            prefix,
-            series,
-            policy,
-            (shared, vendor),
-            (remote, Some(self.lanes.nudge())),
-        )
+        let road = self.road_for(route, names, per_lane);
+        Lane::open(road, (shared, vendor), remote)
     }
 
     /// How the lanes of `route` behave: the shaper's policy, with the
@@ -371,19 +359,34 @@ impl Registry {
         route.and_then(|route| self.routes.iter().position(|r| std::ptr::eq(r, route)))
     }
 
-    /// The series of lanes labelled `names` (vendor, level, route): one
-    /// for all of them, unless series per lane were asked for (`lane`).
-    /// Their labels are made only for a new series: a tenant's new lane
-    /// nearly always finds its own.
-    fn series_for(&self, names: (&str, &str, &str), lane: Option<&str>) -> Arc<Series> {
+    /// The road of the lanes on `route` labelled `names` (vendor, level,
+    /// route): their name's prefix, their policy and their series; one for
+    /// all of them, unless series per lane were asked for (`lane`). Made
+    /// only for a new road: a tenant's new lane nearly always finds its
+    /// own.
+    fn road_for(
+        &self,
+        route: Option<&Route>,
+        names: (&str, &str, &str),
+        lane: Option<&str>,
+    ) -> Arc<Road> {
+        let at = self.route_at(route);
+        let make = |listing| {
+            // A lane's name is read off this and its gates' keys, which
+            // are the spans of its name (see `lane_for`).
+            let prefix = at
+                .filter(|&at| self.routes[at].levels.is_empty())
+                .map(|at| self.route_names[at].clone());
+            let series = Series::new(labelled(names), lane);
+            let retired = Some(self.lanes.nudge());
+            Road::new(prefix, series, self.policy_for(route), (retired, listing))
+        };
         if lane.is_some() {
-            return Arc::new(Series::new(labelled(names), lane, None));
+            return Arc::new(make(None));
         }
         let (vendor, level, route) = names;
-        let key = [vendor, level, route].join("\n");
-        listed(&self.series, &key, |listing| {
-            Series::new(labelled(names), None, Some(listing))
-        })
+        let key = format!("{vendor}\n{level}\n{route}\n{at:?}");
+        listed(&self.roads, &key, |listing| make(Some(listing)))
     }
 
     /// What the gates of `level` share: its quotas now, its settings.

@@ -178,7 +178,7 @@ impl Reserved {
     /// spacing on the wire, within the mapping of each instance's clock to
     /// the store's, which the headroom absorbs.
     fn use_slot(&mut self, ready: &mut Ready<'_>, head: Head, now: Instant) -> Option<Step> {
-        let headroom = ready.shared.policy.headroom;
+        let headroom = ready.shared.road.policy.headroom;
         let late = late(headroom);
         let strict = ready
             .shared
@@ -502,7 +502,7 @@ impl Release for Reserved {
             return self.stand_down(shared);
         }
         self.local.step_aside(shared);
-        let late = late(shared.policy.headroom);
+        let late = late(shared.road.policy.headroom);
         let inside = self
             .slots
             .partition_point(|slot| later(slot.at, late) < until);

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
+use once_cell::race::OnceBox;
 use tokio::sync::Notify;
 use tokio::sync::futures::OwnedNotified;
 use tokio::time::Instant;
@@ -81,6 +82,10 @@ pub(crate) struct GateLevel {
     settings: GateSettings,
     /// As built, or as last changed live; a new gate's meters count them.
     quotas: Mutex<LevelQuotas>,
+    /// The largest request cost its quotas can ever allow (an atomic, so
+    /// admission needs no lock to check it; the level's, not each gate's:
+    /// a lane per tenant holds a gate each).
+    capacity: AtomicU64,
     /// The map its shared gates are listed in, once one is.
     map: OnceLock<Weak<dyn Unlist>>,
 }
@@ -114,10 +119,12 @@ impl LevelQuotas {
 impl GateLevel {
     /// The level `name`, holding `quotas` now, with `settings`.
     pub(crate) fn new(name: &str, quotas: Arc<[Quota]>, settings: GateSettings) -> Self {
+        let quotas = LevelQuotas::of(quotas, settings.headroom);
         Self {
             name: name.into(),
             settings,
-            quotas: Mutex::new(LevelQuotas::of(quotas, settings.headroom)),
+            capacity: AtomicU64::new(quotas.terms.capacity()),
+            quotas: Mutex::new(quotas),
             map: OnceLock::new(),
         }
     }
@@ -130,19 +137,22 @@ impl GateLevel {
     /// The level holds `quotas` from now on; its gates follow by
     /// [`Gate::requote`].
     pub(crate) fn requote(&self, quotas: &[Quota]) {
-        *lock(&self.quotas) = LevelQuotas::of(Arc::from(quotas), self.settings.headroom);
+        let quotas = LevelQuotas::of(Arc::from(quotas), self.settings.headroom);
+        let mut now = lock(&self.quotas);
+        self.capacity
+            .store(quotas.terms.capacity(), Ordering::Relaxed);
+        *now = quotas;
     }
 
     /// What the level's gates count by now: the whole quotas, or with a
     /// shared store one `share` of each (the fallback meters), made once
-    /// for all of them; and the largest cost of the whole quotas.
-    fn terms(&self, share: u32) -> (Arc<Terms>, u64) {
+    /// for all of them.
+    fn terms(&self, share: u32) -> Arc<Terms> {
         let mut quotas = lock(&self.quotas);
-        let capacity = quotas.terms.capacity();
         if share <= 1 {
-            return (quotas.terms.clone(), capacity);
+            return quotas.terms.clone();
         }
-        let terms = match &quotas.share {
+        match &quotas.share {
             Some((of, terms)) if *of == share => terms.clone(),
             _ => {
                 let local: Arc<[Quota]> = quotas.quotas.iter().map(|q| q.share(share)).collect();
@@ -150,8 +160,7 @@ impl GateLevel {
                 quotas.share = Some((share, terms.clone()));
                 terms
             }
-        };
-        (terms, capacity)
+        }
     }
 }
 
@@ -162,12 +171,9 @@ pub(crate) struct Gate {
     /// The level whose quotas it holds, shared by the level's gates, and
     /// where the gate is listed, to leave the map when dropped.
     listed: Listed,
-    /// The largest request cost every meter can ever allow (an atomic, so
-    /// admission needs no lock to check it).
-    capacity: AtomicU64,
     meters: Mutex<Meters>,
     /// Its pause, stop and queue, made the first time one is needed.
-    cold: OnceLock<Box<Cold>>,
+    cold: OnceBox<Cold>,
     /// A stop is in force (see [`Cold::stopped`]): the flag spares the hot
     /// path a lock.
     is_stopped: AtomicBool,
@@ -206,30 +212,26 @@ impl Gate {
     /// shared store the quotas live there, and the local meters are the
     /// fallback: one `share` of each quota.
     pub(crate) fn new(listed: Listed, share: u32) -> Self {
-        let (terms, capacity) = listed.level.terms(share);
-        let meters = Meters::new(terms, Instant::now());
-        Self::of(listed, capacity, meters)
+        let meters = Meters::new(listed.level.terms(share), Instant::now());
+        Self::of(listed, meters)
     }
 
     /// A gate of its level again, counting with the `meters` it rested with
     /// (see `gate/map.rs`), brought up to the level's quotas if they
     /// changed meanwhile. Only a gate on no store rests.
     pub(crate) fn resumed(listed: Listed, mut meters: Meters) -> Self {
-        let (terms, _) = listed.level.terms(1);
+        let terms = listed.level.terms(1);
         if !Arc::ptr_eq(&terms, meters.terms()) {
             meters.requote(terms, Instant::now());
         }
-        let capacity = meters.capacity();
-        Self::of(listed, capacity, meters)
+        Self::of(listed, meters)
     }
 
-    /// A gate of its level counting with `meters`, whose requests may cost
-    /// up to `capacity`: nothing in force yet.
-    fn of(listed: Listed, capacity: u64, meters: Meters) -> Self {
+    /// A gate of its level counting with `meters`: nothing in force yet.
+    fn of(listed: Listed, meters: Meters) -> Self {
         Self {
-            capacity: AtomicU64::new(capacity),
             meters: Mutex::new(meters),
-            cold: OnceLock::new(),
+            cold: OnceBox::new(),
             listed,
             is_stopped: AtomicBool::new(false),
             heard: AtomicBool::new(false),
@@ -364,7 +366,7 @@ impl Gate {
 
     /// The smallest capacity a request of `cost` exceeds, if any.
     pub(crate) fn too_costly(&self, cost: u64) -> Option<u64> {
-        let capacity = self.capacity.load(Ordering::Relaxed);
+        let capacity = self.listed.level.capacity.load(Ordering::Relaxed);
         (cost > capacity).then_some(capacity)
     }
 
@@ -492,12 +494,8 @@ impl Gate {
     /// store refuses live changes (its quotas are the fleet's), so the
     /// gate counts the whole quotas.
     pub(crate) fn requote(&self) {
-        let (terms, _) = self.listed.level.terms(1);
-        {
-            let mut meters = lock(&self.meters);
-            meters.requote(terms, Instant::now());
-            self.capacity.store(meters.capacity(), Ordering::Relaxed);
-        }
+        let terms = self.listed.level.terms(1);
+        lock(&self.meters).requote(terms, Instant::now());
         self.wake_first();
     }
 

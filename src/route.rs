@@ -63,8 +63,8 @@
 //! - **Idle lanes are dropped** (`idle_timeout`, 60 s) by one sweeper per
 //!   shaper, and never one whose state still matters (someone waiting, a
 //!   pause, quota spent): a lane nobody waits in runs no task and weighs
-//!   under 800 B resident (632 B at a million tenants after one request,
-//!   782 B after eleven, `benches/tenants`); 100,000
+//!   under 700 B resident (480 B at a million tenants after one request,
+//!   627 B after eleven, `benches/tenants`); 100,000
 //!   keys touched once come back to within a few pages after eviction
 //!   (`tests/memory.rs`). `max_lanes(n)` caps them: past it the quietest
 //!   idle lane makes room, or the request ends with `LaneLimit`.

@@ -16,7 +16,8 @@ use crate::time::Stamp;
 /// asked in stamps with its level's [`Shape`], with no call through a
 /// pointer and no instant arithmetic on a release; the window meters and
 /// an algorithm of the user's own whole, boxed, behind [`Meter`]. A lane
-/// per tenant holds a gate each: a bucket kept whole took 40 bytes of it.
+/// per tenant holds a gate each: a token bucket kept whole, with its
+/// unit, took 48 bytes of it, where its stamp and kind take 24.
 #[derive(Debug)]
 pub(crate) enum InlineMeter {
     Leaky(Stamp),

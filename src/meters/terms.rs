@@ -17,8 +17,9 @@ use super::token_bucket::TokenBucket;
 /// ([`Shape`]) and unit, the ledger's window, the strict spacing, the
 /// largest cost, and whether they let a burst go. Shared by every gate of
 /// a level: a level keyed per tenant has a gate per tenant, each keeping
-/// only its meters' state, where every one kept all of this before (48
-/// bytes a gate, its buckets' numbers, the quotas and the slack).
+/// only its meters' state, where every one kept all of this before (64
+/// bytes a gate: its buckets' numbers, the ledger's reach, the quotas and
+/// the slack).
 #[derive(Debug)]
 pub(crate) struct Terms {
     quotas: Arc<[Quota]>,

@@ -125,6 +125,51 @@ async fn a_new_algorithm_counts_the_releases_before_it() {
     assert!(vendor.max_in_any_window(SECOND) <= 10);
 }
 
+/// The largest cost a request may have follows a live change, in the
+/// lane made before it and in a lane made after: raised, a request the
+/// old quota refused at the door goes; lowered again, it is refused.
+#[tokio::test(start_paused = true)]
+async fn the_largest_cost_follows_a_live_change() {
+    use callshaper::Error;
+    use callshaper::route::{LaneKey, Level};
+
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let quotas = |tokens| {
+        let per_minute = Quota::sliding_log(tokens, 60 * SECOND).per_cost();
+        [Quota::leaky_bucket(10, SECOND), per_minute]
+    };
+    let [requests, tokens] = quotas(100);
+    let shaper = Shaper::builder()
+        .quota(requests)
+        .quota(tokens)
+        .level(Level::new(
+            "tenant",
+            LaneKey::Tag,
+            [Quota::leaky_bucket(5, SECOND)],
+        ))
+        .build()
+        .unwrap();
+    let send = |tenant: &str| shaper.get(vendor.uri()).tag(tenant).cost(150).send();
+    let refused = |sent: Result<reqwest::Response, Error>| match sent {
+        Err(Error::CostTooHigh { cost, capacity, .. }) => (cost, capacity) == (150, 100),
+        _ => false,
+    };
+    assert!(
+        refused(send("before").await),
+        "over the 100 tokens a minute"
+    );
+    shaper.set_quotas(quotas(200)).unwrap();
+    for tenant in ["before", "after"] {
+        let sent = send(tenant).await.expect("within 200 tokens a minute");
+        assert_eq!(sent.status(), 200, "{tenant}");
+    }
+    shaper.set_quotas(quotas(100)).unwrap();
+    for tenant in ["before", "after", "later"] {
+        assert!(refused(send(tenant).await), "{tenant}: over 100 again");
+    }
+    assert_eq!(vendor.arrivals().len(), 2);
+}
+
 /// Bad changes are refused with the field named, and change nothing.
 #[tokio::test(start_paused = true)]
 async fn a_bad_change_is_refused_and_changes_nothing() {

@@ -71,3 +71,54 @@ fn outside_a_runtime_a_request_ends_with_a_typed_error() {
     let refused = lane.expect_err("no runtime to run its dispatcher on");
     assert_eq!(refused.field, "runtime");
 }
+
+/// A lane waiting at its vendor's gate when its runtime ends leaves that
+/// gate's queue with it: the next runtime's lanes under the same vendor
+/// are not held behind a waiter that no longer exists. (Each runtime
+/// here runs on the real clock, as a service's do; the vendor's interval
+/// is long enough that a loaded machine's round trips fit well inside
+/// it.)
+#[test]
+fn a_lane_whose_runtime_ended_leaves_its_vendors_queue() {
+    use callshaper::route::{LaneKey, Level};
+
+    let vendor_runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    let vendor = vendor_runtime.block_on(Vendor::strict(10, Duration::from_secs(1)).start());
+    let every = Duration::from_secs(2);
+    let tenants = Level::new(
+        "tenant",
+        LaneKey::Tag,
+        [Quota::leaky_bucket(10, Duration::from_secs(1))],
+    );
+    let shaper = Shaper::builder()
+        .quota(Quota::leaky_bucket(1, every))
+        .headroom(Duration::ZERO)
+        .level(tenants)
+        .build()
+        .unwrap();
+    let send = |tenant: &'static str| shaper.get(vendor.uri()).tag(tenant).send();
+
+    // Both tenants' lanes live, and hold the vendor's gate: one spends the
+    // vendor's interval, the other then waits at its gate (its own allows
+    // it), and its runtime ends under it.
+    let first = runtime();
+    first.block_on(async {
+        assert_eq!(send("spender").await.unwrap().status(), 200);
+        let waiting = tokio::time::timeout(every / 5, send("waiter")).await;
+        assert!(waiting.is_err(), "the vendor's interval holds it");
+        // Its caller gone, the lane's dispatcher waits on at the gate.
+        let again = tokio::spawn(send("waiter"));
+        tokio::time::sleep(every / 5).await;
+        assert!(!again.is_finished(), "still waiting at the vendor's gate");
+    });
+    drop(first);
+
+    let second = runtime();
+    second.block_on(async {
+        tokio::time::sleep(every).await;
+        let sent = tokio::time::timeout(2 * every, send("spender")).await;
+        let sent = sent.expect("not held behind the ended runtime's waiter");
+        assert_eq!(sent.unwrap().status(), 200);
+    });
+    assert_eq!(vendor.arrivals().len(), 2, "the waiter never went");
+}

@@ -32,11 +32,21 @@ use crate::sync::lock;
 /// (`Burst`) lives in the task.
 const LINGER: Duration = Duration::from_secs(1);
 
-pub(super) struct Dispatcher<R> {
+pub(super) struct Dispatcher<R: Release> {
     shared: Arc<Shared>,
     tickets: async_channel::Receiver<Ticket>,
     queue: Queue<Waiting>,
     engine: R,
+}
+
+/// A dispatcher dropped before it ran out (its runtime ended under it)
+/// leaves the queues of the shared gates it waited at: a place left there
+/// would hold every other lane under those gates behind a waiter that no
+/// longer exists, on every runtime after.
+impl<R: Release> Drop for Dispatcher<R> {
+    fn drop(&mut self) {
+        self.engine.step_aside(&self.shared);
+    }
 }
 
 impl<R: Release> Dispatcher<R> {

@@ -119,6 +119,14 @@ fn a_lane_whose_runtime_ended_leaves_its_vendors_queue() {
         let sent = tokio::time::timeout(2 * every, send("spender")).await;
         let sent = sent.expect("not held behind the ended runtime's waiter");
         assert_eq!(sent.unwrap().status(), 200);
+        // The waiter's own lane serves on this runtime too, one vendor
+        // interval later, and counts nobody waiting once it has.
+        let sent = tokio::time::timeout(2 * every, send("waiter")).await;
+        assert_eq!(sent.expect("served again").unwrap().status(), 200);
+        let lanes = shaper.lanes();
+        assert!(lanes.iter().all(|lane| lane.queued == 0), "{lanes:?}");
     });
-    assert_eq!(vendor.arrivals().len(), 2, "the waiter never went");
+    let arrivals = vendor.arrivals();
+    assert_eq!(arrivals.len(), 3, "the ended runtime's waiter never went");
+    assert!(arrivals[2].at - arrivals[1].at >= every - Duration::from_millis(50));
 }

@@ -130,3 +130,50 @@ fn a_lane_whose_runtime_ended_leaves_its_vendors_queue() {
     assert_eq!(arrivals.len(), 3, "the ended runtime's waiter never went");
     assert!(arrivals[2].at - arrivals[1].at >= every - Duration::from_millis(50));
 }
+
+/// A lane whose dispatcher ended with its runtime, and which no request
+/// comes back to, still goes once quiet: it is not taken for one whose
+/// dispatcher is busy forever.
+#[test]
+fn a_lane_whose_runtime_ended_goes_when_quiet() {
+    use callshaper::route::{LaneKey, Level};
+
+    let vendor_runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    let vendor = vendor_runtime.block_on(Vendor::strict(10, Duration::from_secs(1)).start());
+    let every = Duration::from_secs(2);
+    let tenants = Level::new(
+        "tenant",
+        LaneKey::Tag,
+        [Quota::leaky_bucket(10, Duration::from_secs(1))],
+    );
+    let idle = Duration::from_millis(200);
+    let shaper = Shaper::builder()
+        .quota(Quota::leaky_bucket(1, every))
+        .headroom(Duration::ZERO)
+        .level(tenants)
+        .idle_timeout(idle)
+        .build()
+        .unwrap();
+    let send = |tenant: &'static str| shaper.get(vendor.uri()).tag(tenant).send();
+    let first = runtime();
+    first.block_on(async {
+        assert_eq!(send("spender").await.unwrap().status(), 200);
+        let waiter = tokio::spawn(send("waiter"));
+        tokio::time::sleep(every / 5).await;
+        assert!(!waiter.is_finished(), "waiting at the vendor's gate");
+    });
+    drop(first);
+
+    let named = |tenant: &str| {
+        let lanes = shaper.lanes();
+        lanes.iter().any(|lane| lane.key.contains(tenant))
+    };
+    assert!(named("tenant/waiter"), "live as its runtime ended");
+    runtime().block_on(async {
+        // A new tenant's lane starts a sweeper on this runtime.
+        tokio::time::sleep(every).await;
+        assert_eq!(send("newcomer").await.unwrap().status(), 200);
+        tokio::time::sleep(10 * idle).await;
+    });
+    assert!(!named("tenant/waiter"), "gone once quiet");
+}

@@ -42,10 +42,23 @@ pub(super) struct Dispatcher<R: Release> {
 /// A dispatcher dropped before it ran out (its runtime ended under it)
 /// leaves the queues of the shared gates it waited at: a place left there
 /// would hold every other lane under those gates behind a waiter that no
-/// longer exists, on every runtime after.
+/// longer exists, on every runtime after. It shuts its lane's door as it
+/// goes, as one that retires does: a door left open to it would have the
+/// sweeper take the lane for busy, and keep it, until a request came back
+/// to it.
 impl<R: Release> Drop for Dispatcher<R> {
     fn drop(&mut self) {
         self.engine.step_aside(&self.shared);
+        self.tickets.close();
+        let mut door = lock(&self.shared.door);
+        // Its own door, not a successor's.
+        if door.as_ref().is_some_and(async_channel::Sender::is_closed) {
+            *door = None;
+            drop(door);
+            if let Some(retired) = &self.shared.road.retired {
+                retired.notify_one();
+            }
+        }
     }
 }
 

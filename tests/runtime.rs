@@ -177,3 +177,49 @@ fn a_lane_whose_runtime_ended_goes_when_quiet() {
     });
     assert!(!named("tenant/waiter"), "gone once quiet");
 }
+
+/// Two runtimes share a lane, and the one its dispatcher runs on ends
+/// while a request from the other waits in it: that request is not told
+/// the shaper shut down; it waits on, in a dispatcher on its own runtime,
+/// and goes in its turn.
+#[test]
+fn a_request_waiting_from_another_runtime_outlives_the_dispatchers() {
+    let vendor_runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    let vendor = vendor_runtime.block_on(Vendor::strict(10, Duration::from_secs(1)).start());
+    let every = Duration::from_secs(1);
+    let shaper = Shaper::builder()
+        .quota(Quota::leaky_bucket(1, every))
+        .headroom(Duration::ZERO)
+        .build()
+        .unwrap();
+    let (started, dispatching) = std::sync::mpsc::channel();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    std::thread::scope(|scope| {
+        // The first runtime: one request goes, the next waits, and its
+        // dispatcher runs here until this runtime ends.
+        scope.spawn(|| {
+            runtime().block_on(async {
+                assert_eq!(shaper.get(vendor.uri()).send().await.unwrap().status(), 200);
+                let _waiting = tokio::spawn(shaper.get(vendor.uri()).send());
+                tokio::time::sleep(every / 5).await;
+                started.send(()).unwrap();
+                let _ = stopped.await;
+            });
+        });
+        dispatching.recv().unwrap();
+        runtime().block_on(async {
+            let waiting = tokio::spawn(shaper.get(vendor.uri()).send());
+            tokio::time::sleep(every / 5).await;
+            assert!(!waiting.is_finished(), "queued behind the first runtime's");
+            stop.send(()).unwrap();
+            let sent = tokio::time::timeout(4 * every, waiting).await;
+            let sent = sent.expect("goes in its turn").unwrap();
+            assert_eq!(sent.unwrap().status(), 200);
+        });
+    });
+    assert_eq!(
+        vendor.arrivals().len(),
+        2,
+        "the ended runtime's waiter never went"
+    );
+}

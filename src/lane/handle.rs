@@ -56,6 +56,10 @@ pub struct Lane {
     pub(super) shared: Arc<Shared>,
 }
 
+/// How many times a waiting place outlives a dispatcher that ended
+/// without answering it (see [`Lane::wait`]).
+const ORPHANED: u32 = 3;
+
 impl Lane {
     /// A lane named `key` that keeps to all of `quotas` at once (e.g.
     /// requests **and** tokens per minute; at least one), under `policy`.
@@ -246,8 +250,29 @@ impl Lane {
         self.send(ticket, waiter, &mut place.slot)
     }
 
-    /// Wait until the dispatcher hands this place its turn.
+    /// Wait until the dispatcher hands this place its turn. A dispatcher
+    /// that ended with its runtime, the lane still open, answers nobody:
+    /// the place waits on, by its number, in one on this caller's runtime
+    /// (a shaper serves several runtimes at once, and outlives them), up
+    /// to [`ORPHANED`] times (a dispatcher that failed, not its runtime,
+    /// would fail each one).
     pub(crate) async fn wait(&self, place: &mut Place) -> Result<Turn, Error> {
+        let mut orphaned = 0;
+        loop {
+            let waited = matches!(place.slot, Slot::Waiting(_));
+            let outcome = self.wait_once(place).await;
+            let open = !self.shared.closed.load(Ordering::Acquire);
+            if !(waited && open && matches!(outcome, Err(Error::Shutdown))) || orphaned == ORPHANED
+            {
+                return outcome;
+            }
+            orphaned += 1;
+            self.reenter(place, Duration::ZERO)?;
+        }
+    }
+
+    /// [`wait`](Self::wait) for one dispatcher's answer.
+    async fn wait_once(&self, place: &mut Place) -> Result<Turn, Error> {
         // The waiter stays in the place while it waits: a caller who gives
         // up drops its place, and the waiter with it frees the place then.
         let waiter = match &mut place.slot {
@@ -255,6 +280,7 @@ impl Lane {
             slot => {
                 return match std::mem::replace(slot, Slot::Taken) {
                     Slot::Ready(turn) => Ok(turn),
+                    // Nothing to wait for, and nothing to wait again for.
                     _ => Err(Error::Shutdown),
                 };
             }

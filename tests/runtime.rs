@@ -133,13 +133,31 @@ fn a_lane_whose_runtime_ended_leaves_its_vendors_queue() {
 
 /// A lane whose dispatcher ended with its runtime, and which no request
 /// comes back to, still goes once quiet: it is not taken for one whose
-/// dispatcher is busy forever.
+/// dispatcher is busy forever. Here a new tenant's lane starts the next
+/// runtime's sweeper.
 #[test]
 fn a_lane_whose_runtime_ended_goes_when_quiet() {
+    quiet_after_its_runtime_ended(false);
+}
+
+/// The sweeper ended with that runtime too: a request that finds its lane
+/// on the next runtime starts another, with no new lane made.
+#[test]
+fn a_found_lane_starts_a_sweeper_where_the_last_one_ended() {
+    quiet_after_its_runtime_ended(true);
+}
+
+/// A lane waits at its vendor's gate as its runtime ends (and with it the
+/// sweeper); on the next runtime one request is sent, by a lane found
+/// (one of another vendor's, used just before the runtime ended) or by a
+/// new one, and the lane left waiting must then go within ten
+/// `idle_timeout`s.
+fn quiet_after_its_runtime_ended(found: bool) {
     use callshaper::route::{LaneKey, Level};
 
     let vendor_runtime = tokio::runtime::Runtime::new().expect("a runtime");
-    let vendor = vendor_runtime.block_on(Vendor::strict(10, Duration::from_secs(1)).start());
+    let start = || vendor_runtime.block_on(Vendor::strict(10, Duration::from_secs(1)).start());
+    let (vendor, other) = (start(), start());
     let every = Duration::from_secs(2);
     let tenants = Level::new(
         "tenant",
@@ -155,12 +173,14 @@ fn a_lane_whose_runtime_ended_goes_when_quiet() {
         .build()
         .unwrap();
     let send = |tenant: &'static str| shaper.get(vendor.uri()).tag(tenant).send();
+    let elsewhere = || shaper.get(other.uri()).tag("regular").send();
     let first = runtime();
     first.block_on(async {
         assert_eq!(send("spender").await.unwrap().status(), 200);
         let waiter = tokio::spawn(send("waiter"));
         tokio::time::sleep(every / 5).await;
         assert!(!waiter.is_finished(), "waiting at the vendor's gate");
+        assert_eq!(elsewhere().await.unwrap().status(), 200);
     });
     drop(first);
 
@@ -169,10 +189,15 @@ fn a_lane_whose_runtime_ended_goes_when_quiet() {
         lanes.iter().any(|lane| lane.key.contains(tenant))
     };
     assert!(named("tenant/waiter"), "live as its runtime ended");
+    assert!(named("tenant/regular"), "live as its runtime ended");
     runtime().block_on(async {
-        // A new tenant's lane starts a sweeper on this runtime.
-        tokio::time::sleep(every).await;
-        assert_eq!(send("newcomer").await.unwrap().status(), 200);
+        let sent = if found {
+            elsewhere().await
+        } else {
+            tokio::time::sleep(every).await;
+            send("newcomer").await
+        };
+        assert_eq!(sent.unwrap().status(), 200);
         tokio::time::sleep(10 * idle).await;
     });
     assert!(!named("tenant/waiter"), "gone once quiet");

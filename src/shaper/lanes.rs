@@ -73,8 +73,12 @@ pub(super) struct Lanes {
     /// Shut down: no lane is made any more.
     shut: AtomicBool,
     /// The task that drops idle lanes, on the runtime that made the last
-    /// lane (a task ends with its runtime; the next lane starts another).
+    /// lane (a task ends with its runtime; the next lane made, or found,
+    /// starts another).
     sweeper: Mutex<Option<JoinHandle<()>>>,
+    /// A sweeper task lives: set as one is spawned, cleared as it ends,
+    /// however it ends (its runtime may end under it).
+    sweeping: Arc<AtomicBool>,
     /// Told when a lane's dispatcher retires (see `sweep`).
     retired: Arc<Notify>,
     count: Count,
@@ -96,6 +100,7 @@ impl Lanes {
             idle,
             shut: AtomicBool::new(false),
             sweeper: Mutex::new(None),
+            sweeping: Arc::new(AtomicBool::new(false)),
             retired: Arc::new(Notify::new()),
             count: Count::lanes(),
             gates,
@@ -239,10 +244,26 @@ impl Lanes {
     /// Start the sweeper if none runs (on this runtime or at all).
     fn sweep_later(self: &Arc<Self>) {
         let mut sweeper = lock(&self.sweeper);
+        // Set first: a task ending at once clears it after.
+        self.sweeping.store(true, Ordering::Release);
         if sweeper.as_ref().is_some_and(|task| !task.is_finished()) {
             return;
         }
-        *sweeper = Some(tokio::spawn(sweep(Arc::downgrade(self), self.idle)));
+        let sweeping = Sweeping(self.sweeping.clone());
+        *sweeper = Some(tokio::spawn(sweep(
+            Arc::downgrade(self),
+            self.idle,
+            sweeping,
+        )));
+    }
+
+    /// A request found its lane (on a runtime): if the sweeper ended with
+    /// the runtime it ran on, start another here. Lanes are otherwise let
+    /// go only once a new lane is made.
+    pub(super) fn keep_swept(self: &Arc<Self>) {
+        if !self.sweeping.load(Ordering::Acquire) {
+            self.sweep_later();
+        }
     }
 
     /// Let every lane quiet for `idle` go that nobody holds or waits in
@@ -378,7 +399,7 @@ impl Lanes {
 /// nor, for retirements, than a quarter of `idle`: a sweep reads every
 /// lane, and lanes made all the time would have it read them all every
 /// millisecond.
-async fn sweep(lanes: Weak<Lanes>, idle: Duration) {
+async fn sweep(lanes: Weak<Lanes>, idle: Duration, _sweeping: Sweeping) {
     let least = (idle / 8).max(Duration::from_millis(1));
     let mut wait = Some(idle);
     loop {
@@ -401,5 +422,15 @@ async fn sweep(lanes: Weak<Lanes>, idle: Duration) {
         if lanes.retire_sweeper() {
             return;
         }
+    }
+}
+
+/// Held by a sweeper task: says no sweeper runs once it ends, as it
+/// returns or as its runtime drops it.
+struct Sweeping(Arc<AtomicBool>);
+
+impl Drop for Sweeping {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
     }
 }

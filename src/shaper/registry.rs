@@ -279,6 +279,7 @@ impl Registry {
         }
         let hashed = self.lanes.hashed(&name);
         if let Some(lane) = self.lanes.find(&hashed) {
+            self.lanes.keep_swept();
             return Ok(lane);
         }
         let levels: SmallVec<[&Level; 4]> = self.levels_for(route).collect();

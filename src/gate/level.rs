@@ -138,10 +138,10 @@ impl GateLevel {
     /// [`Gate::requote`].
     pub(crate) fn requote(&self, quotas: &[Quota]) {
         let quotas = LevelQuotas::of(Arc::from(quotas), self.settings.headroom);
-        let mut now = lock(&self.quotas);
+        let mut held = lock(&self.quotas);
         self.capacity
             .store(quotas.terms.capacity(), Ordering::Relaxed);
-        *now = quotas;
+        *held = quotas;
     }
 
     /// What the level's gates count by now: the whole quotas, or with a

@@ -164,7 +164,7 @@ impl Lane {
         })?;
         shared.released.fetch_add(1, Ordering::Relaxed);
         shared.active(stamp.unwrap_or_else(|| Stamp::of(charged_at)));
-        shared.road.series.metrics.released();
+        shared.metrics().released();
         Some(Turn {
             in_flight: permit,
             at: charged_at,

@@ -15,7 +15,7 @@
 //! successor, never to one that is leaving.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
 use tokio::time::{Instant, sleep, sleep_until};
@@ -50,14 +50,10 @@ impl<R: Release> Drop for Dispatcher<R> {
     fn drop(&mut self) {
         self.engine.step_aside(&self.shared);
         self.tickets.close();
-        let mut door = lock(&self.shared.door);
+        let door = lock(&self.shared.door);
         // Its own door, not a successor's.
         if door.as_ref().is_some_and(async_channel::Sender::is_closed) {
-            *door = None;
-            drop(door);
-            if let Some(retired) = &self.shared.road.retired {
-                retired.notify_one();
-            }
+            self.shut(door);
         }
     }
 }
@@ -183,16 +179,22 @@ impl<R: Release> Dispatcher<R> {
     /// lock, which every ticket is sent under, so the next one starts a
     /// successor.
     fn retire(&self) -> bool {
-        let mut door = lock(&self.shared.door);
+        let door = lock(&self.shared.door);
         if !self.tickets.is_empty() || !self.queue.is_empty() {
             return false;
         }
+        self.shut(door);
+        true
+    }
+
+    /// Shut the lane's `door` (held locked): the next ticket starts a
+    /// successor; the lane's owner is told it may be due.
+    fn shut(&self, mut door: MutexGuard<'_, Option<async_channel::Sender<Ticket>>>) {
         *door = None;
         drop(door);
         if let Some(retired) = &self.shared.road.retired {
             retired.notify_one();
         }
-        true
     }
 
     /// Wait for `until`, but come back early when a ticket arrives: a

@@ -261,9 +261,11 @@ impl Lane {
         loop {
             let waited = matches!(place.slot, Slot::Waiting(_));
             let outcome = self.wait_once(place).await;
-            let open = !self.shared.closed.load(Ordering::Acquire);
-            if !(waited && open && matches!(outcome, Err(Error::Shutdown))) || orphaned == ORPHANED
-            {
+            // Its dispatcher gone, though nothing closed the lane.
+            let unanswered = waited
+                && matches!(outcome, Err(Error::Shutdown))
+                && !self.shared.closed.load(Ordering::Acquire);
+            if !unanswered || orphaned == ORPHANED {
                 return outcome;
             }
             orphaned += 1;
@@ -367,7 +369,7 @@ impl Lane {
             .map(|gate| gate.pause_for(pause, cause, said))
             .max()
             .unwrap_or_else(Instant::now);
-        self.shared.road.series.metrics.paused(until, cause.label());
+        self.shared.metrics().paused(until, cause.label());
         until
     }
 
@@ -380,11 +382,7 @@ impl Lane {
         cause: PauseCause,
     ) -> Duration {
         self.shared.throttled();
-        self.shared
-            .road
-            .series
-            .metrics
-            .throttled(status, cause.label());
+        self.shared.metrics().throttled(status, cause.label());
         self.shared.vendor.throttled(hint)
     }
 
@@ -412,9 +410,7 @@ impl Lane {
     fn spaced(&self, status: u16, gap: Duration) -> Duration {
         self.shared.throttled();
         self.shared
-            .road
-            .series
-            .metrics
+            .metrics()
             .throttled(status, PauseCause::Spacing.label());
         gap
     }
@@ -502,7 +498,7 @@ impl Lane {
     pub(crate) fn learn(&self, announced: Rate) -> bool {
         let learned = self.shared.vendor.learn(announced);
         if learned {
-            self.shared.road.series.metrics.learned(announced);
+            self.shared.metrics().learned(announced);
         }
         learned
     }
@@ -554,7 +550,7 @@ impl Lane {
         bucket: Option<u64>,
     ) -> Option<Rate> {
         let learned = self.shared.vendor.refused(limit, reset, released, bucket)?;
-        self.shared.road.series.metrics.learned(learned);
+        self.shared.metrics().learned(learned);
         Some(learned)
     }
 
@@ -593,29 +589,29 @@ impl Lane {
             .shared
             .vendor
             .bucket(remaining, leaks, released, refused)?;
-        self.shared.road.series.metrics.learned(learned);
+        self.shared.metrics().learned(learned);
         Some(learned)
     }
 
     /// A failed request is tried again.
     pub(crate) fn retried(&self) {
-        self.shared.road.series.metrics.retried();
+        self.shared.metrics().retried();
     }
 
     /// A request waited `wait` from submission to its first release.
     pub(crate) fn waited(&self, wait: Duration) {
-        self.shared.road.series.metrics.waited(wait);
+        self.shared.metrics().waited(wait);
     }
 
     /// A released request goes on the wire until the guard drops.
     pub(crate) fn sending(&self) -> InFlight {
-        self.shared.road.series.metrics.sending()
+        self.shared.metrics().sending()
     }
 
     /// A request of this lane ended with an error of `reason` (see
     /// [`Error::reason`]), not a response.
     pub(crate) fn ended(&self, reason: &'static str) {
-        self.shared.road.series.metrics.refused(reason);
+        self.shared.metrics().refused(reason);
     }
 
     /// Its gates' quotas changed: report the new declared rate, and wake

@@ -15,8 +15,9 @@ pub(crate) struct LaneName<'a> {
     gates: &'a Gates,
 }
 
-/// What joins the parts of a lane's name.
-const JOIN: &str = " | ";
+/// What joins the parts of a lane's name: the registry writes a
+/// request's lane name with it, and a lane reads its own with it.
+pub(crate) const JOIN: &str = " | ";
 
 impl<'a> LaneName<'a> {
     pub(super) fn new(prefix: Option<&'a str>, gates: &'a Gates) -> Self {

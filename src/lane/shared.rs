@@ -17,6 +17,7 @@ use super::turn::{Fleet, Ticket};
 use crate::error::Error;
 use crate::gate::{Gate, Stop};
 use crate::meters::Meters;
+use crate::observability::LaneMetrics;
 use crate::store::Remote;
 use crate::time::{AtomicStamp, Stamp};
 use crate::vendor::VendorModel;
@@ -69,6 +70,11 @@ impl Shared {
         LaneName::new(self.road.prefix.as_deref(), &self.gates)
     }
 
+    /// The series the lane counts in, its road's.
+    pub(super) fn metrics(&self) -> &LaneMetrics {
+        &self.road.series.metrics
+    }
+
     /// One more throttle seen.
     pub(super) fn throttled(&self) {
         let _ = self
@@ -97,13 +103,13 @@ impl Shared {
             .filter_map(|gate| gate.declared())
             .min_by(|a, b| a.cmp_speed(b));
         if let Some(rate) = declared {
-            self.road.series.metrics.declared(rate);
+            self.metrics().declared(rate);
         }
     }
 
     /// A request joins the waiting; returns how many waited before it.
     pub(super) fn count_in(&self) -> usize {
-        self.road.series.metrics.queued();
+        self.metrics().queued();
         self.waiting.fetch_add(1, Ordering::SeqCst)
     }
 
@@ -118,7 +124,7 @@ impl Shared {
 
     /// A request stops waiting: released, refused or gone.
     pub(super) fn count_out(&self) {
-        self.road.series.metrics.dequeued();
+        self.metrics().dequeued();
         self.waiting.fetch_sub(1, Ordering::SeqCst);
     }
 

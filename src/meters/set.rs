@@ -11,7 +11,7 @@ use super::inline::{Counts, InlineMeter};
 use super::leaky_bucket::LeakyBucket;
 use super::meter::Meter;
 use super::quota::{Quota, Unit};
-use super::releases::Releases;
+use super::releases::{Reach, Releases};
 use super::terms::{Terms, bursts_requests};
 use super::token_bucket::TokenBucket;
 use crate::time::{Stamp, later, nanos};
@@ -251,9 +251,15 @@ impl Meters {
     /// Forget the ledger's releases its window left behind at `now` (see
     /// [`Releases::forget_stale`]).
     pub(crate) fn forget_stale(&mut self, now: Instant) {
-        if let (Some(releases), Some(reach)) = (&mut self.releases, self.terms.reach()) {
+        if let Some((releases, reach)) = self.ledger_mut() {
             releases.forget_stale(reach, now);
         }
+    }
+
+    /// The ledger and how far back it keeps releases: both or neither,
+    /// made from the same terms.
+    fn ledger_mut(&mut self) -> Option<(&mut Releases, &Reach)> {
+        Some((self.releases.as_mut()?, self.terms.reach()?))
     }
 
     /// The ledger of releases over the request window (`None` when no
@@ -401,7 +407,7 @@ impl Meters {
         if let Some(slowed) = &mut self.slowed {
             slowed.commit_at(at);
         }
-        if let (Some(releases), Some(reach)) = (&mut self.releases, self.terms.reach()) {
+        if let Some((releases, reach)) = self.ledger_mut() {
             releases.record_stamp(reach, at);
         }
         self.last = at;

@@ -15,6 +15,6 @@ mod series;
 mod spans;
 
 pub(crate) use self::labels::Labels;
-pub(crate) use self::metrics::{Count, InFlight, StoreMetrics};
+pub(crate) use self::metrics::{Count, InFlight, LaneMetrics, StoreMetrics};
 pub(crate) use self::series::Series;
 pub(crate) use self::spans::RequestSpan;

@@ -18,7 +18,7 @@ use smallvec::SmallVec;
 use super::lanes::Lanes;
 use crate::error::{ConfigError, Error};
 use crate::gate::{Gate, GateLevel, GateMap};
-use crate::lane::{Lane, LanePolicy, LaneSnapshot, Road};
+use crate::lane::{JOIN, Lane, LanePolicy, LaneSnapshot, Road};
 use crate::meters::Quota;
 use crate::observability::{Labels, Series, StoreMetrics};
 use crate::retry::RetryBudget;
@@ -46,7 +46,7 @@ pub(crate) struct Registry {
     /// `policy` with each route's answers and tokens, by route.
     route_policies: Vec<Arc<LanePolicy>>,
     /// Each route's name, the first part of the names of its lanes that
-    /// wait under the shaper's levels alone (see `lane_for`).
+    /// wait under the shaper's levels alone (see `prefix`).
     route_names: Vec<Arc<str>>,
     /// Each vendor model's allowance of failure retries.
     budget: RetryBudget,
@@ -258,12 +258,9 @@ impl Registry {
         // The name is written in one string: a found lane (nearly every
         // request's) costs no other allocation.
         let mut name = String::with_capacity(64);
-        // A route without levels of its own still has settings of its own
-        // (its answers, its store failure, its tokens): its requests wait in a lane of
-        // their own, under the same gates.
-        if let Some(route) = route.filter(|r| r.levels.is_empty()) {
-            name.push_str(&route.name);
-            name.push_str(" | ");
+        if let Some(prefix) = self.prefix(route) {
+            name.push_str(prefix);
+            name.push_str(JOIN);
         }
         // Where each level's key is in the name: a new lane's keys are read
         // there, with no string or list of their own (a lane's levels are
@@ -271,7 +268,7 @@ impl Registry {
         let mut spans: SmallVec<[(usize, usize); 4]> = SmallVec::new();
         for (i, level) in self.levels_for(route).enumerate() {
             if i > 0 {
-                name.push_str(" | ");
+                name.push_str(JOIN);
             }
             let start = name.len();
             level.write_lane_name(request, tag, &mut name);
@@ -360,6 +357,16 @@ impl Registry {
         route.and_then(|route| self.routes.iter().position(|r| std::ptr::eq(r, route)))
     }
 
+    /// The first part of the names of `route`'s lanes, before their
+    /// levels' keys: a route without levels of its own still has settings
+    /// of its own (its answers, its store failure, its tokens), so its
+    /// requests wait in lanes of their own, under the same gates. Read by
+    /// a request writing its lane's name, and kept by the lanes' road.
+    fn prefix(&self, route: Option<&Route>) -> Option<&Arc<str>> {
+        let route = route.filter(|route| route.levels.is_empty());
+        self.route_at(route).map(|at| &self.route_names[at])
+    }
+
     /// The road of the lanes on `route` labelled `names` (vendor, level,
     /// route): their name's prefix, their policy and their series; one for
     /// all of them, unless series per lane were asked for (`lane`). Made
@@ -371,13 +378,10 @@ impl Registry {
         names: (&str, &str, &str),
         lane: Option<&str>,
     ) -> Arc<Road> {
-        let at = self.route_at(route);
         let make = |listing| {
             // A lane's name is read off this and its gates' keys, which
             // are the spans of its name (see `lane_for`).
-            let prefix = at
-                .filter(|&at| self.routes[at].levels.is_empty())
-                .map(|at| self.route_names[at].clone());
+            let prefix = self.prefix(route).cloned();
             let series = Series::new(labelled(names), lane);
             let retired = Some(self.lanes.nudge());
             Road::new(prefix, series, self.policy_for(route), (retired, listing))
@@ -385,8 +389,9 @@ impl Registry {
         if lane.is_some() {
             return Arc::new(make(None));
         }
-        let (vendor, level, route) = names;
-        let key = format!("{vendor}\n{level}\n{route}\n{at:?}");
+        // The route, by where it is, gives the third label and the rest.
+        let (vendor, level, _) = names;
+        let key = format!("{vendor}\n{level}\n{:?}", self.route_at(route));
         listed(&self.roads, &key, |listing| make(Some(listing)))
     }
 

@@ -106,7 +106,7 @@ impl<'a> Ready<'a> {
             shared.count_out();
             shared.released.fetch_add(1, Ordering::Relaxed);
             shared.active(Stamp::of(now));
-            shared.road.series.metrics.released();
+            shared.metrics().released();
             self.queue.handed(taken.class, taken.batch_waited);
         }
         handed

@@ -48,18 +48,8 @@ impl Lane {
         priority: Priority,
         max_wait: Option<Duration>,
     ) -> Result<Place, Error> {
+        self.admits(cost)?;
         let shared = &self.shared;
-        if let Some(stop) = shared.stopped() {
-            return Err(shared.out_of_credit(&stop));
-        }
-        let too_costly = shared.gates.iter().filter_map(|g| g.too_costly(cost)).min();
-        if let Some(capacity) = too_costly {
-            return Err(Error::CostTooHigh {
-                lane: shared.name().to_string(),
-                cost,
-                capacity,
-            });
-        }
         // Only a request with a deadline needs the clock here.
         let deadline = match max_wait {
             None => None,
@@ -102,12 +92,30 @@ impl Lane {
         Ok(place(slot))
     }
 
+    /// Refused at the door whatever the wait: a gate stopped by the
+    /// vendor, or a cost no quota can ever hold.
+    pub(super) fn admits(&self, cost: u64) -> Result<(), Error> {
+        let shared = &self.shared;
+        if let Some(stop) = shared.stopped() {
+            return Err(shared.out_of_credit(&stop));
+        }
+        let too_costly = shared.gates.iter().filter_map(|g| g.too_costly(cost)).min();
+        if let Some(capacity) = too_costly {
+            return Err(Error::CostTooHigh {
+                lane: shared.name().to_string(),
+                cost,
+                capacity,
+            });
+        }
+        Ok(())
+    }
+
     /// The fast path: when nobody waits, the lane is not paused and the
     /// meters allow it now, take the turn without a trip through the
     /// dispatcher. FIFO holds: "nobody waits" is checked again under the
     /// meters' lock, which the dispatcher also holds from its check to its
     /// charge, so no two releases can share a slot.
-    fn turn_now(&self, cost: u64) -> Option<Turn> {
+    pub(super) fn turn_now(&self, cost: u64) -> Option<Turn> {
         let shared = &self.shared;
         if shared.waiting.load(Ordering::SeqCst) != 0 || shared.closed.load(Ordering::Acquire) {
             return None;

@@ -56,6 +56,9 @@ pub struct Lane {
     pub(super) shared: Arc<Shared>,
 }
 
+/// A wait in the queue for [`Lane::acquire`], boxed.
+type Queued<'a> = std::pin::Pin<Box<dyn Future<Output = Result<Turn, Error>> + Send + 'a>>;
+
 /// How many times a waiting place outlives a dispatcher that ended
 /// without answering it (see [`Lane::wait`]).
 const ORPHANED: u32 = 3;
@@ -150,26 +153,31 @@ impl Lane {
     /// Wait for this caller's turn, in FIFO order, under the policy's
     /// `max_wait`, for a request of cost 1.
     pub async fn acquire(&self) -> Result<Turn, Error> {
-        let max_wait = self.shared.road.policy.max_wait;
-        let mut place = self
-            .enter(1, Priority::Interactive, max_wait)
-            .inspect_err(|error| self.ended(error.reason()))?;
-        // Taken at the door, with no strict door to wait at: nothing to
-        // await.
-        if matches!(&place.slot, Slot::Ready(turn) if turn.door.is_none() && turn.transit.is_none())
-            && let Slot::Ready(turn) = std::mem::replace(&mut place.slot, Slot::Taken)
-        {
-            return Ok(turn);
-        }
-        let mut turn = self
-            .wait(&mut place)
-            .await
-            .inspect_err(|error| self.ended(error.reason()))?;
+        // Taken at the door, the turn needs no place: nothing sends its
+        // request again, so nothing keeps its number.
+        let now = self.admits(1).map(|()| self.turn_now(1));
+        let mut turn = match now.inspect_err(|error| self.ended(error.reason()))? {
+            Some(turn) if turn.door.is_none() && turn.transit.is_none() => return Ok(turn),
+            Some(turn) => turn,
+            None => self
+                .queue(self.shared.road.policy.max_wait)
+                .await
+                .inspect_err(|error| self.ended(error.reason()))?,
+        };
         // The caller sends now: a strict lane measures its next from here.
         turn.door_opens().await;
         // The caller's answer never comes back through the lane.
         drop(turn.went());
         Ok(turn)
+    }
+
+    /// [`acquire`](Self::acquire)'s wait in the queue, kept out of its
+    /// future: a turn taken at once carries no room for it.
+    fn queue(&self, max_wait: Option<Duration>) -> Queued<'_> {
+        Box::pin(async move {
+            let mut place = self.enter(1, Priority::Interactive, max_wait)?;
+            self.wait(&mut place).await
+        })
     }
 
     /// Hand the dispatcher a ticket already counted in `waiting`, starting

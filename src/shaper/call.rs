@@ -129,7 +129,7 @@ struct Tally {
     throttles: u32,
     /// The request last sent, when its answer was a redirect: the next
     /// hop is made of it.
-    redirected: Option<Request>,
+    redirected: Option<Box<Request>>,
 }
 
 impl Tally {
@@ -153,38 +153,44 @@ impl Shaper {
     /// Send `request` through its lanes and return the vendor's response,
     /// or the reason there is none. A redirect is followed, each hop
     /// through its own lane (see [`ShaperBuilder::redirects`](super::ShaperBuilder::redirects)).
-    pub async fn execute(&self, request: Request) -> Result<Response, Error> {
-        // Boxed, as `RequestBuilder::send` boxes it.
-        Box::pin(self.execute_with(request, Options::default())).await
+    pub fn execute(
+        &self,
+        request: Request,
+    ) -> impl Future<Output = Result<Response, Error>> + Send + '_ {
+        self.execute_with(Box::new(request), Options::default())
     }
 
-    /// Its callers box its future where a request starts (`execute`,
-    /// `RequestBuilder::send`): the life of a request is 3.5 KB of
-    /// state, which every move of the caller's future (into its task, a
-    /// `join`) would otherwise copy.
-    pub(super) async fn execute_with(
+    /// The life of a request, as its caller's future carries it: a few
+    /// hundred bytes. The request is boxed where it starts, once: each
+    /// layer keeps it (and its spare, and a redirect's next) across an
+    /// await, a quarter of a kilobyte a copy. What waits and sends is
+    /// boxed in its turn ([`hop`](Self::hop)): every move of the caller's
+    /// future (into its task, a `join`) would otherwise copy it.
+    pub(super) fn execute_with(
         &self,
-        mut request: Request,
+        mut request: Box<Request>,
         mut options: Options,
-    ) -> Result<Response, Error> {
+    ) -> impl Future<Output = Result<Response, Error>> + Send + '_ {
         options.client_redirects = self.inner.client_given;
-        let transport = self.inner.transport.clone();
-        let mut hops = options.redirects.unwrap_or(self.inner.redirects);
-        loop {
-            let (outcome, sent) = self.hop(request, &options, |r| transport.send(r)).await;
-            let response = outcome.map_err(|failure| match failure {
-                Failure::Shaper(error) => error,
-                Failure::Send { attempts, source } => Error::Transport { attempts, source },
-            })?;
-            // Each hop waits for its own turn, in the lane of its URL.
-            let next = sent
-                .filter(|_| hops > 0)
-                .and_then(|sent| redirect::next(sent, &response));
-            let Some(next) = next else {
-                return Ok(response);
-            };
-            hops -= 1;
-            request = next;
+        async move {
+            let transport = self.inner.transport.clone();
+            let mut hops = options.redirects.unwrap_or(self.inner.redirects);
+            loop {
+                let (outcome, sent) = self.hop(request, &options, |r| transport.send(r)).await;
+                let response = outcome.map_err(|failure| match failure {
+                    Failure::Shaper(error) => error,
+                    Failure::Send { attempts, source } => Error::Transport { attempts, source },
+                })?;
+                // Each hop waits for its own turn, in the lane of its URL.
+                let next = sent
+                    .filter(|_| hops > 0)
+                    .and_then(|sent| redirect::next(sent, &response));
+                let Some(next) = next else {
+                    return Ok(response);
+                };
+                hops -= 1;
+                request = next;
+            }
         }
     }
 }
@@ -204,8 +210,7 @@ impl Shaper {
         F: FnMut(Request) -> Fut,
         Fut: Future<Output = Result<Response, E>>,
     {
-        // Boxed, as `execute_with` is.
-        Box::pin(self.hop(request, options, send)).await.0
+        self.hop(Box::new(request), options, send).await.0
     }
 
     /// The life of one request, in its span: [`run`](Self::run), then its
@@ -213,10 +218,10 @@ impl Shaper {
     /// request last sent when its answer is a redirect (see `redirect.rs`).
     async fn hop<E, F, Fut>(
         &self,
-        request: Request,
+        request: Box<Request>,
         options: &Options,
         send: F,
-    ) -> (Result<Response, Failure<E>>, Option<Request>)
+    ) -> (Result<Response, Failure<E>>, Option<Box<Request>>)
     where
         E: SendFailure,
         F: FnMut(Request) -> Fut,
@@ -227,10 +232,12 @@ impl Shaper {
         }
         let span = RequestSpan::new(&request);
         let mut tally = Tally::default();
-        let outcome = self
-            .run(request, options, send, &span, &mut tally)
-            .instrument(span.span().clone())
-            .await;
+        // Boxed (see `execute_with`). Through the shaper's transport, it
+        // fits the blocks an allocator keeps per thread for reuse (glibc's
+        // keeps them up to a kilobyte): a block past that costs a request
+        // about a thousand instructions to take and give back.
+        let run = Box::pin(self.run(request, options, send, &span, &mut tally));
+        let outcome = run.instrument(span.span().clone()).await;
         let reason = match &outcome {
             Ok(_) => "response",
             Err(Failure::Shaper(error)) => error.reason(),
@@ -293,7 +300,7 @@ impl Shaper {
     /// from the outcome whether to pause the lanes and go again.
     async fn run<E, F, Fut>(
         &self,
-        mut request: Request,
+        mut request: Box<Request>,
         options: &Options,
         mut send: F,
         span: &RequestSpan,
@@ -328,12 +335,13 @@ impl Shaper {
                 lane.waited(now.saturating_duration_since(submitted));
             }
             // A body that can't be cloned (a stream) allows one send only.
-            let spare = request.try_clone();
+            let spare = request.try_clone().map(Box::new);
             if let Some(logical) = logical {
                 logical.sent();
             }
             let attempt = span.attempt(attempts);
-            let mut outcome = on_the_wire(&lane, &mut turn, || send(request), attempt.span()).await;
+            let mut outcome =
+                on_the_wire(&lane, &mut turn, || send(*request), attempt.span()).await;
             match &outcome {
                 Ok(response) => attempt.answered(response.status().as_u16()),
                 Err(error) => attempt.failed(error),
@@ -345,7 +353,7 @@ impl Shaper {
                 .filter(|_| options.in_flight_through_body);
             drop(turn);
 
-            let sent = spare.as_ref().filter(|_| options.client_redirects);
+            let sent = spare.as_deref().filter(|_| options.client_redirects);
             let verdict = self.heard(&lane, &mut outcome, cost, charged_at, sent);
             // The rare ends (a throttle, a failure) are boxed where taken:
             // each holds a response or a request across its awaits, which
@@ -482,7 +490,7 @@ struct Retry {
 /// What a request does after a send that did not end it.
 enum Next<E> {
     /// Go again as this request, after this wait in its lane.
-    Again(Request, Duration),
+    Again(Box<Request>, Duration),
     /// End with this outcome.
     End(Result<Response, Failure<E>>),
 }
@@ -510,7 +518,7 @@ async fn throttled<E>(
     policy: &RetryPolicy,
     response: Response,
     charged_at: Instant,
-    spare: Option<Request>,
+    spare: Option<Box<Request>>,
     tally: &Tally,
 ) -> Next<E> {
     // Copied out: the response goes on to the caller or is dropped.
@@ -564,7 +572,7 @@ async fn failed<E: SendFailure>(
     lane: &Lane,
     policy: &RetryPolicy,
     outcome: Result<Response, E>,
-    spare: Option<Request>,
+    spare: Option<Box<Request>>,
     retry: Retry,
 ) -> Next<E> {
     let Retry {
@@ -665,8 +673,11 @@ mod tests {
         Response::from(builder.body("body").unwrap())
     }
 
-    fn request() -> Request {
-        Request::new(reqwest::Method::GET, "http://vendor.test/".parse().unwrap())
+    fn request() -> Box<Request> {
+        Box::new(Request::new(
+            reqwest::Method::GET,
+            "http://vendor.test/".parse().unwrap(),
+        ))
     }
 
     fn retry(failures: u32, may_retry_failure: bool) -> Retry {
@@ -675,6 +686,30 @@ mod tests {
             attempts: failures,
             may_retry_failure,
         }
+    }
+
+    /// What a request's future weighs in its caller's, and the part boxed
+    /// apart: carried across every await, copied on every move; the boxed
+    /// part small enough for an allocator's per-thread cache (see `hop`).
+    #[tokio::test]
+    async fn a_request_carries_a_few_hundred_bytes_and_boxes_under_a_kilobyte() {
+        let shaper = crate::Shaper::builder()
+            .rate(10, Duration::from_secs(1))
+            .build()
+            .unwrap();
+        let request = request();
+        let span = RequestSpan::new(&request);
+        let mut tally = Tally::default();
+        let options = Options::default();
+        let transport = shaper.inner.transport.clone();
+        let send = |r| transport.send(r);
+        let boxed = shaper.run(request, &options, send, &span, &mut tally);
+        assert!(std::mem::size_of_val(&boxed) <= 1024);
+        drop(boxed);
+        let carried = shaper.execute(*self::request());
+        assert!(std::mem::size_of_val(&carried) <= 320);
+        let carried = shaper.get("http://vendor.test/").send();
+        assert!(std::mem::size_of_val(&carried) <= 480);
     }
 
     /// A failing answer goes again after a backoff while attempts last;

@@ -20,7 +20,7 @@ pub(crate) const DEFAULT_REDIRECTS: u32 = 10;
 /// into a `GET` without a body, a `301` or `302` does so to a `POST`, and
 /// a `307` or `308` sends the same method and body again. A hop to
 /// another origin carries none of the request's credentials.
-pub(super) fn next(mut sent: Request, response: &Response) -> Option<Request> {
+pub(super) fn next(mut sent: Box<Request>, response: &Response) -> Option<Box<Request>> {
     let status = response.status();
     let to_get = match status {
         StatusCode::MOVED_PERMANENTLY | StatusCode::FOUND => sent.method() == Method::POST,
@@ -86,13 +86,13 @@ mod tests {
         Response::from(response)
     }
 
-    fn request(method: Method, url: &str) -> Request {
+    fn request(method: Method, url: &str) -> Box<Request> {
         let mut request = Request::new(method, Url::parse(url).expect("a URL"));
         let headers = request.headers_mut();
         headers.insert(header::AUTHORIZATION, "Bearer k".parse().expect("a value"));
         headers.insert(header::CONTENT_TYPE, "text/plain".parse().expect("a value"));
         *request.body_mut() = Some("body".into());
-        request
+        Box::new(request)
     }
 
     /// A `303` after a `POST` is a `GET` without the body or what

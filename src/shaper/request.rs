@@ -279,11 +279,18 @@ impl RequestBuilder {
     /// Queue the request on its lanes; resolves to the vendor's response,
     /// once the redirects it follows ([`redirects`](Self::redirects)) have
     /// each taken their turn.
-    pub async fn send(self) -> Result<Response, Error> {
-        let request = self.inner.build().map_err(Error::InvalidRequest)?;
-        // Boxed: 3.5 KB of state the caller's future would carry and
-        // copy on every move (see `execute_with`).
-        Box::pin(self.shaper.execute_with(request, self.options)).await
+    pub fn send(self) -> impl Future<Output = Result<Response, Error>> + Send + 'static {
+        let Self {
+            shaper,
+            inner,
+            options,
+        } = self;
+        // Built and boxed before the future: it carries only the box.
+        let request = inner.build().map(Box::new);
+        async move {
+            let request = request.map_err(Error::InvalidRequest)?;
+            shaper.execute_with(request, options).await
+        }
     }
 }
 

@@ -56,9 +56,6 @@ pub struct Lane {
     pub(super) shared: Arc<Shared>,
 }
 
-/// A wait in the queue for [`Lane::acquire`], boxed.
-type Queued<'a> = std::pin::Pin<Box<dyn Future<Output = Result<Turn, Error>> + Send + 'a>>;
-
 /// How many times a waiting place outlives a dispatcher that ended
 /// without answering it (see [`Lane::wait`]).
 const ORPHANED: u32 = 3;
@@ -153,17 +150,21 @@ impl Lane {
     /// Wait for this caller's turn, in FIFO order, under the policy's
     /// `max_wait`, for a request of cost 1.
     pub async fn acquire(&self) -> Result<Turn, Error> {
-        // Taken at the door, the turn needs no place: nothing sends its
-        // request again, so nothing keeps its number.
-        let now = self.admits(1).map(|()| self.turn_now(1));
-        let mut turn = match now.inspect_err(|error| self.ended(error.reason()))? {
-            Some(turn) if turn.door.is_none() && turn.transit.is_none() => return Ok(turn),
-            Some(turn) => turn,
-            None => self
-                .queue(self.shared.road.policy.max_wait)
-                .await
-                .inspect_err(|error| self.ended(error.reason()))?,
+        let mut place = match self.acquiring() {
+            // Taken at the door, with no strict door to wait at: nothing
+            // to await.
+            Ok(Ok(turn)) if turn.door.is_none() && turn.transit.is_none() => return Ok(turn),
+            Ok(Ok(turn)) => Place::ready(turn),
+            Ok(Err(place)) => place,
+            Err(error) => {
+                self.ended(error.reason());
+                return Err(error);
+            }
         };
+        let mut turn = self
+            .wait(&mut place)
+            .await
+            .inspect_err(|error| self.ended(error.reason()))?;
         // The caller sends now: a strict lane measures its next from here.
         turn.door_opens().await;
         // The caller's answer never comes back through the lane.
@@ -171,13 +172,18 @@ impl Lane {
         Ok(turn)
     }
 
-    /// [`acquire`](Self::acquire)'s wait in the queue, kept out of its
-    /// future: a turn taken at once carries no room for it.
-    fn queue(&self, max_wait: Option<Duration>) -> Queued<'_> {
-        Box::pin(async move {
-            let mut place = self.enter(1, Priority::Interactive, max_wait)?;
-            self.wait(&mut place).await
-        })
+    /// [`acquire`](Self::acquire)'s turn at once when nobody waits, else
+    /// its place in the queue. A turn taken at once needs no place: nothing
+    /// sends its request again, so nothing keeps its number.
+    fn acquiring(&self) -> Result<Result<Turn, Place>, Error> {
+        self.admits(1)?;
+        match self.turn_now(1) {
+            Some(turn) => Ok(Ok(turn)),
+            None => {
+                let max_wait = self.shared.road.policy.max_wait;
+                self.enter(1, Priority::Interactive, max_wait).map(Err)
+            }
+        }
     }
 
     /// Hand the dispatcher a ticket already counted in `waiting`, starting
@@ -740,6 +746,18 @@ pub(crate) struct Place {
 }
 
 impl Place {
+    /// A place whose turn came at once, and whose request is never sent
+    /// again (no number, no deadline).
+    fn ready(turn: Turn) -> Self {
+        Self {
+            seq: 0,
+            cost: 1,
+            priority: Priority::Interactive,
+            slot: Slot::Ready(turn),
+            deadline: None,
+        }
+    }
+
     /// The place's number in its lane's order.
     pub(crate) fn seq(&self) -> u64 {
         self.seq

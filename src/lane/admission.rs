@@ -16,6 +16,7 @@ use tokio::time::Instant;
 
 use super::handle::{Lane, Place, Slot};
 use super::policy::Priority;
+use super::shared::Waiting;
 use super::turn::earliest_at;
 use super::turn::{Door, Transit, Turn, departure};
 use super::waiter::Waiter;
@@ -77,7 +78,7 @@ impl Lane {
         if let Some(turn) = self.turn_now(cost) {
             return Ok(place(Slot::Ready(turn)));
         }
-        let capacity = shared.road.policy.queue_capacity;
+        let capacity = shared.road.policy.queue_capacity.min(Waiting::MOST);
         let queued = shared.count_in();
         if queued >= capacity {
             shared.count_out();
@@ -117,12 +118,12 @@ impl Lane {
     /// charge, so no two releases can share a slot.
     pub(super) fn turn_now(&self, cost: u64) -> Option<Turn> {
         let shared = &self.shared;
-        if shared.waiting.load(Ordering::SeqCst) != 0 || shared.closed.load(Ordering::Acquire) {
+        if !shared.waiting.none_and_open() {
             return None;
         }
         // With a shared store every release needs a reservation, which only
         // the dispatcher makes.
-        if shared.remote.is_some() {
+        if shared.remote().is_some() {
             return None;
         }
         let queued_elsewhere = shared
@@ -132,7 +133,7 @@ impl Lane {
         if queued_elsewhere {
             return None;
         }
-        let permit = match &shared.in_flight {
+        let permit = match shared.in_flight() {
             None => None,
             Some(slots) => Some(slots.clone().try_acquire_owned().ok()?),
         };
@@ -142,7 +143,7 @@ impl Lane {
         let (charged_at, stamp, transit, door) = shared.with_meters(|meters| {
             let now = Instant::now();
             let at = Stamp::of(now);
-            let waiting = shared.waiting.load(Ordering::SeqCst) != 0;
+            let waiting = shared.waiting.count() != 0;
             if waiting
                 || shared.paused_until(now).is_some()
                 || earliest_at(meters, cost, now, at) > at
@@ -194,7 +195,7 @@ impl Lane {
         // On a shared store the local meters are the fallback's share; the
         // fleet's state is in the store. Predict from this lane's queue at
         // the declared pace (other instances' queues are unknown here).
-        if let Some(remote) = &shared.remote
+        if let Some(remote) = shared.remote()
             && remote.mode() == StoreMode::Shared
         {
             let interval = shared

@@ -134,7 +134,7 @@ impl<R: Release> Dispatcher<R> {
             return self.or_new_ticket(sleep_until(until)).await;
         }
 
-        let permit = match self.shared.in_flight.clone() {
+        let permit = match self.shared.in_flight().cloned() {
             None => None,
             Some(slots) => match slots.clone().try_acquire_owned() {
                 Ok(permit) => Some(permit),
@@ -161,7 +161,7 @@ impl<R: Release> Dispatcher<R> {
     /// closed or this dispatcher retired.
     async fn wait_for_work(&mut self) -> bool {
         let idle = self.shared.road.policy.idle_timeout;
-        let linger = match self.shared.remote {
+        let linger = match self.shared.remote() {
             None => LINGER.min(idle),
             Some(_) => idle,
         };

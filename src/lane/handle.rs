@@ -2,7 +2,7 @@
 //! snapshot; what the lane's dispatcher and the shaper ask of a lane.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, oneshot};
@@ -13,7 +13,7 @@ use super::name::LaneName;
 use super::policy::{LanePolicy, Priority};
 use super::release::{Local, Reserved};
 use super::road::Road;
-use super::shared::{Door, Shared};
+use super::shared::{Door, Shared, Ties, Waiting};
 use super::snapshot::LaneSnapshot;
 use super::turn::{Ticket, Turn};
 use super::waiter::Waiter;
@@ -105,17 +105,17 @@ impl Lane {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             gates: gates.into_iter().collect(),
             vendor,
-            in_flight: road
-                .policy
-                .max_in_flight
-                .map(|n| Arc::new(Semaphore::new(n.min(Semaphore::MAX_PERMITS)))),
+            ties: Ties::of(
+                road.policy
+                    .max_in_flight
+                    .map(|n| Arc::new(Semaphore::new(n.min(Semaphore::MAX_PERMITS)))),
+                remote,
+            ),
             next_seq: AtomicU64::new(0),
             released: AtomicU64::new(0),
             throttles: AtomicU32::new(0),
-            waiting: AtomicUsize::new(0),
+            waiting: Waiting::default(),
             road,
-            remote,
-            closed: AtomicBool::new(false),
             active_at: AtomicStamp::new(Instant::now()),
             door: Door::default(),
         });
@@ -208,7 +208,7 @@ impl Lane {
             None => Some(ticket),
         };
         if let Some(ticket) = ticket {
-            if shared.closed.load(Ordering::Acquire) {
+            if shared.waiting.is_closed() {
                 return Err(Error::Shutdown);
             }
             if door.as_ref().is_none_or(async_channel::Sender::is_closed) {
@@ -232,7 +232,7 @@ impl Lane {
     fn start_dispatcher(&self) -> async_channel::Sender<Ticket> {
         let (tickets, tickets_rx) = async_channel::unbounded();
         let lane = self.shared.clone();
-        match self.shared.remote.clone() {
+        match self.shared.remote().cloned() {
             None => Dispatcher::spawn(lane, tickets_rx, Local::default()),
             Some(remote) => Dispatcher::spawn(lane, tickets_rx, Reserved::new(remote)),
         }
@@ -278,7 +278,7 @@ impl Lane {
             // Its dispatcher gone, though nothing closed the lane.
             let unanswered = waited
                 && matches!(outcome, Err(Error::Shutdown))
-                && !self.shared.closed.load(Ordering::Acquire);
+                && !self.shared.waiting.is_closed();
             if !unanswered || orphaned == ORPHANED {
                 return outcome;
             }
@@ -347,7 +347,7 @@ impl Lane {
     pub(crate) fn settle(&self, charged: u64, actual: u64, at: Instant) {
         let capacity = self.shared.meters().iter().map(|m| m.capacity()).min();
         let actual = actual.min(capacity.unwrap_or(u64::MAX));
-        if let Some(remote) = &self.shared.remote
+        if let Some(remote) = self.shared.remote()
             && remote.mode() != StoreMode::Fallback
         {
             remote.settle(charged, actual, at);
@@ -374,7 +374,7 @@ impl Lane {
         cause: PauseCause,
         said: Option<&Arc<str>>,
     ) -> Instant {
-        if let Some(remote) = &self.shared.remote {
+        if let Some(remote) = self.shared.remote() {
             remote.pause(pause.min(self.shared.road.policy.max_pause));
         }
         let gates = &self.shared.gates;
@@ -433,7 +433,7 @@ impl Lane {
     /// to keep before the next send, once (see
     /// `VendorModel::fleet_spacing_refused`), the throttle counted.
     pub(crate) fn fleet_spacing_refused(&self, status: u16) -> Option<Duration> {
-        self.shared.remote.as_ref()?;
+        self.shared.remote()?;
         let gap = self.shared.vendor.fleet_spacing_refused()?;
         Some(self.spaced(status, gap))
     }
@@ -446,14 +446,14 @@ impl Lane {
     /// latest turn handed out includes them, and the higher count is read,
     /// so the fleet's own burst is never taken for another consumer.
     fn spending(&self, i: usize, fleet: Option<&[Option<Booked>]>) -> Spending {
-        if self.shared.remote.is_none() {
+        if self.shared.remote().is_none() {
             return Spending::Own;
         }
         let of = |fleet: Option<&[Option<Booked>]>| fleet.and_then(|f| f.get(i).copied().flatten());
         let Some(booked) = of(fleet) else {
             return Spending::Unknown;
         };
-        let latest_fleet = self.shared.remote.as_ref().and_then(|r| r.latest_fleet());
+        let latest_fleet = self.shared.remote().and_then(|r| r.latest_fleet());
         let latest = of(latest_fleet.as_deref().map(Vec::as_slice));
         let count = latest.map_or(booked.count, |latest| latest.count.max(booked.count));
         Spending::Fleet(Booked { count, ..booked })
@@ -582,7 +582,7 @@ impl Lane {
         released: Instant,
         refused: bool,
     ) -> Option<Rate> {
-        if let (Some((remaining, _)), Some(_)) = (bucket, &self.shared.remote) {
+        if let (Some((remaining, _)), Some(_)) = (bucket, self.shared.remote()) {
             // Before the lanes waiting for the first word wake to read it.
             self.shared.vendor.said_left(remaining, released);
         }
@@ -595,7 +595,7 @@ impl Lane {
         if first {
             self.wake();
         }
-        if self.shared.remote.is_some() {
+        if self.shared.remote().is_some() {
             return None;
         }
         let (remaining, leaks) = bucket?;
@@ -656,7 +656,7 @@ impl Lane {
     }
 
     pub(super) fn queued(&self) -> usize {
-        self.shared.waiting.load(Ordering::SeqCst)
+        self.shared.waiting.count()
     }
 
     /// True when no other handle holds the lane: no caller, waiter or
@@ -686,7 +686,7 @@ impl Lane {
     /// [`Error::Shutdown`].
     pub(crate) fn close(&self) {
         let mut door = lock(&self.shared.door);
-        self.shared.closed.store(true, Ordering::Release);
+        self.shared.waiting.close();
         if let Some(tickets) = door.take() {
             tickets.close();
         }
@@ -721,7 +721,7 @@ impl Lane {
                 .unwrap_or_default(),
             learned: self.shared.vendor.learned(),
             spacing,
-            store: self.shared.remote.as_ref().map(|remote| remote.mode()),
+            store: self.shared.remote().map(|remote| remote.mode()),
         }
     }
 }

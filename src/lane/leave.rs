@@ -37,7 +37,7 @@ impl Lane {
         let Some((vendor, own)) = shared.gates.split_last() else {
             return false;
         };
-        if shared.remote.is_some() {
+        if shared.remote().is_some() {
             // On a store, as before there was resting: every gate rested.
             return shared.gates.iter().all(|gate| gate.is_idle(now));
         }

@@ -3,7 +3,7 @@
 //! the store link; what a fleet booked for a turn; when it was last
 //! active.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
@@ -41,20 +41,14 @@ pub(super) struct Shared {
     pub(super) gates: Gates,
     /// The model of the vendor whose gate is the last of `gates`.
     pub(super) vendor: Arc<VendorModel>,
-    pub(super) in_flight: Option<Arc<Semaphore>>,
+    /// Its in-flight cap and its store, if it has either.
+    pub(super) ties: Option<Box<Ties>>,
     pub(super) next_seq: AtomicU64,
     pub(super) released: AtomicU64,
-    /// Throttles seen, saturating: 32 bits, which pack with `closed`.
+    /// Throttles seen, saturating: 32 bits, which pack with `waiting`.
     pub(super) throttles: AtomicU32,
-    /// Requests waiting for a turn, in the channel or held by the
-    /// dispatcher. Raised before a ticket is sent, lowered when the
-    /// dispatcher lets it go, so "zero" really means nobody is ahead; also
-    /// what the queue bound counts.
-    pub(super) waiting: AtomicUsize,
-    /// The link to a shared store: the gates' quotas live there.
-    pub(super) remote: Option<Arc<Remote>>,
-    /// Closed for good: every request ends with `Error::Shutdown`.
-    pub(super) closed: AtomicBool,
+    /// Who waits, and whether the lane is closed.
+    pub(super) waiting: Waiting,
     /// When the lane last released a turn: how long it has been idle, for
     /// its owner's sweep.
     pub(super) active_at: AtomicStamp,
@@ -63,7 +57,84 @@ pub(super) struct Shared {
     pub(super) door: Door,
 }
 
+/// What few lanes have: a cap on requests in flight, a link to a shared
+/// store. Boxed together: a lane per tenant holds a box's pointer, not
+/// two.
+pub(super) struct Ties {
+    pub(super) in_flight: Option<Arc<Semaphore>>,
+    /// The gates' quotas live there.
+    pub(super) remote: Option<Arc<Remote>>,
+}
+
+impl Ties {
+    /// `None` when there is neither.
+    pub(super) fn of(
+        in_flight: Option<Arc<Semaphore>>,
+        remote: Option<Arc<Remote>>,
+    ) -> Option<Box<Self>> {
+        (in_flight.is_some() || remote.is_some()).then(|| Box::new(Self { in_flight, remote }))
+    }
+}
+
+/// Requests waiting for a turn, in the channel or held by the dispatcher,
+/// and whether the lane is closed for good (every request then ends with
+/// `Error::Shutdown`): one word, so the fast path asks both in one load,
+/// and 32 bits, which pack with the lane's throttles.
+///
+/// A request is counted in before its ticket is sent and out when the
+/// dispatcher lets it go, so "none" really means nobody is ahead; it is
+/// also what the queue's bound counts.
+#[derive(Default)]
+pub(super) struct Waiting(AtomicU32);
+
+/// The closed flag: the word's top bit. The count below it never reaches
+/// it: admission refuses past [`Waiting::MOST`], and a request that
+/// enters again (a retry) was admitted.
+const CLOSED: u32 = 1 << 31;
+
+impl Waiting {
+    /// The most requests a lane lets wait, whatever its queue's capacity.
+    pub(super) const MOST: usize = (CLOSED - 1) as usize;
+
+    /// One more waits; how many waited before it.
+    fn count_in(&self) -> usize {
+        (self.0.fetch_add(1, Ordering::SeqCst) & !CLOSED) as usize
+    }
+
+    fn count_out(&self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// How many wait.
+    pub(super) fn count(&self) -> usize {
+        (self.0.load(Ordering::SeqCst) & !CLOSED) as usize
+    }
+
+    /// Nobody waits and the lane is open: the fast path's question.
+    pub(super) fn none_and_open(&self) -> bool {
+        self.0.load(Ordering::SeqCst) == 0
+    }
+
+    pub(super) fn is_closed(&self) -> bool {
+        self.0.load(Ordering::SeqCst) & CLOSED != 0
+    }
+
+    pub(super) fn close(&self) {
+        self.0.fetch_or(CLOSED, Ordering::SeqCst);
+    }
+}
+
 impl Shared {
+    /// Its cap on requests in flight, if it has one.
+    pub(super) fn in_flight(&self) -> Option<&Arc<Semaphore>> {
+        self.ties.as_ref()?.in_flight.as_ref()
+    }
+
+    /// Its link to a shared store, if it has one.
+    pub(super) fn remote(&self) -> Option<&Arc<Remote>> {
+        self.ties.as_ref()?.remote.as_ref()
+    }
+
     /// Its name: its owner's map of lanes finds it by it, and keeps no
     /// copy.
     pub(super) fn name(&self) -> LaneName<'_> {
@@ -110,14 +181,14 @@ impl Shared {
     /// A request joins the waiting; returns how many waited before it.
     pub(super) fn count_in(&self) -> usize {
         self.metrics().queued();
-        self.waiting.fetch_add(1, Ordering::SeqCst)
+        self.waiting.count_in()
     }
 
     /// A turn the store counted `fleet` for is being handed out. Recorded
     /// whether or not its caller is still there: a slot whose caller left
     /// serves the next, with the same count.
     pub(super) fn handed_fleet(&self, fleet: &Fleet) {
-        if let Some(remote) = &self.remote {
+        if let Some(remote) = self.remote() {
             remote.handed(fleet);
         }
     }
@@ -125,7 +196,7 @@ impl Shared {
     /// A request stops waiting: released, refused or gone.
     pub(super) fn count_out(&self) {
         self.metrics().dequeued();
-        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        self.waiting.count_out();
     }
 
     /// The vendor's gate: the broadest level's.

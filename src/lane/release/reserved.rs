@@ -12,7 +12,6 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
@@ -301,7 +300,7 @@ impl Reserved {
         }
         let batch = self.remote.batch().max(1);
         let asked = self.slots.len() + self.ahead.iter().map(|a| a.costs.len()).sum::<usize>();
-        let waiting = ready.shared.waiting.load(Ordering::SeqCst);
+        let waiting = ready.shared.waiting.count();
         // Full batches only: the rest wait for the slots held to run out,
         // and ask then for whoever waits, as a lane does.
         let batches = (waiting.saturating_sub(asked) / batch).min(room);
@@ -323,7 +322,7 @@ impl Reserved {
     /// Reserve slots for the head and those behind it, in one round trip.
     async fn reserve(&mut self, ready: &mut Ready<'_>, head: Head, now: Instant) -> Step {
         let costs = ready.queue.costs(head.class, self.remote.batch());
-        let waiting = ready.shared.waiting.load(Ordering::SeqCst);
+        let waiting = ready.shared.waiting.count();
         let reply = self.remote.reserve(&costs, waiting).await;
         self.absorb(ready, head, now, costs, reply)
     }

@@ -255,3 +255,30 @@ impl Shared {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Waiting;
+
+    /// The count and the flag share a word and never read as each other:
+    /// a closed lane with nobody waiting is not "nobody waits and open",
+    /// and its waiters still count as they come and go.
+    #[test]
+    fn the_waiting_count_and_the_closed_flag_read_apart() {
+        let waiting = Waiting::default();
+        assert!(waiting.none_and_open());
+        assert_eq!(waiting.count_in(), 0);
+        assert_eq!(waiting.count_in(), 1);
+        assert!(!waiting.none_and_open());
+        waiting.close();
+        assert!(waiting.is_closed());
+        assert_eq!(waiting.count(), 2);
+        assert_eq!(waiting.count_in(), 2);
+        waiting.count_out();
+        waiting.count_out();
+        waiting.count_out();
+        assert_eq!(waiting.count(), 0);
+        assert!(waiting.is_closed());
+        assert!(!waiting.none_and_open());
+    }
+}

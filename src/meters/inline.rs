@@ -17,12 +17,15 @@ use crate::time::Stamp;
 /// pointer and no instant arithmetic on a release; the window meters and
 /// an algorithm of the user's own whole, boxed, behind [`Meter`]. A lane
 /// per tenant holds a gate each: a token bucket kept whole, with its
-/// unit, took 48 bytes of it, where its stamp and kind take 24.
+/// unit, took 48 bytes of it, where its stamp and kind take 16. A meter
+/// kept whole is behind one thin pointer (its box boxed), so that an
+/// inline meter is two words, and a gate's one meter fits in place with
+/// room to tell it from a box of more (`counts.rs`).
 #[derive(Debug)]
 pub(crate) enum InlineMeter {
     Leaky(Stamp),
     Token(Stamp),
-    Whole(Box<dyn Meter>),
+    Whole(Box<Box<dyn Meter>>),
 }
 
 impl InlineMeter {
@@ -31,7 +34,7 @@ impl InlineMeter {
         match quota.algorithm {
             Algorithm::LeakyBucket(_) => Self::Leaky(Stamp::NONE),
             Algorithm::TokenBucket { .. } => Self::Token(Stamp::NONE),
-            _ => Self::Whole(quota.meter(headroom, now)),
+            _ => Self::Whole(Box::new(quota.meter(headroom, now))),
         }
     }
 
@@ -69,7 +72,7 @@ impl InlineMeter {
         match self {
             Self::Leaky(tat) => ask(&LeakyBucket::shaped(shape, *tat)),
             Self::Token(tat) => ask(&TokenBucket::shaped(shape, *tat)),
-            Self::Whole(meter) => ask(meter.as_ref()),
+            Self::Whole(meter) => ask(&***meter),
         }
     }
 
@@ -93,65 +96,7 @@ impl InlineMeter {
                 *tat = bucket.tat();
                 answer
             }
-            Self::Whole(meter) => change(meter.as_mut()),
-        }
-    }
-}
-
-/// A gate's meters, in the order of its quotas: the one nearly every gate
-/// counts kept inline, more in a box. A lane per tenant holds a gate
-/// each, and a box of one meter cost an allocation of 56 bytes (64 with
-/// the allocator's own) and a pointer to follow on every release.
-#[derive(Debug)]
-pub(crate) enum Counts {
-    One([InlineMeter; 1]),
-    Many(Box<[InlineMeter]>),
-}
-
-impl Counts {
-    pub(crate) fn into_vec(self) -> Vec<InlineMeter> {
-        match self {
-            Self::One(one) => one.into(),
-            Self::Many(many) => many.into_vec(),
-        }
-    }
-}
-
-impl Default for Counts {
-    fn default() -> Self {
-        Self::Many(Box::default())
-    }
-}
-
-impl FromIterator<InlineMeter> for Counts {
-    fn from_iter<I: IntoIterator<Item = InlineMeter>>(meters: I) -> Self {
-        let mut meters = meters.into_iter();
-        match (meters.next(), meters.next()) {
-            (None, _) => Self::default(),
-            (Some(one), None) => Self::One([one]),
-            (Some(first), Some(second)) => {
-                Self::Many([first, second].into_iter().chain(meters).collect())
-            }
-        }
-    }
-}
-
-impl std::ops::Deref for Counts {
-    type Target = [InlineMeter];
-
-    fn deref(&self) -> &[InlineMeter] {
-        match self {
-            Self::One(one) => one,
-            Self::Many(many) => many,
-        }
-    }
-}
-
-impl std::ops::DerefMut for Counts {
-    fn deref_mut(&mut self) -> &mut [InlineMeter] {
-        match self {
-            Self::One(one) => one,
-            Self::Many(many) => many,
+            Self::Whole(meter) => change(&mut ***meter),
         }
     }
 }

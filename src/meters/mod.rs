@@ -34,9 +34,11 @@
 //! | `stamps.rs` | where a ledger keeps its stamps: a few in place, more in a buffer |
 //! | `terms.rs` | what a gate's meters count by: the quotas, each bucket's numbers, the ledger's window; one for every gate of a level |
 //! | `inline.rs` | a quota's meter as a gate keeps it: a bucket as its one stamp, asked with its level's numbers |
+//! | `counts.rs` | where a gate's meters keep their state: one bucket in place, anything more (several quotas, what slows them) in one box |
 //! | `set.rs` | a gate's meters checked together, charged all or none |
 //! | `declared.rs` | a quota as a config file declares it (feature `serde`) |
 
+mod counts;
 mod custom;
 #[cfg(feature = "serde")]
 mod declared;

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::inline::{Counts, InlineMeter};
+use super::counts::{Counts, Nanos, Slowed};
+use super::inline::InlineMeter;
 use super::leaky_bucket::LeakyBucket;
 use super::meter::Meter;
 use super::quota::{Quota, Unit};
@@ -21,10 +22,9 @@ use crate::time::{Stamp, later, nanos};
 /// dimension never leaks capacity from another.
 #[derive(Debug)]
 pub(crate) struct Meters {
-    /// Not a `Vec`: its length changes only with the quotas.
+    /// The meters of the quotas, and what slows them while anything
+    /// does.
     meters: Counts,
-    /// What slows the declared quotas, while anything does.
-    slowed: Option<Box<Slowed>>,
     /// The last release, so a new pace counts from it.
     last: Stamp,
     /// Releases over the request quota's window, when there is one.
@@ -37,88 +37,6 @@ pub(crate) struct Meters {
     /// [`FIRST_WORD`]). One stamp for both, not a flag beside it: a lane
     /// per tenant holds a gate each, and the flag took 8 bytes of it.
     first: Stamp,
-}
-
-/// What slows a gate's declared quotas: a pace, a vendor's leak, strict
-/// spacing. Boxed together: most gates never have any of it, and a lane
-/// per tenant holds a gate each.
-#[derive(Debug, Default)]
-struct Slowed {
-    /// A slower pace than declared (a quota the vendor announced, or
-    /// adaptive pacing), counting requests.
-    pace: Option<LeakyBucket>,
-    /// A vendor's bucket whose leak its levels showed (Shopify): its
-    /// capacity, refilled at that rate, and held to what it says is left
-    /// as the declared buckets are, so the lane uses the room the vendor
-    /// reports and paces at the leak only when the bucket is full.
-    leak: Option<TokenBucket>,
-    /// Strict spacing declared ([`Quota::strict`]): the widest interval
-    /// among the strict quotas.
-    strict: Nanos,
-    /// Strict spacing a vendor's refusals taught (`spacing/learned.rs`).
-    learned_spacing: Nanos,
-}
-
-impl Slowed {
-    fn is_empty(&self) -> bool {
-        self.pace.is_none()
-            && self.leak.is_none()
-            && self.strict == Nanos::NONE
-            && self.learned_spacing == Nanos::NONE
-    }
-
-    /// When the pace and the leak let a request go, at the stamp `at`.
-    fn earliest_at(&self, at: Stamp) -> Stamp {
-        let pace = self.pace.as_ref().map_or(at, |pace| pace.earliest_at(at));
-        let leak = self
-            .leak
-            .as_ref()
-            .map_or(at, |leak| leak.earliest_at(1, at));
-        pace.max(leak)
-    }
-
-    /// Charge the pace and the leak one request at the stamp `at`.
-    fn commit_at(&mut self, at: Stamp) {
-        if let Some(pace) = &mut self.pace {
-            pace.commit_at(1, at);
-        }
-        if let Some(leak) = &mut self.leak {
-            leak.commit_at(1, at);
-        }
-    }
-
-    /// The pace and the leak, as meters counting requests.
-    fn paces(&self) -> impl Iterator<Item = &dyn Meter> {
-        let pace = self.pace.as_ref().map(|pace| pace as &dyn Meter);
-        let leak = self.leak.as_ref().map(|leak| leak as &dyn Meter);
-        pace.into_iter().chain(leak)
-    }
-}
-
-/// A duration in nanoseconds (saturated at 584 years), 0 for none: half
-/// the room of a `Duration` (a third of an `Option<Duration>`), in every
-/// gate's meters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
-struct Nanos(u64);
-
-impl Nanos {
-    const NONE: Self = Self(0);
-
-    fn of(duration: Duration) -> Self {
-        Self(nanos(duration))
-    }
-
-    fn or_none(duration: Option<Duration>) -> Self {
-        duration.map_or(Self::NONE, Self::of)
-    }
-
-    fn duration(self) -> Duration {
-        Duration::from_nanos(self.0)
-    }
-
-    fn get(self) -> Option<Duration> {
-        (self.0 > 0).then(|| self.duration())
-    }
 }
 
 /// How long a lane whose quotas allow a burst waits, after its first
@@ -149,12 +67,14 @@ impl Meters {
     /// Fresh meters counting by `terms`, made at `now`.
     pub(crate) fn new(terms: Arc<Terms>, now: Instant) -> Self {
         let mut meters = Self {
-            meters: terms
-                .quotas()
-                .iter()
-                .map(|quota| InlineMeter::of(quota, terms.headroom(), now))
-                .collect(),
-            slowed: None,
+            meters: Counts::of(
+                terms
+                    .quotas()
+                    .iter()
+                    .map(|quota| InlineMeter::of(quota, terms.headroom(), now))
+                    .collect(),
+                None,
+            ),
             last: Stamp::NONE,
             releases: terms.ledger(),
             first: Stamp::NONE,
@@ -177,14 +97,10 @@ impl Meters {
             .as_ref()
             .map(|releases| releases.instants().collect())
             .unwrap_or_default();
-        let mut old: Vec<(Quota, InlineMeter)> = self
-            .terms
-            .quotas()
-            .iter()
-            .cloned()
-            .zip(std::mem::take(&mut self.meters).into_vec())
-            .collect();
-        self.meters = terms
+        let (meters, slowed) = self.meters.take();
+        let mut old: Vec<(Quota, InlineMeter)> =
+            self.terms.quotas().iter().cloned().zip(meters).collect();
+        let meters = terms
             .quotas()
             .iter()
             .zip(terms.shapes())
@@ -202,6 +118,7 @@ impl Meters {
                 meter
             })
             .collect();
+        self.meters = Counts::of(meters, slowed);
         self.releases = terms.reach().map(|reach| {
             let mut releases = Releases::default();
             for &at in &past {
@@ -213,21 +130,8 @@ impl Meters {
         self.terms = terms;
     }
 
-    /// Change what slows the quotas: its box is made when first needed
-    /// (never for a change that only `clears`, where nothing slows) and
-    /// let go once nothing slows them.
-    fn slow(&mut self, clears: bool, change: impl FnOnce(&mut Slowed)) {
-        if clears && self.slowed.is_none() {
-            return;
-        }
-        change(self.slowed.get_or_insert_with(Box::default));
-        if self.slowed.as_ref().is_some_and(|slowed| slowed.is_empty()) {
-            self.slowed = None;
-        }
-    }
-
     fn set_strict(&mut self, strict: Option<Duration>) {
-        self.slow(strict.is_none(), |slowed| {
+        self.meters.slow(strict.is_none(), |slowed| {
             slowed.strict = Nanos::or_none(strict);
         });
     }
@@ -236,14 +140,14 @@ impl Meters {
     /// this after the last one, released or sent; `None`: the meters
     /// alone decide.
     pub(crate) fn spacing(&self) -> Option<Duration> {
-        let slowed = self.slowed.as_ref()?;
+        let slowed = self.meters.slowed()?;
         slowed.strict.max(slowed.learned_spacing).get()
     }
 
     /// Keep requests at least `gap` apart on the wire, as a vendor's
     /// spacing refusals taught.
     pub(crate) fn set_spacing(&mut self, gap: Option<Duration>) {
-        self.slow(gap.is_none(), |slowed| {
+        self.meters.slow(gap.is_none(), |slowed| {
             slowed.learned_spacing = Nanos::or_none(gap);
         });
     }
@@ -293,7 +197,7 @@ impl Meters {
             let units = Self::units(*unit, cost);
             earliest = earliest.max(meter.earliest_at(shape, units, now, at));
         }
-        if let Some(slowed) = &self.slowed {
+        if let Some(slowed) = self.meters.slowed() {
             earliest = earliest.max(slowed.earliest_at(at));
         }
         // Strict spacing is measured from the last send, not the last
@@ -388,7 +292,11 @@ impl Meters {
             }
         };
         self.each_bursting(hold);
-        if let Some(leak) = self.slowed.as_mut().and_then(|slowed| slowed.leak.as_mut()) {
+        if let Some(leak) = self
+            .meters
+            .slowed_mut()
+            .and_then(|slowed| slowed.leak.as_mut())
+        {
             hold(leak);
         }
     }
@@ -404,7 +312,7 @@ impl Meters {
         for (meter, (shape, unit)) in self.meters.iter_mut().zip(self.terms.shapes()) {
             meter.commit_at(shape, Self::units(*unit, cost), now, at);
         }
-        if let Some(slowed) = &mut self.slowed {
+        if let Some(slowed) = self.meters.slowed_mut() {
             slowed.commit_at(at);
         }
         if let Some((releases, reach)) = self.ledger_mut() {
@@ -478,7 +386,7 @@ impl Meters {
     /// Keep requests at least `interval` apart (`None`: as declared).
     pub(crate) fn set_pace(&mut self, interval: Option<Duration>) {
         let (slack, last) = (self.terms.slack(), self.last);
-        self.slow(interval.is_none(), |slowed| {
+        self.meters.slow(interval.is_none(), |slowed| {
             match (interval, &mut slowed.pace) {
                 (None, pace) => *pace = None,
                 (Some(interval), Some(pace)) => pace.set_interval(interval),
@@ -495,13 +403,13 @@ impl Meters {
 
     /// The pace now in force, if slower than declared.
     pub(crate) fn pace(&self) -> Option<Duration> {
-        let pace = self.slowed.as_ref()?.pace.as_ref()?;
+        let pace = self.meters.slowed()?.pace.as_ref()?;
         Some(pace.interval())
     }
 
     /// The vendor's bucket the meters keep to, if its leak was read.
     fn leak(&self) -> Option<&TokenBucket> {
-        self.slowed.as_ref()?.leak.as_ref()
+        self.meters.slowed()?.leak.as_ref()
     }
 
     /// The spacing a shared store keeps to for these meters: the pace, or
@@ -536,7 +444,8 @@ impl Meters {
             }
             bucket
         });
-        self.slow(leak.is_none(), |slowed| slowed.leak = leak);
+        self.meters
+            .slow(leak.is_none(), |slowed| slowed.leak = leak);
     }
 
     /// Change each declared meter that counts requests and lets several
@@ -555,7 +464,7 @@ impl Meters {
     /// The meters set at run time that count requests: the pace and a
     /// vendor bucket's leak.
     fn paces(&self) -> impl Iterator<Item = &dyn Meter> {
-        self.slowed.iter().flat_map(|slowed| slowed.paces())
+        self.meters.slowed().into_iter().flat_map(Slowed::paces)
     }
 }
 

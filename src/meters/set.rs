@@ -477,6 +477,41 @@ mod tests {
         Meters::new(Arc::new(Terms::new(Arc::from([quota]), headroom, now)), now)
     }
 
+    /// What slows the meters lives beside them (`counts.rs`): a pace
+    /// survives a change of quotas, the one meter goes back in place once
+    /// nothing slows it, and a gate of several quotas keeps them all.
+    #[tokio::test(start_paused = true)]
+    async fn a_pace_outlives_a_change_of_quotas_and_leaves_the_meter_in_place() {
+        let now = Instant::now();
+        let ten = Quota::leaky_bucket(10, Duration::from_secs(1));
+        let mut meters = counting(ten.clone(), Duration::ZERO, now);
+        assert!(matches!(meters.meters, Counts::One(_)));
+        let pace = Duration::from_millis(250);
+        meters.set_pace(Some(pace));
+        assert!(matches!(meters.meters, Counts::More(_)));
+        let twenty = Quota::leaky_bucket(20, Duration::from_secs(1));
+        let terms = Terms::new(Arc::from([twenty, ten]), Duration::ZERO, now);
+        meters.requote(Arc::new(terms), now);
+        assert_eq!(meters.pace(), Some(pace), "the pace stays");
+        assert_eq!(meters.meters.len(), 2);
+        meters.set_pace(None);
+        assert_eq!(meters.pace(), None);
+        assert_eq!(meters.meters.len(), 2, "several quotas stay in their box");
+        let terms = Terms::new(
+            Arc::from([Quota::leaky_bucket(5, Duration::from_secs(1))]),
+            Duration::ZERO,
+            now,
+        );
+        meters.requote(Arc::new(terms), now);
+        assert!(
+            matches!(meters.meters, Counts::One(_)),
+            "one meter, in place again"
+        );
+        meters.set_pace(Some(pace));
+        meters.set_pace(None);
+        assert!(matches!(meters.meters, Counts::One(_)), "and after a pace");
+    }
+
     /// A first answer later than the slack may mean the first request
     /// landed that late: the burst is one smaller, and only one, however
     /// slow the answer.

@@ -33,7 +33,10 @@ pub(super) struct More {
 
 impl Counts {
     /// `meters`, slowed by `slowed`.
-    pub(super) fn of(meters: Vec<InlineMeter>, slowed: Option<Box<Slowed>>) -> Self {
+    pub(super) fn of(
+        meters: impl IntoIterator<Item = InlineMeter>,
+        slowed: Option<Box<Slowed>>,
+    ) -> Self {
         let mut meters = meters.into_iter();
         match (meters.next(), meters.next(), slowed) {
             (Some(one), None, None) => Self::One([one]),

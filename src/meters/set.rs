@@ -71,8 +71,7 @@ impl Meters {
                 terms
                     .quotas()
                     .iter()
-                    .map(|quota| InlineMeter::of(quota, terms.headroom(), now))
-                    .collect(),
+                    .map(|quota| InlineMeter::of(quota, terms.headroom(), now)),
                 None,
             ),
             last: Stamp::NONE,
@@ -100,7 +99,7 @@ impl Meters {
         let (meters, slowed) = self.meters.take();
         let mut old: Vec<(Quota, InlineMeter)> =
             self.terms.quotas().iter().cloned().zip(meters).collect();
-        let meters = terms
+        let meters: Vec<InlineMeter> = terms
             .quotas()
             .iter()
             .zip(terms.shapes())

@@ -61,7 +61,8 @@ use tower_service::Service;
 
 use crate::Shaper;
 use crate::error::Error;
-use crate::shaper::call::{Failure, Options, SendFailure};
+use crate::shaper::again::{Failure, SendFailure};
+use crate::shaper::call::Options;
 
 /// tower's error type: any error, boxed.
 pub type BoxError = Box<dyn StdError + Send + Sync>;

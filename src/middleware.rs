@@ -27,7 +27,8 @@ use reqwest_middleware::{Middleware, Next};
 
 use crate::Shaper;
 use crate::error::Error;
-use crate::shaper::call::{Failure, Logical, Options, SendFailure};
+use crate::shaper::again::{Failure, SendFailure};
+use crate::shaper::call::{Logical, Options};
 
 #[async_trait::async_trait]
 impl Middleware for Shaper {

@@ -11,6 +11,7 @@
 //! | `transport.rs` | [`Transport`]: what puts an attempt on the wire |
 //! | `registry.rs` | the `Registry`: lanes and gates by key, created on first use, evicted when idle, and live quota changes |
 //! | `call.rs` | one request's life (`Shaper::execute`): wait, send, let the crate's `throttle` module judge the answer, go again or finish; the options a request carries ([`MaxWait`]) |
+//! | `again.rs` | a send that did not end its request: go again after the lane's pause or a backoff, or end, and with what |
 //! | `heard.rs` | what a vendor's answer said: its signals, a quota it announced, the verdict, a client's own redirects |
 //! | `redirect.rs` | the next hop of a redirect the shaper follows, through the lane of its URL |
 //! | `settle.rs` | [`Settle`]: a request's real cost, reported after the answer |
@@ -20,6 +21,7 @@
 //! | `metering.rs` | what a lane that costs tokens adds to a request's life, and nothing without the feature |
 //! | `lanes.rs` | the registry's sharded map of lanes, its sweeper, `max_lanes` |
 
+pub(crate) mod again;
 mod body;
 mod builder;
 pub(crate) mod call;

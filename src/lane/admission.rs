@@ -30,6 +30,7 @@ impl Lane {
     /// Join the back of the queue: refused at once when the cost can never
     /// fit, when the queue is full, or when the predicted wait is past
     /// `max_wait`.
+    #[cfg(test)]
     pub(crate) fn enter(
         &self,
         cost: u64,
@@ -50,6 +51,24 @@ impl Lane {
         max_wait: Option<Duration>,
     ) -> Result<Place, Error> {
         self.admits(cost)?;
+        let mut place = self.numbered(seq, cost, priority, max_wait)?;
+        match self.turn_now(cost) {
+            Some(turn) => place.slot = Slot::Ready(turn),
+            None => self.join(&mut place)?,
+        }
+        Ok(place)
+    }
+
+    /// An admitted request's place, numbered `seq` when given (else the
+    /// next number), not yet in the queue: refused when its predicted
+    /// wait is past `max_wait`, which is its deadline.
+    pub(super) fn numbered(
+        &self,
+        seq: Option<u64>,
+        cost: u64,
+        priority: Priority,
+        max_wait: Option<Duration>,
+    ) -> Result<Place, Error> {
         let shared = &self.shared;
         // Only a request with a deadline needs the clock here.
         let deadline = match max_wait {
@@ -68,16 +87,18 @@ impl Lane {
             }
         };
         let seq = seq.unwrap_or_else(|| shared.next_seq.fetch_add(1, Ordering::Relaxed));
-        let place = |slot| Place {
+        Ok(Place {
             seq,
             cost,
             priority,
-            slot,
+            slot: Slot::Taken,
             deadline,
-        };
-        if let Some(turn) = self.turn_now(cost) {
-            return Ok(place(Slot::Ready(turn)));
-        }
+        })
+    }
+
+    /// Put `place` in the queue: refused when the queue is full.
+    pub(super) fn join(&self, place: &mut Place) -> Result<(), Error> {
+        let shared = &self.shared;
         let capacity = shared.road.policy.queue_capacity.min(Waiting::MOST);
         let queued = shared.count_in();
         if queued >= capacity {
@@ -87,10 +108,8 @@ impl Lane {
                 capacity,
             });
         }
-        let (ticket, waiter) = Waiter::ticket(&self.shared, seq, cost, priority);
-        let mut slot = Slot::Taken;
-        self.send(ticket, waiter, &mut slot)?;
-        Ok(place(slot))
+        let (ticket, waiter) = Waiter::ticket(shared, place.seq, place.cost, place.priority);
+        self.send(ticket, waiter, &mut place.slot)
     }
 
     /// Refused at the door whatever the wait: a gate stopped by the

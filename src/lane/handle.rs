@@ -174,16 +174,17 @@ impl Lane {
 
     /// [`acquire`](Self::acquire)'s turn at once when nobody waits, else
     /// its place in the queue. A turn taken at once needs no place: nothing
-    /// sends its request again, so nothing keeps its number.
+    /// sends its request again, so nothing keeps its number. One that
+    /// queues is not tried at once a second time, as `enter_at` would.
     fn acquiring(&self) -> Result<Result<Turn, Place>, Error> {
         self.admits(1)?;
-        match self.turn_now(1) {
-            Some(turn) => Ok(Ok(turn)),
-            None => {
-                let max_wait = self.shared.road.policy.max_wait;
-                self.enter(1, Priority::Interactive, max_wait).map(Err)
-            }
+        if let Some(turn) = self.turn_now(1) {
+            return Ok(Ok(turn));
         }
+        let max_wait = self.shared.road.policy.max_wait;
+        let mut place = self.numbered(None, 1, Priority::Interactive, max_wait)?;
+        self.join(&mut place)?;
+        Ok(Err(place))
     }
 
     /// Hand the dispatcher a ticket already counted in `waiting`, starting

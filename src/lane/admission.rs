@@ -27,9 +27,7 @@ use crate::store::StoreMode;
 use crate::time::{Stamp, later};
 
 impl Lane {
-    /// Join the back of the queue: refused at once when the cost can never
-    /// fit, when the queue is full, or when the predicted wait is past
-    /// `max_wait`.
+    /// [`enter_at`](Self::enter_at) the next place.
     #[cfg(test)]
     pub(crate) fn enter(
         &self,
@@ -40,9 +38,11 @@ impl Lane {
         self.enter_at(None, cost, priority, max_wait)
     }
 
-    /// [`enter`](Self::enter), at the place numbered `seq` when given: a
-    /// request a layer above sends again keeps the place it had, ahead of
-    /// everything submitted after it.
+    /// Join the back of the queue, at the place numbered `seq` when given
+    /// (a request a layer above sends again keeps the place it had, ahead
+    /// of everything submitted after it): refused at once when the cost
+    /// can never fit, when the queue is full, or when the predicted wait
+    /// is past `max_wait`.
     pub(crate) fn enter_at(
         &self,
         seq: Option<u64>,

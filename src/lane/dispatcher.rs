@@ -24,7 +24,6 @@ use super::queue::{Costed, Queue};
 use super::release::{Blocked, Ready, Release, Step, Waiting};
 use super::shared::Shared;
 use super::turn::Ticket;
-use crate::sync::lock;
 
 /// How long a dispatcher stays once its queue drained: a lane busy in
 /// bursts does not start one a burst. A lane on a shared store stays its
@@ -50,7 +49,7 @@ impl<R: Release> Drop for Dispatcher<R> {
     fn drop(&mut self) {
         self.engine.step_aside(&self.shared);
         self.tickets.close();
-        let door = lock(&self.shared.door);
+        let door = self.shared.door();
         // Its own door, not a successor's.
         if door.as_ref().is_some_and(async_channel::Sender::is_closed) {
             self.shut(door);
@@ -179,7 +178,7 @@ impl<R: Release> Dispatcher<R> {
     /// lock, which every ticket is sent under, so the next one starts a
     /// successor.
     fn retire(&self) -> bool {
-        let door = lock(&self.shared.door);
+        let door = self.shared.door();
         if !self.tickets.is_empty() || !self.queue.is_empty() {
             return false;
         }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
+use once_cell::race::OnceBox;
 use tokio::sync::{Semaphore, oneshot};
 use tokio::time::{Instant, sleep_until};
 
@@ -13,7 +14,7 @@ use super::name::LaneName;
 use super::policy::{LanePolicy, Priority};
 use super::release::{Local, Reserved};
 use super::road::Road;
-use super::shared::{Door, Shared, Ties, Waiting};
+use super::shared::{Shared, Ties, Waiting};
 use super::snapshot::LaneSnapshot;
 use super::turn::{Ticket, Turn};
 use super::waiter::Waiter;
@@ -111,13 +112,12 @@ impl Lane {
                     .map(|n| Arc::new(Semaphore::new(n.min(Semaphore::MAX_PERMITS)))),
                 remote,
             ),
-            next_seq: AtomicU64::new(0),
             released: AtomicU64::new(0),
             throttles: AtomicU32::new(0),
             waiting: Waiting::default(),
             road,
             active_at: AtomicStamp::new(Instant::now()),
-            door: Door::default(),
+            queueing: OnceBox::new(),
         });
         shared.report_quota();
         Self { shared }
@@ -199,7 +199,7 @@ impl Lane {
         // Unsent, the ticket is dropped with its sender: the waiter
         // counts itself out as it drops.
         let shared = &self.shared;
-        let mut door = lock(&shared.door);
+        let mut door = shared.door();
         let ticket = match door.as_ref() {
             Some(tickets) => match tickets.try_send(ticket) {
                 Ok(()) => None,
@@ -539,10 +539,13 @@ impl Lane {
     pub(crate) fn wake(&self) {
         // A closed lane, or one nobody waits in, has nothing to wake (a
         // tenant's first answer wakes its new lane: no channel is made
-        // for it).
-        if let Some(tickets) = &*lock(&self.shared.door) {
+        // for it, nor a door).
+        let Some(queueing) = self.shared.queueing.get() else {
+            return;
+        };
+        if let Some(tickets) = &*lock(&queueing.door) {
             let (turn, _) = oneshot::channel();
-            let seq = self.shared.next_seq.fetch_add(1, Ordering::Relaxed);
+            let seq = queueing.next_seq.fetch_add(1, Ordering::Relaxed);
             let _ = tickets.try_send(Ticket {
                 seq,
                 cost: 0,
@@ -680,13 +683,16 @@ impl Lane {
     /// True while a dispatcher runs for the lane: someone waits, or did
     /// within its linger.
     pub(crate) fn is_busy(&self) -> bool {
-        lock(&self.shared.door).is_some()
+        let queueing = self.shared.queueing.get();
+        queueing.is_some_and(|queueing| lock(&queueing.door).is_some())
     }
 
     /// Refuse new requests and end every waiting one with
     /// [`Error::Shutdown`].
     pub(crate) fn close(&self) {
-        let mut door = lock(&self.shared.door);
+        // Made if it was not: a request about to wait for the first time
+        // sends its ticket under this lock, so it sees the lane closed.
+        let mut door = self.shared.door();
         self.shared.waiting.close();
         if let Some(tickets) = door.take() {
             tickets.close();

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
+use once_cell::race::OnceBox;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
@@ -19,15 +20,26 @@ use crate::gate::{Gate, Stop};
 use crate::meters::Meters;
 use crate::observability::LaneMetrics;
 use crate::store::Remote;
+use crate::sync::lock;
 use crate::time::{AtomicStamp, Stamp};
 use crate::vendor::VendorModel;
 
 /// Where tickets go while a dispatcher runs; `None` while none does.
 /// Tickets are sent, and a dispatcher starts and retires, under its lock,
 /// so none is sent to one that is leaving. A mutex, not a read-write lock:
-/// a send holds it for one `try_send`, and it is 8 bytes smaller in every
-/// lane.
+/// a send holds it for one `try_send`, and it is 8 bytes smaller.
 pub(super) type Door = std::sync::Mutex<Option<async_channel::Sender<Ticket>>>;
+
+/// What a lane needs only once a request waits in it: the door to its
+/// dispatcher and the numbers its tickets take. Made the first time one
+/// is needed and kept for the lane's life, as a gate keeps its `Cold`: a
+/// lane per tenant that never queues carries a pointer for them, not 24
+/// bytes.
+#[derive(Default)]
+pub(super) struct Queueing {
+    pub(super) door: Door,
+    pub(super) next_seq: AtomicU64,
+}
 
 pub(super) struct Shared {
     /// Tells lanes apart in a gate's queue.
@@ -43,7 +55,6 @@ pub(super) struct Shared {
     pub(super) vendor: Arc<VendorModel>,
     /// Its in-flight cap and its store, if it has either.
     pub(super) ties: Option<Box<Ties>>,
-    pub(super) next_seq: AtomicU64,
     pub(super) released: AtomicU64,
     /// Throttles seen, saturating: 32 bits, which pack with `waiting`.
     pub(super) throttles: AtomicU32,
@@ -52,9 +63,9 @@ pub(super) struct Shared {
     /// When the lane last released a turn: how long it has been idle, for
     /// its owner's sweep.
     pub(super) active_at: AtomicStamp,
-    /// The door to its dispatcher, while one runs: a lane nobody waits in
-    /// has none.
-    pub(super) door: Door,
+    /// Its dispatcher's door and its tickets' numbers, once a request
+    /// waited in it.
+    pub(super) queueing: OnceBox<Queueing>,
 }
 
 /// What few lanes have: a cap on requests in flight, a link to a shared
@@ -133,6 +144,22 @@ impl Shared {
     /// Its link to a shared store, if it has one.
     pub(super) fn remote(&self) -> Option<&Arc<Remote>> {
         self.ties.as_ref()?.remote.as_ref()
+    }
+
+    /// Its door and its tickets' numbers, made now if no request waited
+    /// in it before.
+    pub(super) fn queueing(&self) -> &Queueing {
+        self.queueing.get_or_init(Box::default)
+    }
+
+    /// The door to its dispatcher, locked.
+    pub(super) fn door(&self) -> MutexGuard<'_, Option<async_channel::Sender<Ticket>>> {
+        lock(&self.queueing().door)
+    }
+
+    /// The next ticket's number.
+    pub(super) fn next_seq(&self) -> u64 {
+        self.queueing().next_seq.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Its name: its owner's map of lanes finds it by it, and keeps no

@@ -292,6 +292,11 @@ impl<T> Drop for Listing<T> {
     }
 }
 
+/// The value listed under `key`, if one lives.
+pub(crate) fn found<T>(map: &Listings<T>, key: &str) -> Option<Arc<T>> {
+    lock(map).get(key).and_then(Weak::upgrade)
+}
+
 /// The value listed under `key`, else one `make` builds now (given its
 /// listing) and lists.
 pub(crate) fn listed<T>(

@@ -24,7 +24,7 @@ use crate::observability::{Labels, Series, StoreMetrics};
 use crate::retry::RetryBudget;
 use crate::route::{Level, Route, Tag};
 use crate::store::{Store, StoreFailure, StoreMode};
-use crate::sync::{Listings, listed, lock};
+use crate::sync::{Listings, found, listed, lock};
 use crate::vendor::{VendorMap, VendorModel};
 
 /// A shaper's lanes and gates by name, and what it takes to make them:
@@ -301,8 +301,8 @@ impl Registry {
         let (vendor_level, vendor_key) = (levels[levels.len() - 1], keys[keys.len() - 1]);
         // Every level's quotas are a shared gate, even when one lane is all
         // that uses it yet: the vendor's quota must be one gate for all.
-        let vendor_gate = self.gate_for(vendor_level, vendor_key);
-        let vendor = self.vendor_for(vendor_key, &vendor_gate);
+        let vendor = self.vendor_for(vendor_level, vendor_key);
+        let vendor_gate = vendor.gate().clone();
         // Nearly always a tenant's and the vendor's: no list of their own.
         let mut shared: SmallVec<[Arc<Gate>; 2]> = SmallVec::with_capacity(levels.len());
         shared.extend(
@@ -431,12 +431,19 @@ impl Registry {
             })
     }
 
-    /// The model of the vendor whose gate for `key` is `gate`, created on
-    /// first use.
-    fn vendor_for(&self, key: &str, gate: &Arc<Gate>) -> Arc<VendorModel> {
+    /// The model of the vendor `key` names at `level`, and in it the
+    /// vendor's gate, created on first use. A model holds its gate, which
+    /// is the gate map's for `key` while it lives: a new lane under a known
+    /// vendor finds both in one lookup. The gate is made before the model
+    /// and outside its map's lock, which a model's last drop takes.
+    fn vendor_for(&self, level: &Level, key: &str) -> Arc<VendorModel> {
+        if let Some(model) = found(&self.vendors, key) {
+            return model;
+        }
+        let gate = self.gate_for(level, key);
         listed(&self.vendors, key, |listing| {
             let settings = self.policy.vendor_settings(self.budget);
-            VendorModel::new(gate.clone(), settings, Some(listing))
+            VendorModel::new(gate, settings, Some(listing))
         })
     }
 }

@@ -86,7 +86,7 @@ impl Lane {
                 Some(Box::new((later(now, max_wait), max_wait)))
             }
         };
-        let seq = seq.unwrap_or_else(|| shared.next_seq());
+        let seq = seq.unwrap_or_else(|| shared.next_seq.fetch_add(1, Ordering::Relaxed));
         Ok(Place {
             seq,
             cost,

@@ -24,7 +24,6 @@ use crate::meters::{Quota, Rate};
 use crate::observability::{InFlight, Labels, Series};
 use crate::retry::RetryBudget;
 use crate::store::{Remote, StoreMode};
-use crate::sync::lock;
 use crate::time::{AtomicStamp, later};
 use crate::vendor::{Spending, VendorModel, explains};
 
@@ -101,9 +100,7 @@ impl Lane {
         (gates, vendor): (impl IntoIterator<Item = Arc<Gate>>, Arc<VendorModel>),
         remote: Option<Arc<Remote>>,
     ) -> Self {
-        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         let shared = Arc::new(Shared {
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             gates: gates.into_iter().collect(),
             vendor,
             ties: Ties::of(
@@ -112,12 +109,13 @@ impl Lane {
                     .map(|n| Arc::new(Semaphore::new(n.min(Semaphore::MAX_PERMITS)))),
                 remote,
             ),
+            next_seq: AtomicU64::new(0),
             released: AtomicU64::new(0),
             throttles: AtomicU32::new(0),
             waiting: Waiting::default(),
             road,
             active_at: AtomicStamp::new(Instant::now()),
-            queueing: OnceBox::new(),
+            door: OnceBox::new(),
         });
         shared.report_quota();
         Self { shared }
@@ -540,12 +538,12 @@ impl Lane {
         // A closed lane, or one nobody waits in, has nothing to wake (a
         // tenant's first answer wakes its new lane: no channel is made
         // for it, nor a door).
-        let Some(queueing) = self.shared.queueing.get() else {
+        let Some(door) = self.shared.door_if_made() else {
             return;
         };
-        if let Some(tickets) = &*lock(&queueing.door) {
+        if let Some(tickets) = &*door {
             let (turn, _) = oneshot::channel();
-            let seq = queueing.next_seq.fetch_add(1, Ordering::Relaxed);
+            let seq = self.shared.next_seq.fetch_add(1, Ordering::Relaxed);
             let _ = tickets.try_send(Ticket {
                 seq,
                 cost: 0,
@@ -683,8 +681,8 @@ impl Lane {
     /// True while a dispatcher runs for the lane: someone waits, or did
     /// within its linger.
     pub(crate) fn is_busy(&self) -> bool {
-        let queueing = self.shared.queueing.get();
-        queueing.is_some_and(|queueing| lock(&queueing.door).is_some())
+        let door = self.shared.door_if_made();
+        door.is_some_and(|door| door.is_some())
     }
 
     /// Refuse new requests and end every waiting one with

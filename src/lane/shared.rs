@@ -30,20 +30,7 @@ use crate::vendor::VendorModel;
 /// a send holds it for one `try_send`, and it is 8 bytes smaller.
 pub(super) type Door = std::sync::Mutex<Option<async_channel::Sender<Ticket>>>;
 
-/// What a lane needs only once a request waits in it: the door to its
-/// dispatcher and the numbers its tickets take. Made the first time one
-/// is needed and kept for the lane's life, as a gate keeps its `Cold`: a
-/// lane per tenant that never queues carries a pointer for them, not 24
-/// bytes.
-#[derive(Default)]
-pub(super) struct Queueing {
-    pub(super) door: Door,
-    pub(super) next_seq: AtomicU64,
-}
-
 pub(super) struct Shared {
-    /// Tells lanes apart in a gate's queue.
-    pub(super) id: u64,
     /// Its name's prefix, policy and series, and who hears its dispatcher
     /// retire: shared with the lanes of its route, level and vendor.
     pub(super) road: Arc<Road>,
@@ -55,6 +42,7 @@ pub(super) struct Shared {
     pub(super) vendor: Arc<VendorModel>,
     /// Its in-flight cap and its store, if it has either.
     pub(super) ties: Option<Box<Ties>>,
+    pub(super) next_seq: AtomicU64,
     pub(super) released: AtomicU64,
     /// Throttles seen, saturating: 32 bits, which pack with `waiting`.
     pub(super) throttles: AtomicU32,
@@ -63,9 +51,11 @@ pub(super) struct Shared {
     /// When the lane last released a turn: how long it has been idle, for
     /// its owner's sweep.
     pub(super) active_at: AtomicStamp,
-    /// Its dispatcher's door and its tickets' numbers, once a request
-    /// waited in it.
-    pub(super) queueing: OnceBox<Queueing>,
+    /// The door to its dispatcher, made the first time a request waits
+    /// in it and kept for the lane's life, as a gate keeps its `Cold`: a
+    /// lane per tenant that never queues carries a pointer for it, not 16
+    /// bytes.
+    pub(super) door: OnceBox<Door>,
 }
 
 /// What few lanes have: a cap on requests in flight, a link to a shared
@@ -146,20 +136,25 @@ impl Shared {
         self.ties.as_ref()?.remote.as_ref()
     }
 
-    /// Its door and its tickets' numbers, made now if no request waited
-    /// in it before.
-    pub(super) fn queueing(&self) -> &Queueing {
-        self.queueing.get_or_init(Box::default)
-    }
-
-    /// The door to its dispatcher, locked.
+    /// The door to its dispatcher, locked: made now if no request waited
+    /// in the lane before.
     pub(super) fn door(&self) -> MutexGuard<'_, Option<async_channel::Sender<Ticket>>> {
-        lock(&self.queueing().door)
+        lock(self.door.get_or_init(Box::default))
     }
 
-    /// The next ticket's number.
-    pub(super) fn next_seq(&self) -> u64 {
-        self.queueing().next_seq.fetch_add(1, Ordering::Relaxed)
+    /// The door to its dispatcher, locked, if a request ever waited in the
+    /// lane: one that never did has nothing behind it.
+    pub(super) fn door_if_made(
+        &self,
+    ) -> Option<MutexGuard<'_, Option<async_channel::Sender<Ticket>>>> {
+        self.door.get().map(lock)
+    }
+
+    /// Tells lanes apart in a gate's queue: its address, which no other
+    /// live lane has, and a lane waiting at a gate is live (its dispatcher
+    /// holds it, and leaves the gate's queue as it goes).
+    pub(super) fn id(&self) -> u64 {
+        std::ptr::from_ref(self).addr() as u64
     }
 
     /// Its name: its owner's map of lanes finds it by it, and keeps no

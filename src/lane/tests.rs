@@ -357,12 +357,29 @@ async fn no_ticket_is_lost_to_a_retiring_dispatcher() {
 /// A lane per tenant: its own state is what its requests need of it, and
 /// what the lanes of its route share is their road's (`lane/road.rs`),
 /// its name its gates' keys (`lane/name.rs`), its rare ties in one box,
-/// its waiting count and closed flag in one word, and what only a lane
-/// that queued needs behind one pointer (`lane/shared.rs`): 88 bytes,
-/// where it took 152 and a name of its own. A field that grows it shows
-/// here first.
+/// its waiting count and closed flag in one word, its dispatcher's door
+/// behind one pointer, made when a request first waits, and its identity
+/// its address (`lane/shared.rs`): 88 bytes, where it took 152 and a name
+/// of its own. A field that grows it shows here first.
 #[test]
 fn a_lane_keeps_its_own_state_and_no_more() {
     let size = size_of::<super::shared::Shared>();
     assert!(size <= 88, "{size}");
+}
+
+/// A lane whose requests all went at once never made its dispatcher's
+/// door (a lane per tenant carries a pointer for it, not the door); the
+/// first request that must wait makes it, and waits its turn behind it.
+#[tokio::test(start_paused = true)]
+async fn a_lane_nobody_waited_in_makes_no_door() {
+    let lane = Lane::new("t", ten(), policy()).unwrap();
+    drop(lane.acquire().await.unwrap());
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let place = lane.enter(1, Priority::Interactive, None).unwrap();
+    assert!(lane.shared.door.get().is_none(), "went at once: no door");
+    drop(place);
+    let started = Instant::now();
+    drop(lane.acquire().await.unwrap());
+    assert!(lane.shared.door.get().is_some(), "waited: a door");
+    assert!(started.elapsed() >= Duration::from_millis(100));
 }

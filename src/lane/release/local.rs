@@ -39,7 +39,7 @@ impl Release for Local {
     fn step_aside(&mut self, shared: &Shared) {
         if let Some(since) = self.since.take() {
             for gate in shared.gates.iter() {
-                gate.delist((since, shared.id));
+                gate.delist((since, shared.id()));
             }
         }
     }
@@ -131,7 +131,7 @@ impl Local {
             return None;
         }
         let times: Vec<Instant> = meters.iter().map(|m| m.earliest(cost, now)).collect();
-        let me = (*self.since.get_or_insert(now), shared.id);
+        let me = (*self.since.get_or_insert(now), shared.id());
         let mut held_by = None;
         for (i, gate) in shared
             .gates

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use super::handle::Shaper;
 use super::settle::Settle;
 use crate::lane::Lane;
-use crate::signals::{Signals, Spoken};
+use crate::signals::{AnswerClock, Signals, Spoken};
 use crate::throttle::{self, Verdict};
 
 impl Shaper {
@@ -73,10 +73,11 @@ impl Shaper {
         if self.inner.dialects.is_empty() && spoken.is_none() {
             return Signals::default();
         }
-        let now = crate::signals::vendor_clock(headers, self.inner.wall.now());
-        let mut signals = Signals::parse_spoken(headers, now, spoken);
+        let read = || crate::signals::vendor_clock(headers, self.inner.wall.now());
+        let clock = AnswerClock::new(&read);
+        let mut signals = Signals::parse_spoken(headers, &clock, spoken);
         for dialect in &self.inner.dialects {
-            dialect.read(headers, now, &mut signals);
+            dialect.read(headers, clock.now(), &mut signals);
         }
         signals
     }

@@ -2,6 +2,7 @@
 //! ([`WallClock`], [`SystemClock`]) and the vendor's own, from its `Date`
 //! header ([`vendor_clock`]).
 
+use std::cell::OnceCell;
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
@@ -64,5 +65,31 @@ pub fn vendor_clock(headers: &HeaderMap, now: SystemTime) -> SystemTime {
         date
     } else {
         now
+    }
+}
+
+/// One answer's clock for its absolute times, read the first time a
+/// dialect asks: an answer whose resets are all relative (OpenAI's Go
+/// durations, Discord's `reset-after`, a `Retry-After` in seconds) costs
+/// neither a reading of the wall clock nor a parse of its `Date`, which
+/// every real vendor sends.
+pub(crate) struct AnswerClock<'a> {
+    read: &'a dyn Fn() -> SystemTime,
+    now: OnceCell<SystemTime>,
+}
+
+impl<'a> AnswerClock<'a> {
+    /// A clock `read` reads, once, when first asked.
+    pub(crate) fn new(read: &'a dyn Fn() -> SystemTime) -> Self {
+        Self {
+            read,
+            now: OnceCell::new(),
+        }
+    }
+
+    /// The time now, on the clock the answer's absolute times are read
+    /// against.
+    pub(crate) fn now(&self) -> SystemTime {
+        *self.now.get_or_init(self.read)
     }
 }

@@ -5,13 +5,14 @@ use std::time::{Duration, SystemTime};
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 
+use super::clock::AnswerClock;
 use super::formats::{
     epoch, epoch_or_delta, go_duration, integer, number, rfc3339, seconds, sf_list, step, until,
 };
 use super::retry_after::{RETRY_AFTER_MS, retry_after};
 use super::said::{Dimension, Limit, Signals};
 
-pub(super) type Reader = fn(&HeaderMap, SystemTime, &mut Signals);
+pub(super) type Reader = fn(&HeaderMap, &AnswerClock<'_>, &mut Signals);
 
 /// One limit's headers. Named once, not formatted per response: every
 /// answer is read by every dialect.
@@ -164,10 +165,36 @@ const FAMILIES: [(&str, u8); 6] = [
     (SHOPIFY, family::SHOPIFY),
 ];
 
+/// Whether a name beginning with each byte may be in a family: most of a
+/// real answer's names (`date`, `content-type`, `server`, `cf-ray`,
+/// `set-cookie`, the vendor's own) are told apart by their first byte,
+/// with no prefix compared.
+const MAY_BE_READ: [bool; 256] = first_bytes();
+
+/// The first bytes of [`FAMILIES`]' prefixes and of [`RETRY_AFTER_MS`].
+const fn first_bytes() -> [bool; 256] {
+    let mut table = [false; 256];
+    let mut i = 0;
+    while i < FAMILIES.len() {
+        table[FAMILIES[i].0.as_bytes()[0] as usize] = true;
+        i += 1;
+    }
+    let mut i = 0;
+    while i < RETRY_AFTER_MS.len() {
+        table[RETRY_AFTER_MS[i].as_bytes()[0] as usize] = true;
+        i += 1;
+    }
+    table
+}
+
 /// The family of the header `name`, if a built-in dialect reads its kind
 /// (see [`FAMILIES`]); 0 if none does.
 fn family_of(name: &HeaderName) -> u8 {
     let name = name.as_str();
+    let first = name.as_bytes().first();
+    if first.is_none_or(|&byte| !MAY_BE_READ[usize::from(byte)]) {
+        return 0;
+    }
     if RETRY_AFTER_MS.contains(&name) {
         return family::RETRY;
     }
@@ -215,8 +242,8 @@ const BUILT_IN: &[BuiltIn] = &[
     },
 ];
 
-fn retry_after_dialects(headers: &HeaderMap, now: SystemTime, signals: &mut Signals) {
-    if let Some(pause) = retry_after(headers, now) {
+fn retry_after_dialects(headers: &HeaderMap, clock: &AnswerClock<'_>, signals: &mut Signals) {
+    if let Some(pause) = retry_after(headers, clock.now()) {
         signals.retry_after = Some(pause);
     }
 }
@@ -224,7 +251,7 @@ fn retry_after_dialects(headers: &HeaderMap, now: SystemTime, signals: &mut Sign
 /// GitHub (`x-ratelimit-*`) and X (`x-rate-limit-*`): reset in epoch
 /// seconds. Discord adds `x-ratelimit-reset-after` (seconds with
 /// milliseconds), which needs no clock of ours and wins.
-fn github(headers: &HeaderMap, now: SystemTime, signals: &mut Signals) {
+fn github(headers: &HeaderMap, clock: &AnswerClock<'_>, signals: &mut Signals) {
     for (names, reset_after) in &GITHUB {
         let values = names.values(headers);
         let (limit, remaining) = values.counts();
@@ -233,7 +260,7 @@ fn github(headers: &HeaderMap, now: SystemTime, signals: &mut Signals) {
             .and_then(|v| Some((seconds(number(v)?), step(v))))
             .or_else(|| {
                 let reset = values.reset?;
-                Some((epoch_or_delta(reset, now)?, step(reset)))
+                Some((epoch_or_delta(reset, clock.now())?, step(reset)))
             });
         if let Some(filled) = fill(signals, Dimension::Requests, limit, remaining, reset) {
             filled.reset_at = values.reset.and_then(epoch);
@@ -242,7 +269,7 @@ fn github(headers: &HeaderMap, now: SystemTime, signals: &mut Signals) {
 }
 
 /// OpenAI: `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`.
-fn openai(headers: &HeaderMap, _now: SystemTime, signals: &mut Signals) {
+fn openai(headers: &HeaderMap, _: &AnswerClock<'_>, signals: &mut Signals) {
     for (names, dimension) in OPENAI.iter().zip([Dimension::Requests, Dimension::Tokens]) {
         let values = names.values(headers);
         let (limit, remaining) = values.counts();
@@ -260,7 +287,7 @@ fn openai(headers: &HeaderMap, _now: SystemTime, signals: &mut Signals) {
 
 /// Anthropic: `anthropic-ratelimit-<dimension>-{limit,remaining,reset}`,
 /// reset as an RFC 3339 timestamp.
-fn anthropic(headers: &HeaderMap, now: SystemTime, signals: &mut Signals) {
+fn anthropic(headers: &HeaderMap, clock: &AnswerClock<'_>, signals: &mut Signals) {
     let dimensions = [
         Dimension::Requests,
         Dimension::Tokens,
@@ -271,7 +298,9 @@ fn anthropic(headers: &HeaderMap, now: SystemTime, signals: &mut Signals) {
         let values = names.values(headers);
         let (limit, remaining) = values.counts();
         let at = values.reset.and_then(rfc3339);
-        let reset = values.reset.and_then(|v| Some((until(at?, now), step(v))));
+        let reset = values
+            .reset
+            .and_then(|v| Some((until(at?, clock.now()), step(v))));
         if let Some(filled) = fill(signals, dimension, limit, remaining, reset) {
             filled.refills = true;
             filled.reset_at = at;
@@ -282,7 +311,7 @@ fn anthropic(headers: &HeaderMap, now: SystemTime, signals: &mut Signals) {
 /// The IETF httpapi draft: `RateLimit-Policy` and `RateLimit` structured
 /// fields (several named policies), and the older
 /// `RateLimit-Limit/-Remaining/-Reset` trio.
-fn ietf(headers: &HeaderMap, _now: SystemTime, signals: &mut Signals) {
+fn ietf(headers: &HeaderMap, _: &AnswerClock<'_>, signals: &mut Signals) {
     for value in headers.get_all(RATELIMIT_POLICY) {
         for (name, params) in sf_list(value) {
             let entry = signals.limit_mut(Dimension::Policy(name));
@@ -325,7 +354,7 @@ fn ietf(headers: &HeaderMap, _now: SystemTime, signals: &mut Signals) {
 }
 
 /// Shopify REST: `X-Shopify-Shop-Api-Call-Limit: used/capacity`.
-fn shopify(headers: &HeaderMap, _now: SystemTime, signals: &mut Signals) {
+fn shopify(headers: &HeaderMap, _: &AnswerClock<'_>, signals: &mut Signals) {
     let Some(text) = headers.get(SHOPIFY).and_then(|v| v.to_str().ok()) else {
         return;
     };
@@ -403,15 +432,21 @@ impl Signals {
     /// Read every dialect this module knows from `headers`; `now` is the
     /// wall clock, for the dialects that send dates.
     pub fn parse(headers: &HeaderMap, now: SystemTime) -> Self {
-        Self::parse_spoken(headers, now, Spoken::of(headers))
+        let now = || now;
+        Self::parse_spoken(headers, &AnswerClock::new(&now), Spoken::of(headers))
     }
 
     /// [`parse`](Self::parse), with the families `headers` speak already
-    /// found: one pass over an answer's names, not two.
-    pub(crate) fn parse_spoken(headers: &HeaderMap, now: SystemTime, spoken: Spoken) -> Self {
+    /// found (one pass over an answer's names, not two), and its clock
+    /// read only if a dialect needs it.
+    pub(crate) fn parse_spoken(
+        headers: &HeaderMap,
+        clock: &AnswerClock<'_>,
+        spoken: Spoken,
+    ) -> Self {
         let mut signals = Self::default();
         for dialect in BUILT_IN.iter().filter(|d| d.families & spoken.0 != 0) {
-            (dialect.read)(headers, now, &mut signals);
+            (dialect.read)(headers, clock, &mut signals);
         }
         signals
     }
@@ -487,5 +522,49 @@ mod tests {
         for name in ["date", "content-type", "x-request-id", "ratel"] {
             assert_eq!(family_of(&HeaderName::from_static(name)), 0, "{name}");
         }
+    }
+
+    /// An answer whose resets are all relative is read without its clock:
+    /// no reading of the wall clock, no parse of its `Date`. One with an
+    /// absolute reset reads it once, however many dialects ask.
+    #[test]
+    fn the_clock_is_read_only_for_an_absolute_time() {
+        let answer = |headers: &[(&'static str, &'static str)]| -> HeaderMap {
+            headers
+                .iter()
+                .map(|&(name, value)| {
+                    (
+                        HeaderName::from_static(name),
+                        HeaderValue::from_static(value),
+                    )
+                })
+                .collect()
+        };
+        let reads = std::cell::Cell::new(0);
+        let now = || {
+            reads.set(reads.get() + 1);
+            SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000)
+        };
+        let date = ("date", "Tue, 14 Nov 2023 22:13:20 GMT");
+        let openai = answer(&[
+            date,
+            ("x-ratelimit-limit-requests", "500"),
+            ("x-ratelimit-remaining-requests", "499"),
+            ("x-ratelimit-reset-requests", "120ms"),
+        ]);
+        let signals = Signals::parse_spoken(&openai, &AnswerClock::new(&now), Spoken::of(&openai));
+        assert_eq!(reads.get(), 0);
+        assert_eq!(signals.request_reset(), Some(Duration::from_millis(120)));
+        let github = answer(&[
+            date,
+            ("x-ratelimit-limit", "5000"),
+            ("x-ratelimit-remaining", "0"),
+            ("x-ratelimit-reset", "1700000030"),
+            ("retry-after", "Tue, 14 Nov 2023 22:13:50 GMT"),
+        ]);
+        let signals = Signals::parse_spoken(&github, &AnswerClock::new(&now), Spoken::of(&github));
+        assert_eq!(reads.get(), 1);
+        assert_eq!(signals.request_reset(), Some(Duration::from_secs(30)));
+        assert_eq!(signals.retry_after, Some(Duration::from_secs(30)));
     }
 }

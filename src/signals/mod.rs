@@ -30,7 +30,7 @@
 //! | `dialects.rs` | the [`Dialect`] trait and the built-in readers, one per vendor family ([`Signals::parse`]) |
 //! | `formats.rs` | the value formats: numbers, dates, Go durations, RFC 3339, structured fields; `LONGEST`, the longest wait a header can ask for |
 //! | `retry_after.rs` | [`retry_after`]: `Retry-After` and the millisecond headers ahead of it |
-//! | `clock.rs` | the [`WallClock`] trait, [`SystemClock`], [`vendor_clock`] |
+//! | `clock.rs` | the [`WallClock`] trait, [`SystemClock`], [`vendor_clock`], and an answer's clock, read only when a dialect needs it |
 //! | `cite.rs` | what a pause cites of the vendor's words |
 #![doc = include_str!("lane.md")]
 
@@ -42,6 +42,7 @@ mod retry_after;
 mod said;
 
 pub(crate) use self::cite::cite;
+pub(crate) use self::clock::AnswerClock;
 pub use self::clock::{SystemClock, WallClock, vendor_clock};
 pub use self::dialects::Dialect;
 pub(crate) use self::dialects::Spoken;

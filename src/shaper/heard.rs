@@ -75,7 +75,7 @@ impl Shaper {
         }
         let read = || crate::signals::vendor_clock(headers, self.inner.wall.now());
         let clock = AnswerClock::new(&read);
-        let mut signals = Signals::parse_spoken(headers, &clock, spoken);
+        let mut signals = Signals::parse_spoken(headers, &clock, &spoken);
         for dialect in &self.inner.dialects {
             dialect.read(headers, clock.now(), &mut signals);
         }

@@ -4,6 +4,7 @@
 use std::time::{Duration, SystemTime};
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use smallvec::SmallVec;
 
 use super::clock::AnswerClock;
 use super::formats::{
@@ -12,7 +13,7 @@ use super::formats::{
 use super::retry_after::{RETRY_AFTER_MS, retry_after};
 use super::said::{Dimension, Limit, Signals};
 
-pub(super) type Reader = fn(&HeaderMap, &AnswerClock<'_>, &mut Signals);
+pub(super) type Reader = fn(&HeaderMap, &Spoken<'_>, &AnswerClock<'_>, &mut Signals);
 
 /// One limit's headers. Named once, not formatted per response: every
 /// answer is read by every dialect.
@@ -32,16 +33,17 @@ impl Trio {
     }
 
     /// The first value of each of the trio's names, in one pass over the
-    /// answer's few headers: a lookup hashes its name (a quarter of an
-    /// OpenAI answer's reading went to that), a compare of names mostly
-    /// stops at their lengths.
-    fn values<'h>(&self, headers: &'h HeaderMap) -> Trio<Option<&'h HeaderValue>> {
+    /// few headers the answer speaks in the dialects' families (see
+    /// [`Spoken`]): a lookup hashes its name (a quarter of an OpenAI
+    /// answer's reading went to that), a compare of names mostly stops at
+    /// their lengths.
+    fn values<'h>(&self, spoken: &Spoken<'h>) -> Trio<Option<&'h HeaderValue>> {
         let mut found = Trio {
             limit: None,
             remaining: None,
             reset: None,
         };
-        for (name, value) in headers {
+        for &(name, value) in &spoken.headers {
             let slot = if *name == self.limit {
                 &mut found.limit
             } else if *name == self.remaining {
@@ -242,7 +244,12 @@ const BUILT_IN: &[BuiltIn] = &[
     },
 ];
 
-fn retry_after_dialects(headers: &HeaderMap, clock: &AnswerClock<'_>, signals: &mut Signals) {
+fn retry_after_dialects(
+    headers: &HeaderMap,
+    _: &Spoken<'_>,
+    clock: &AnswerClock<'_>,
+    signals: &mut Signals,
+) {
     if let Some(pause) = retry_after(headers, clock.now()) {
         signals.retry_after = Some(pause);
     }
@@ -251,11 +258,11 @@ fn retry_after_dialects(headers: &HeaderMap, clock: &AnswerClock<'_>, signals: &
 /// GitHub (`x-ratelimit-*`) and X (`x-rate-limit-*`): reset in epoch
 /// seconds. Discord adds `x-ratelimit-reset-after` (seconds with
 /// milliseconds), which needs no clock of ours and wins.
-fn github(headers: &HeaderMap, clock: &AnswerClock<'_>, signals: &mut Signals) {
+fn github(_: &HeaderMap, spoken: &Spoken<'_>, clock: &AnswerClock<'_>, signals: &mut Signals) {
     for (names, reset_after) in &GITHUB {
-        let values = names.values(headers);
+        let values = names.values(spoken);
         let (limit, remaining) = values.counts();
-        let reset = headers
+        let reset = spoken
             .get(reset_after)
             .and_then(|v| Some((seconds(number(v)?), step(v))))
             .or_else(|| {
@@ -269,9 +276,9 @@ fn github(headers: &HeaderMap, clock: &AnswerClock<'_>, signals: &mut Signals) {
 }
 
 /// OpenAI: `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`.
-fn openai(headers: &HeaderMap, _: &AnswerClock<'_>, signals: &mut Signals) {
+fn openai(_: &HeaderMap, spoken: &Spoken<'_>, _: &AnswerClock<'_>, signals: &mut Signals) {
     for (names, dimension) in OPENAI.iter().zip([Dimension::Requests, Dimension::Tokens]) {
-        let values = names.values(headers);
+        let values = names.values(spoken);
         let (limit, remaining) = values.counts();
         // Go durations, written to the millisecond ("17ms", "59.989s").
         let reset = values
@@ -287,7 +294,7 @@ fn openai(headers: &HeaderMap, _: &AnswerClock<'_>, signals: &mut Signals) {
 
 /// Anthropic: `anthropic-ratelimit-<dimension>-{limit,remaining,reset}`,
 /// reset as an RFC 3339 timestamp.
-fn anthropic(headers: &HeaderMap, clock: &AnswerClock<'_>, signals: &mut Signals) {
+fn anthropic(_: &HeaderMap, spoken: &Spoken<'_>, clock: &AnswerClock<'_>, signals: &mut Signals) {
     let dimensions = [
         Dimension::Requests,
         Dimension::Tokens,
@@ -295,7 +302,7 @@ fn anthropic(headers: &HeaderMap, clock: &AnswerClock<'_>, signals: &mut Signals
         Dimension::OutputTokens,
     ];
     for (names, dimension) in ANTHROPIC.iter().zip(dimensions) {
-        let values = names.values(headers);
+        let values = names.values(spoken);
         let (limit, remaining) = values.counts();
         let at = values.reset.and_then(rfc3339);
         let reset = values
@@ -311,8 +318,8 @@ fn anthropic(headers: &HeaderMap, clock: &AnswerClock<'_>, signals: &mut Signals
 /// The IETF httpapi draft: `RateLimit-Policy` and `RateLimit` structured
 /// fields (several named policies), and the older
 /// `RateLimit-Limit/-Remaining/-Reset` trio.
-fn ietf(headers: &HeaderMap, _: &AnswerClock<'_>, signals: &mut Signals) {
-    for value in headers.get_all(RATELIMIT_POLICY) {
+fn ietf(_: &HeaderMap, spoken: &Spoken<'_>, _: &AnswerClock<'_>, signals: &mut Signals) {
+    for value in spoken.get_all(RATELIMIT_POLICY) {
         for (name, params) in sf_list(value) {
             let entry = signals.limit_mut(Dimension::Policy(name));
             for (key, val) in params {
@@ -326,7 +333,7 @@ fn ietf(headers: &HeaderMap, _: &AnswerClock<'_>, signals: &mut Signals) {
             }
         }
     }
-    for value in headers.get_all(RATELIMIT) {
+    for value in spoken.get_all(RATELIMIT) {
         for (name, params) in sf_list(value) {
             let entry = signals.limit_mut(Dimension::Policy(name));
             for (key, val) in params {
@@ -344,7 +351,7 @@ fn ietf(headers: &HeaderMap, _: &AnswerClock<'_>, signals: &mut Signals) {
             }
         }
     }
-    let values = IETF.values(headers);
+    let values = IETF.values(spoken);
     let (limit, remaining) = values.counts();
     let reset = values
         .reset
@@ -354,8 +361,8 @@ fn ietf(headers: &HeaderMap, _: &AnswerClock<'_>, signals: &mut Signals) {
 }
 
 /// Shopify REST: `X-Shopify-Shop-Api-Call-Limit: used/capacity`.
-fn shopify(headers: &HeaderMap, _: &AnswerClock<'_>, signals: &mut Signals) {
-    let Some(text) = headers.get(SHOPIFY).and_then(|v| v.to_str().ok()) else {
+fn shopify(_: &HeaderMap, spoken: &Spoken<'_>, _: &AnswerClock<'_>, signals: &mut Signals) {
+    let Some(text) = spoken.get(SHOPIFY).and_then(|v| v.to_str().ok()) else {
         return;
     };
     let Some((used, capacity)) = text.trim().split_once('/') else {
@@ -433,7 +440,7 @@ impl Signals {
     /// wall clock, for the dialects that send dates.
     pub fn parse(headers: &HeaderMap, now: SystemTime) -> Self {
         let now = || now;
-        Self::parse_spoken(headers, &AnswerClock::new(&now), Spoken::of(headers))
+        Self::parse_spoken(headers, &AnswerClock::new(&now), &Spoken::of(headers))
     }
 
     /// [`parse`](Self::parse), with the families `headers` speak already
@@ -442,39 +449,69 @@ impl Signals {
     pub(crate) fn parse_spoken(
         headers: &HeaderMap,
         clock: &AnswerClock<'_>,
-        spoken: Spoken,
+        spoken: &Spoken<'_>,
     ) -> Self {
         let mut signals = Self::default();
-        for dialect in BUILT_IN.iter().filter(|d| d.families & spoken.0 != 0) {
-            (dialect.read)(headers, clock, &mut signals);
+        for dialect in BUILT_IN
+            .iter()
+            .filter(|d| d.families & spoken.families != 0)
+        {
+            (dialect.read)(headers, spoken, clock, &mut signals);
         }
         signals
     }
 }
 
-/// The families of built-in dialects an answer's names belong to: read
-/// once per answer, before any dialect reads it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Spoken(u8);
+/// What of an answer the built-in dialects read: the families its names
+/// belong to, and those headers, found in one pass over the answer before
+/// any dialect reads it. A real answer has a score of headers, a few of
+/// them rate limits (OpenAI sends 23, six of them its own); each dialect
+/// then looks through those few, not all of them.
+#[derive(Debug)]
+pub(crate) struct Spoken<'h> {
+    families: u8,
+    /// Every value of a name in a family, in the answer's order.
+    headers: SmallVec<[(&'h HeaderName, &'h HeaderValue); 12]>,
+}
 
-impl Spoken {
-    /// The families of the names in `headers`.
-    pub(crate) fn of(headers: &HeaderMap) -> Self {
-        Self(families(headers))
+impl<'h> Spoken<'h> {
+    /// The families of the names in `headers`, and their headers.
+    pub(crate) fn of(headers: &'h HeaderMap) -> Self {
+        let mut spoken = Self {
+            families: 0,
+            headers: SmallVec::new(),
+        };
+        for (name, value) in headers {
+            let family = family_of(name);
+            if family != 0 {
+                spoken.families |= family;
+                spoken.headers.push((name, value));
+            }
+        }
+        spoken
     }
 
     /// No built-in dialect reads any of them: [`Signals::parse`] would find
     /// nothing, and needs no clock.
-    pub(crate) fn is_none(self) -> bool {
-        self.0 == 0
+    pub(crate) fn is_none(&self) -> bool {
+        self.families == 0
     }
-}
 
-/// The families (see [`family`]) of the names in `headers`.
-fn families(headers: &HeaderMap) -> u8 {
-    headers
-        .keys()
-        .fold(0, |families, name| families | family_of(name))
+    /// The first value of `name`, if the answer has one.
+    fn get(&self, name: impl PartialEq<HeaderName>) -> Option<&'h HeaderValue> {
+        self.get_all(name).next()
+    }
+
+    /// Every value of `name`, in order.
+    fn get_all<'a>(
+        &'a self,
+        name: impl PartialEq<HeaderName> + 'a,
+    ) -> impl Iterator<Item = &'h HeaderValue> + 'a {
+        self.headers
+            .iter()
+            .filter(move |(named, _)| name == **named)
+            .map(|&(_, value)| value)
+    }
 }
 
 #[cfg(test)]
@@ -552,7 +589,7 @@ mod tests {
             ("x-ratelimit-remaining-requests", "499"),
             ("x-ratelimit-reset-requests", "120ms"),
         ]);
-        let signals = Signals::parse_spoken(&openai, &AnswerClock::new(&now), Spoken::of(&openai));
+        let signals = Signals::parse_spoken(&openai, &AnswerClock::new(&now), &Spoken::of(&openai));
         assert_eq!(reads.get(), 0);
         assert_eq!(signals.request_reset(), Some(Duration::from_millis(120)));
         let github = answer(&[
@@ -562,7 +599,7 @@ mod tests {
             ("x-ratelimit-reset", "1700000030"),
             ("retry-after", "Tue, 14 Nov 2023 22:13:50 GMT"),
         ]);
-        let signals = Signals::parse_spoken(&github, &AnswerClock::new(&now), Spoken::of(&github));
+        let signals = Signals::parse_spoken(&github, &AnswerClock::new(&now), &Spoken::of(&github));
         assert_eq!(reads.get(), 1);
         assert_eq!(signals.request_reset(), Some(Duration::from_secs(30)));
         assert_eq!(signals.retry_after, Some(Duration::from_secs(30)));

@@ -48,7 +48,7 @@ thread_local! {
     /// The date header of the current second, made once a second, as an
     /// HTTP server keeps it (hyper does).
     static DATE: RefCell<(u64, http::HeaderValue)> =
-        RefCell::new((0, http::HeaderValue::from_static("")));
+        const { RefCell::new((0, http::HeaderValue::from_static(""))) };
 }
 
 /// The `date` header now.

@@ -70,9 +70,10 @@ pub fn vendor_clock(headers: &HeaderMap, now: SystemTime) -> SystemTime {
 
 /// One answer's clock for its absolute times, read the first time a
 /// dialect asks: an answer whose resets are all relative (OpenAI's Go
-/// durations, Discord's `reset-after`, a `Retry-After` in seconds) costs
+/// durations, Discord's `reset-after`, the IETF draft's seconds) costs
 /// neither a reading of the wall clock nor a parse of its `Date`, which
-/// every real vendor sends.
+/// every real vendor sends. An answer with a `Retry-After`, which may be
+/// a date, reads it.
 pub(crate) struct AnswerClock<'a> {
     read: &'a dyn Fn() -> SystemTime,
     now: OnceCell<SystemTime>,

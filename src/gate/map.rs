@@ -15,6 +15,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
+use hashbrown::hash_table;
 use tokio::time::Instant;
 
 use super::level::{Gate, GateLevel, Listed, Unlist};
@@ -57,6 +58,13 @@ enum Entry {
     Resting(Box<Resting>),
 }
 
+/// Where a gate being made goes: its key's entry, dead or resting, or a
+/// free place for one.
+enum Slot<'a> {
+    Found(&'a mut Entry),
+    Free(hash_table::VacantEntry<'a, (Arc<str>, Entry)>),
+}
+
 struct Resting {
     meters: Meters,
     keep: Arc<dyn Keep>,
@@ -74,32 +82,49 @@ impl GateMap {
     ) -> Arc<Gate> {
         let hashed = self.shards.hashed(key);
         let mut gates = self.shards.shard_of(&hashed);
-        let rested = match gates.get(&hashed) {
-            Some((_, Entry::Live(gate))) => {
-                if let Some(gate) = gate.upgrade() {
+        // One probe: the gate, or its entry to make it in (a resting one
+        // wakes in place, under the key it kept), or the place for one.
+        let (entry, key) = match gates.entry(&hashed) {
+            hash_table::Entry::Occupied(found) => {
+                let (key, entry) = found.into_mut();
+                if let Entry::Live(gate) = entry
+                    && let Some(gate) = gate.upgrade()
+                {
                     return gate;
                 }
-                None
+                let key = key.clone();
+                (Slot::Found(entry), key)
             }
-            Some((_, Entry::Resting(_))) => match gates.remove(&hashed) {
-                Some((_, Entry::Resting(resting))) => Some(*resting),
-                _ => None,
-            },
-            None => None,
+            hash_table::Entry::Vacant(place) => (Slot::Free(place), Arc::from(key)),
         };
-        let key: Arc<str> = Arc::from(key);
         let map: Weak<dyn Unlist> = Arc::downgrade(self) as Weak<Self>;
         let listed = Listed::new(level(), key.clone(), map);
-        let (meters, keep) = match rested {
-            Some(Resting { meters, keep }) => {
-                self.resting.fetch_sub(1, Ordering::AcqRel);
-                self.count.down(1);
-                (Some(meters), Some(keep))
+        let (gate, keep) = match entry {
+            Slot::Found(entry) => {
+                let rested = match std::mem::replace(entry, Entry::Live(Weak::new())) {
+                    Entry::Resting(resting) => Some(*resting),
+                    // Dead, its listing yet to leave: finding this gate
+                    // live, it leaves the entry be.
+                    Entry::Live(_) => None,
+                };
+                let (meters, keep) = match rested {
+                    Some(Resting { meters, keep }) => {
+                        self.resting.fetch_sub(1, Ordering::AcqRel);
+                        self.count.down(1);
+                        (Some(meters), Some(keep))
+                    }
+                    None => (None, None),
+                };
+                let gate = Arc::new(make(listed, meters));
+                *entry = Entry::Live(Arc::downgrade(&gate));
+                (gate, keep)
             }
-            None => (None, None),
+            Slot::Free(place) => {
+                let gate = Arc::new(make(listed, None));
+                place.insert((key, Entry::Live(Arc::downgrade(&gate))));
+                (gate, None)
+            }
         };
-        let gate = Arc::new(make(listed, meters));
-        gates.insert(&hashed, (key, Entry::Live(Arc::downgrade(&gate))));
         drop(gates);
         // Let go of outside the lock: the last hold of a model drops its
         // gate, which leaves this map.

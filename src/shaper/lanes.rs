@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use hashbrown::hash_table;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -139,19 +140,23 @@ impl Lanes {
             self.give_place();
             return Err(Error::Shutdown);
         }
-        if let Some(entry) = lanes.get(name) {
-            // Made by another request meanwhile.
-            let lane = entry.lane.clone();
-            drop(lanes);
-            self.give_place();
-            return Ok(lane);
-        }
-        let lane = make();
-        let entry = Entry {
-            hash: name.hash(),
-            lane: lane.clone(),
+        let lane = match lanes.entry(name) {
+            hash_table::Entry::Occupied(found) => {
+                // Made by another request meanwhile.
+                let lane = found.get().lane.clone();
+                drop(lanes);
+                self.give_place();
+                return Ok(lane);
+            }
+            hash_table::Entry::Vacant(place) => {
+                let lane = make();
+                place.insert(Entry {
+                    hash: name.hash(),
+                    lane: lane.clone(),
+                });
+                lane
+            }
         };
-        lanes.insert(name, entry);
         drop(lanes);
         self.count.up();
         self.sweep_later();

@@ -84,7 +84,7 @@ impl GateMap {
         let mut gates = self.shards.shard_of(&hashed);
         // One probe: the gate, or its entry to make it in (a resting one
         // wakes in place, under the key it kept), or the place for one.
-        let (entry, key) = match gates.entry(&hashed) {
+        let (slot, key, rested) = match gates.entry(&hashed) {
             hash_table::Entry::Occupied(found) => {
                 let (key, entry) = found.into_mut();
                 if let Entry::Live(gate) = entry
@@ -92,39 +92,32 @@ impl GateMap {
                 {
                     return gate;
                 }
-                let key = key.clone();
-                (Slot::Found(entry), key)
-            }
-            hash_table::Entry::Vacant(place) => (Slot::Free(place), Arc::from(key)),
-        };
-        let map: Weak<dyn Unlist> = Arc::downgrade(self) as Weak<Self>;
-        let listed = Listed::new(level(), key.clone(), map);
-        let (gate, keep) = match entry {
-            Slot::Found(entry) => {
                 let rested = match std::mem::replace(entry, Entry::Live(Weak::new())) {
                     Entry::Resting(resting) => Some(*resting),
                     // Dead, its listing yet to leave: finding this gate
                     // live, it leaves the entry be.
                     Entry::Live(_) => None,
                 };
-                let (meters, keep) = match rested {
-                    Some(Resting { meters, keep }) => {
-                        self.resting.fetch_sub(1, Ordering::AcqRel);
-                        self.count.down(1);
-                        (Some(meters), Some(keep))
-                    }
-                    None => (None, None),
-                };
-                let gate = Arc::new(make(listed, meters));
-                *entry = Entry::Live(Arc::downgrade(&gate));
-                (gate, keep)
+                (Slot::Found(entry), key.clone(), rested)
             }
-            Slot::Free(place) => {
-                let gate = Arc::new(make(listed, None));
-                place.insert((key, Entry::Live(Arc::downgrade(&gate))));
-                (gate, None)
-            }
+            hash_table::Entry::Vacant(place) => (Slot::Free(place), Arc::from(key), None),
         };
+        if rested.is_some() {
+            self.resting.fetch_sub(1, Ordering::AcqRel);
+            self.count.down(1);
+        }
+        let (meters, keep) = rested
+            .map(|Resting { meters, keep }| (meters, keep))
+            .unzip();
+        let map: Weak<dyn Unlist> = Arc::downgrade(self) as Weak<Self>;
+        let gate = Arc::new(make(Listed::new(level(), key.clone(), map), meters));
+        let live = Entry::Live(Arc::downgrade(&gate));
+        match slot {
+            Slot::Found(entry) => *entry = live,
+            Slot::Free(place) => {
+                place.insert((key, live));
+            }
+        }
         drop(gates);
         // Let go of outside the lock: the last hold of a model drops its
         // gate, which leaves this map.

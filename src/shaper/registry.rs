@@ -9,7 +9,7 @@
 //! (what its answers taught) is shared the same way.
 
 use std::collections::HashMap;
-use std::fmt;
+use std::fmt::{self, Write as _};
 use std::sync::{Arc, Weak};
 
 use reqwest::Request;
@@ -398,7 +398,8 @@ impl Registry {
             key.push_str(part);
         }
         if let Some(at) = self.route_at(route) {
-            key.push_str(&at.to_string());
+            // Into the key, not a string of its own.
+            let _ = write!(key, "{at}");
         }
         listed(&self.roads, &key, |listing| make(Some(listing)))
     }

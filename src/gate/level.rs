@@ -364,6 +364,15 @@ impl Gate {
         })
     }
 
+    /// True when the gate has nothing to say against a request of `cost`
+    /// at the door: not stopped, and its quotas can hold the cost. One
+    /// load each, for the fast path; when false, [`stopped`](Self::stopped)
+    /// and [`too_costly`](Self::too_costly) say why.
+    pub(crate) fn admits_at_once(&self, cost: u64) -> bool {
+        !self.is_stopped.load(Ordering::Acquire)
+            && cost <= self.listed.level.capacity.load(Ordering::Relaxed)
+    }
+
     /// The smallest capacity a request of `cost` exceeds, if any.
     pub(crate) fn too_costly(&self, cost: u64) -> Option<u64> {
         let capacity = self.listed.level.capacity.load(Ordering::Relaxed);

@@ -18,7 +18,7 @@ use super::handle::{Lane, Place, Slot};
 use super::policy::Priority;
 use super::shared::Waiting;
 use super::turn::earliest_at;
-use super::turn::{Door, Transit, Turn, departure};
+use super::turn::{Door, Strict, Transit, Turn, departure};
 use super::waiter::Waiter;
 use crate::error::Error;
 use crate::meters::Meters;
@@ -135,6 +135,11 @@ impl Lane {
     /// dispatcher. FIFO holds: "nobody waits" is checked again under the
     /// meters' lock, which the dispatcher also holds from its check to its
     /// charge, so no two releases can share a slot.
+    ///
+    /// A gate with anything to say at the door (stopped, or a cost past
+    /// its quotas) sends the request the slow way, where
+    /// [`admits`](Self::admits) says it: a request that goes at once asks
+    /// each gate one question, not two passes over the gates.
     pub(super) fn turn_now(&self, cost: u64) -> Option<Turn> {
         let shared = &self.shared;
         if !shared.waiting.none_and_open() {
@@ -145,11 +150,11 @@ impl Lane {
         if shared.remote().is_some() {
             return None;
         }
-        let queued_elsewhere = shared
+        let clear = shared
             .gates
             .iter()
-            .any(|gate| shared.is_shared(gate) && gate.has_queue());
-        if queued_elsewhere {
+            .all(|gate| gate.admits_at_once(cost) && !(shared.is_shared(gate) && gate.has_queue()));
+        if !clear {
             return None;
         }
         let permit = match shared.in_flight() {
@@ -159,19 +164,21 @@ impl Lane {
         // The clock is read under the lock: an instant read before it may
         // predate the charge of whoever held it, and would send this caller
         // to the queue for nothing (and everyone after it, behind it).
-        let (charged_at, stamp, transit, door) = shared.with_meters(|meters| {
+        let (charged_at, stamp, strict) = shared.with_meters(|meters| {
             let now = Instant::now();
             let at = Stamp::of(now);
             let waiting = shared.waiting.count() != 0;
-            if waiting
-                || shared.paused_until(now).is_some()
-                || earliest_at(meters, cost, now, at) > at
-            {
+            if waiting || shared.is_paused(now) || earliest_at(meters, cost, now, at) > at {
                 return None;
             }
             // Strict: not before the last send's word, released no sooner
             // than its door allows, charged at it (see `lane/turn.rs`).
-            let door = departure(&shared.gates, meters, cost, now).ok()?;
+            // Nearly every lane is not: asked first, of the meters alone.
+            let strict = meters.iter().any(|meters| meters.spacing().is_some());
+            let door = match strict {
+                true => departure(&shared.gates, meters, cost, now).ok()?,
+                false => None,
+            };
             if door.is_some_and(|door| door.release() > now) {
                 return None;
             }
@@ -184,11 +191,15 @@ impl Lane {
             for meter in meters.iter_mut() {
                 meter.commit_at(cost, charged, charged_stamp);
             }
-            let transit = door.map(|_| Transit::leave(&shared.gates));
+            let strict = door.map(|door| {
+                Box::new(Strict {
+                    transit: Transit::leave(&shared.gates),
+                    door: door.shut(now),
+                })
+            });
             // Stamped once, by the first gate's meters, for the lane too.
             let stamp = meters.first().map(|m| m.last_release());
-            let door = door.and_then(|door| door.shut(now));
-            Some((charged, stamp, transit, door))
+            Some((charged, stamp, strict))
         })?;
         shared.released.fetch_add(1, Ordering::Relaxed);
         shared.active(stamp.unwrap_or_else(|| Stamp::of(charged_at)));
@@ -197,8 +208,7 @@ impl Lane {
             in_flight: permit,
             at: charged_at,
             fleet: None,
-            transit,
-            door,
+            strict,
         })
     }
 

@@ -151,7 +151,7 @@ impl Lane {
         let mut place = match self.acquiring() {
             // Taken at the door, with no strict door to wait at: nothing
             // to await.
-            Ok(Ok(turn)) if turn.door.is_none() && turn.transit.is_none() => return Ok(turn),
+            Ok(Ok(turn)) if turn.strict.is_none() => return Ok(turn),
             Ok(Ok(turn)) => Place::ready(turn),
             Ok(Err(place)) => place,
             Err(error) => {
@@ -175,10 +175,10 @@ impl Lane {
     /// sends its request again, so nothing keeps its number. One that
     /// queues is not tried at once a second time, as `enter_at` would.
     fn acquiring(&self) -> Result<Result<Turn, Place>, Error> {
-        self.admits(1)?;
         if let Some(turn) = self.turn_now(1) {
             return Ok(Ok(turn));
         }
+        self.admits(1)?;
         let max_wait = self.shared.road.policy.max_wait;
         let mut place = self.numbered(None, 1, Priority::Interactive, max_wait)?;
         self.join(&mut place)?;

@@ -248,6 +248,14 @@ impl Shared {
         }
     }
 
+    /// True when a pause is in force at `now` in any of the lane's gates:
+    /// the fast path's question, which needs no instant back.
+    pub(super) fn is_paused(&self, now: Instant) -> bool {
+        self.gates
+            .iter()
+            .any(|gate| gate.paused_until(now).is_some())
+    }
+
     /// The latest pause in force at `now` among the lane's gates.
     pub(super) fn paused_until(&self, now: Instant) -> Option<Instant> {
         self.gates

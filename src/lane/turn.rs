@@ -39,11 +39,20 @@ pub struct Turn {
     /// On a shared store, what the fleet had booked in each gate's window
     /// ending at this slot.
     pub(super) fleet: Option<Fleet>,
-    /// On a strict lane: the lane whose next release waits to hear when
-    /// this one went (see [`Turn::went`]).
-    pub(super) transit: Option<Transit>,
-    /// On a strict lane: not on the wire before this (the last send plus
-    /// the spacing; see the module's docs).
+    /// On a strict lane, what the turn must still do on its way to the
+    /// wire. Boxed: a turn that goes at once carries one empty word for
+    /// it, and moves and drops as a smaller value.
+    pub(super) strict: Option<Box<Strict>>,
+}
+
+/// A strict turn's way to the wire.
+#[derive(Debug)]
+pub(super) struct Strict {
+    /// The lane whose next release waits to hear when this one went (see
+    /// [`Turn::went`]).
+    pub(super) transit: Transit,
+    /// Not on the wire before this (the last send plus the spacing; see
+    /// the module's docs), unless already open.
     pub(super) door: Option<Instant>,
 }
 
@@ -98,9 +107,10 @@ impl Landing {
 }
 
 impl Drop for Turn {
+    #[inline]
     fn drop(&mut self) {
-        if let Some(transit) = self.transit.take() {
-            transit.went(None);
+        if let Some(strict) = self.strict.take() {
+            strict.transit.went(None);
         }
     }
 }
@@ -127,7 +137,7 @@ impl Turn {
     /// Wait until this turn's request may go on the wire: on a strict
     /// lane, its door (see the module's docs); at once on any other.
     pub(crate) async fn door_opens(&mut self) {
-        if let Some(door) = self.door.take() {
+        if let Some(door) = self.strict.as_mut().and_then(|strict| strict.door.take()) {
             // Boxed: only a strict lane's turn waits at a door, and every
             // waiting request would otherwise carry room for its timers.
             Box::pin(on_time(door)).await;
@@ -140,9 +150,9 @@ impl Turn {
     /// the lane's reaches the transport sooner than the spacing after this.
     /// On a strict lane, what to tell when the answer comes.
     pub(crate) fn went(&mut self) -> Option<Landing> {
-        let transit = self.transit.take()?;
+        let strict = self.strict.take()?;
         let went = Instant::now();
-        let gates = transit.went(Some(went));
+        let gates = strict.transit.went(Some(went));
         Some(Landing { gates, went })
     }
 
@@ -279,6 +289,7 @@ pub(super) fn earliest(meters: &[MutexGuard<'_, Meters>], cost: u64, now: Instan
 
 /// [`earliest`] at `now`, whose stamp is `at`: the fast path's question,
 /// answered in stamps.
+#[inline]
 pub(super) fn earliest_at(
     meters: &[MutexGuard<'_, Meters>],
     cost: u64,

@@ -12,7 +12,7 @@ use crate::error::Error;
 use crate::lane::queue::{Costed, Head, Queue};
 use crate::lane::shared::Shared;
 use crate::lane::turn::Fleet;
-use crate::lane::turn::{Answer, Transit, Turn};
+use crate::lane::turn::{Answer, Strict, Transit, Turn};
 use crate::time::Stamp;
 
 /// A waiting ticket, as the dispatcher's queue holds it.
@@ -95,8 +95,12 @@ impl<'a> Ready<'a> {
             in_flight: self.permit.take(),
             at: now,
             fleet,
-            transit: strict.then(|| Transit::leave(&self.shared.gates)),
-            door,
+            strict: strict.then(|| {
+                Box::new(Strict {
+                    transit: Transit::leave(&self.shared.gates),
+                    door,
+                })
+            }),
         };
         // Sent, the turn is counted out here; unsent, its caller counted
         // itself out as it left.

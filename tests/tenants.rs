@@ -187,6 +187,38 @@ fn a_cap_of_zero_is_refused() {
     assert!(error.to_string().contains("max_lanes"), "{error}");
 }
 
+/// A lane made just as the last one goes is still swept. The sweeper,
+/// finding no lane due, waited for a busy lane's nudge alone; a lane made
+/// after it read its shard and before it looked whether to retire kept
+/// it from retiring, had no dispatcher to nudge it, and stayed live for
+/// good (round 1 or 2, most runs). Two threads, three hundred rounds,
+/// each making its lane within microseconds of the last one going: every
+/// lane must go within two seconds of going quiet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lane_made_as_the_last_one_goes_is_still_swept() {
+    let shaper = tenants(
+        Quota::leaky_bucket(1_000, Duration::from_secs(1)),
+        Recording::default(),
+    )
+    .idle_timeout(Duration::from_millis(1))
+    .build()
+    .unwrap();
+    for round in 0..300 {
+        call(&shaper, &format!("t{round}")).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while shaper.live_lanes() > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: a lane made as the last one went was never swept: {:?}",
+                shaper.lanes()
+            );
+            // Not a sleep: the next lane is made within microseconds of the
+            // last one going, as the sweeper decides whether to retire.
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
 /// A lane quiet for its idle timeout goes though its day's quota is partly
 /// spent: the spent part rests, and the tenant's next lane counts on from
 /// it.

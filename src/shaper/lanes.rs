@@ -274,8 +274,8 @@ impl Lanes {
     /// Let every lane quiet for `idle` go that nobody holds or waits in
     /// and that loses nothing by going ([`Lane::can_leave`]), its meters
     /// resting if they count; forget resting meters that count nothing any
-    /// more. How long until the next may be due (`None`: none until a busy
-    /// lane retires its dispatcher, which nudges the sweeper).
+    /// more. How long until the next may be due (`None`: none of the lanes
+    /// it read; a busy one's dispatcher nudges the sweeper as it retires).
     fn sweep(&self) -> Option<Duration> {
         let mut resting_at = lock(&self.leaving);
         let now = Instant::now();
@@ -395,8 +395,9 @@ impl Lanes {
 }
 
 /// Sweep `lanes` when their quietest could next be due (first, `idle`
-/// after the first lane), or soon after a busy lane's dispatcher retired,
-/// while they exist and hold any, or meters rest. A lane goes once it has
+/// after the first lane; at the latest, `idle` after the last sweep), or
+/// soon after a busy lane's dispatcher retired, while they exist and hold
+/// any, or meters rest. A lane goes once it has
 /// been quiet for `idle` and loses nothing by going; one held back (a
 /// pause, strict spacing in flight) is looked at again `idle` later; one
 /// with a dispatcher is left to it. No two sweeps are closer than an
@@ -406,7 +407,7 @@ impl Lanes {
 /// millisecond.
 async fn sweep(lanes: Weak<Lanes>, idle: Duration, _sweeping: Sweeping) {
     let least = (idle / 8).max(Duration::from_millis(1));
-    let mut wait = Some(idle);
+    let mut wait = idle;
     loop {
         let Some(retired) = lanes.upgrade().map(|lanes| lanes.nudge()) else {
             return;
@@ -415,18 +416,20 @@ async fn sweep(lanes: Weak<Lanes>, idle: Duration, _sweeping: Sweeping) {
             retired.notified().await;
             tokio::time::sleep((idle / 4).max(least)).await;
         };
-        match wait {
-            Some(wait) => tokio::select! {
-                () = tokio::time::sleep(wait.max(least)) => {}
-                () = nudged => {}
-            },
-            None => nudged.await,
+        tokio::select! {
+            () = tokio::time::sleep(wait.max(least)) => {}
+            () = nudged => {}
         }
         let Some(lanes) = lanes.upgrade() else { return };
-        wait = lanes.sweep();
+        let next = lanes.sweep();
         if lanes.retire_sweeper() {
             return;
         }
+        // Lanes live, and with none due the sweep is back an `idle` later
+        // all the same: a lane made since it read its shard (as the last
+        // one went, say) is news to it, and may never have a dispatcher to
+        // nudge it. Waiting on nudges alone left such a lane live for good.
+        wait = next.unwrap_or(idle);
     }
 }
 

@@ -8,7 +8,6 @@
 //! quota vendor-wide. Beside the vendor's gate, one vendor model per key
 //! (what its answers taught) is shared the same way.
 
-use std::collections::HashMap;
 use std::fmt::{self, Write as _};
 use std::sync::{Arc, Weak};
 
@@ -24,7 +23,7 @@ use crate::observability::{Labels, Series, StoreMetrics};
 use crate::retry::RetryBudget;
 use crate::route::{Level, Route, Tag};
 use crate::store::{Store, StoreFailure, StoreMode};
-use crate::sync::{Listings, found, listed, lock};
+use crate::sync::{Listings, Names, found, listed, lock};
 use crate::vendor::{VendorMap, VendorModel};
 
 /// A shaper's lanes and gates by name, and what it takes to make them:
@@ -38,7 +37,9 @@ pub(crate) struct Registry {
     roads: Arc<Listings<Road>>,
     /// Each level by name: its quotas now (as built, or as last changed
     /// live), its settings and name, which its gates share.
-    gate_levels: HashMap<String, Arc<GateLevel>>,
+    /// Hashed as the lanes are: a tenant's first request finds its
+    /// level here (by SipHash, 160 instructions of it).
+    gate_levels: Names<String, Arc<GateLevel>>,
     /// How every lane behaves (its quotas come from the levels).
     policy: LanePolicy,
     /// `policy` for lanes on no route, shared by all of them.
@@ -108,7 +109,7 @@ impl Registry {
             gates,
             vendors: Arc::default(),
             roads: Arc::default(),
-            gate_levels: every_level(&plan).fold(HashMap::new(), |mut levels, level| {
+            gate_levels: every_level(&plan).fold(Names::default(), |mut levels, level| {
                 // Levels of one name are one level (one gate per key, and
                 // one change of quotas): the first one's quotas, as the
                 // levels are read everywhere else.

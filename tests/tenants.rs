@@ -385,3 +385,48 @@ async fn resting_meters_wake_to_the_levels_quotas_now() {
         .unwrap();
     refused_within_a_second(&shaper, "a").await;
 }
+/// A tenant's day's quota holds while its lane goes, rests and wakes on two
+/// threads, each wake made within microseconds of the lane going: no
+/// tenant ever gets more than its two requests a day, and every lane goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_day_quota_holds_while_lanes_rest_and_wake_on_two_threads() {
+    let shaper = tenants(
+        Quota::fixed_window(2, Duration::from_secs(86_400)),
+        Recording::default(),
+    )
+    .idle_timeout(Duration::from_millis(1))
+    .build()
+    .unwrap();
+    let mut went: HashMap<String, u32> = HashMap::new();
+    for round in 0..400 {
+        let tenant = format!("t{}", round % 7);
+        let answer = shaper
+            .get(format!("http://vendor.test/{tenant}"))
+            .tag(&tenant)
+            .max_wait(Duration::from_millis(50))
+            .send()
+            .await;
+        // The answer holds its lane until it is dropped.
+        match answer {
+            Ok(answer) => {
+                drop(answer);
+                *went.entry(tenant.clone()).or_default() += 1;
+            }
+            Err(Error::WouldExceedMaxWait { .. }) => {}
+            Err(other) => panic!("round {round}: {other}"),
+        }
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while shaper.live_lanes() > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: {:?}",
+                shaper.lanes()
+            );
+            tokio::task::yield_now().await;
+        }
+    }
+    for (tenant, n) in &went {
+        assert_eq!(*n, 2, "{tenant} went {n} times in its day");
+    }
+    assert_eq!(went.len(), 7);
+}

@@ -274,14 +274,16 @@ impl Lanes {
     /// Let every lane quiet for `idle` go that nobody holds or waits in
     /// and that loses nothing by going ([`Lane::can_leave`]), its meters
     /// resting if they count; forget resting meters that count nothing any
-    /// more. How long until the next may be due (`None`: none of the lanes
-    /// it read; a busy one's dispatcher nudges the sweeper as it retires).
+    /// more. How long until the next may be due (`None`: none until a busy
+    /// lane retires its dispatcher, which nudges the sweeper; never while
+    /// it left no lane).
     fn sweep(&self) -> Option<Duration> {
         let mut resting_at = lock(&self.leaving);
         let now = Instant::now();
         let mut next: Option<Duration> = None;
         let mut due = |after: Duration| next = Some(next.map_or(after, |n| n.min(after)));
         let mut going: Vec<Lane> = Vec::new();
+        let mut kept = 0;
         // The vendors' models the lanes in `going` hold.
         let mut holds = Going::default();
         for mut lanes in self.shards.shards() {
@@ -310,6 +312,7 @@ impl Lanes {
                 true
             });
             let gone = before - lanes.len();
+            kept += lanes.len();
             drop(lanes);
             if gone > 0 {
                 self.dropped(gone);
@@ -320,6 +323,13 @@ impl Lanes {
                 lane.leave(&self.gates, now);
             }
             holds.clear();
+        }
+        // No lane left: one made since its shard was read (as the last one
+        // went, say) is news to this sweep, and without a dispatcher it
+        // never nudges the sweeper, which would then wait for good. Looked
+        // at an `idle` later, unless the sweeper retires first.
+        if kept == 0 {
+            due(self.idle);
         }
         // Resting meters are looked at once an `idle` (a pass over the
         // gate map holds its lock, which every new lane takes).
@@ -395,9 +405,8 @@ impl Lanes {
 }
 
 /// Sweep `lanes` when their quietest could next be due (first, `idle`
-/// after the first lane; at the latest, `idle` after the last sweep), or
-/// soon after a busy lane's dispatcher retired, while they exist and hold
-/// any, or meters rest. A lane goes once it has
+/// after the first lane), or soon after a busy lane's dispatcher retired,
+/// while they exist and hold any, or meters rest. A lane goes once it has
 /// been quiet for `idle` and loses nothing by going; one held back (a
 /// pause, strict spacing in flight) is looked at again `idle` later; one
 /// with a dispatcher is left to it. No two sweeps are closer than an
@@ -407,7 +416,7 @@ impl Lanes {
 /// millisecond.
 async fn sweep(lanes: Weak<Lanes>, idle: Duration, _sweeping: Sweeping) {
     let least = (idle / 8).max(Duration::from_millis(1));
-    let mut wait = idle;
+    let mut wait = Some(idle);
     loop {
         let Some(retired) = lanes.upgrade().map(|lanes| lanes.nudge()) else {
             return;
@@ -416,20 +425,18 @@ async fn sweep(lanes: Weak<Lanes>, idle: Duration, _sweeping: Sweeping) {
             retired.notified().await;
             tokio::time::sleep((idle / 4).max(least)).await;
         };
-        tokio::select! {
-            () = tokio::time::sleep(wait.max(least)) => {}
-            () = nudged => {}
+        match wait {
+            Some(wait) => tokio::select! {
+                () = tokio::time::sleep(wait.max(least)) => {}
+                () = nudged => {}
+            },
+            None => nudged.await,
         }
         let Some(lanes) = lanes.upgrade() else { return };
-        let next = lanes.sweep();
+        wait = lanes.sweep();
         if lanes.retire_sweeper() {
             return;
         }
-        // Lanes live, and with none due the sweep is back an `idle` later
-        // all the same: a lane made since it read its shard (as the last
-        // one went, say) is news to it, and may never have a dispatcher to
-        // nudge it. Waiting on nudges alone left such a lane live for good.
-        wait = next.unwrap_or(idle);
     }
 }
 

@@ -187,6 +187,30 @@ fn a_cap_of_zero_is_refused() {
     assert!(error.to_string().contains("max_lanes"), "{error}");
 }
 
+/// A shaper whose tenants, each at `per_tenant`, go a millisecond after
+/// they go quiet, on whatever threads the test runs.
+fn swept_at_once(per_tenant: Quota) -> Shaper {
+    tenants(per_tenant, Recording::default())
+        .idle_timeout(Duration::from_millis(1))
+        .build()
+        .unwrap()
+}
+
+/// Wait until every lane went, two seconds at most. Not a sleep between
+/// looks: the caller's next lane is made within microseconds of the last
+/// one going, as the sweeper decides whether to retire.
+async fn every_lane_goes(shaper: &Shaper, round: usize) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while shaper.live_lanes() > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "round {round}: a lane was never swept: {:?}",
+            shaper.lanes()
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
 /// A lane made just as the last one goes is still swept. The sweeper,
 /// finding no lane due, waited for a busy lane's nudge alone; a lane made
 /// after it read its shard and before it looked whether to retire kept
@@ -196,27 +220,43 @@ fn a_cap_of_zero_is_refused() {
 /// lane must go within two seconds of going quiet.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lane_made_as_the_last_one_goes_is_still_swept() {
-    let shaper = tenants(
-        Quota::leaky_bucket(1_000, Duration::from_secs(1)),
-        Recording::default(),
-    )
-    .idle_timeout(Duration::from_millis(1))
-    .build()
-    .unwrap();
+    let shaper = swept_at_once(Quota::leaky_bucket(1_000, Duration::from_secs(1)));
     for round in 0..300 {
         call(&shaper, &format!("t{round}")).await.unwrap();
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while shaper.live_lanes() > 0 {
-            assert!(
-                Instant::now() < deadline,
-                "round {round}: a lane made as the last one went was never swept: {:?}",
-                shaper.lanes()
-            );
-            // Not a sleep: the next lane is made within microseconds of the
-            // last one going, as the sweeper decides whether to retire.
-            tokio::task::yield_now().await;
-        }
+        every_lane_goes(&shaper, round).await;
     }
+}
+
+/// A tenant's day's quota holds while its lane goes, rests and wakes on two
+/// threads, each wake made within microseconds of the lane going: no
+/// tenant ever gets more than its two requests a day, and every lane goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_day_quota_holds_while_lanes_rest_and_wake_on_two_threads() {
+    let shaper = swept_at_once(Quota::fixed_window(2, Duration::from_secs(86_400)));
+    let mut went: HashMap<String, u32> = HashMap::new();
+    for round in 0..400 {
+        let tenant = format!("t{}", round % 7);
+        let answer = shaper
+            .get(format!("http://vendor.test/{tenant}"))
+            .tag(&tenant)
+            .max_wait(Duration::from_millis(50))
+            .send()
+            .await;
+        // The answer holds its lane until it is dropped.
+        match answer {
+            Ok(answer) => {
+                drop(answer);
+                *went.entry(tenant).or_default() += 1;
+            }
+            Err(Error::WouldExceedMaxWait { .. }) => {}
+            Err(other) => panic!("round {round}: {other}"),
+        }
+        every_lane_goes(&shaper, round).await;
+    }
+    for (tenant, n) in &went {
+        assert_eq!(*n, 2, "{tenant} went {n} times in its day");
+    }
+    assert_eq!(went.len(), 7);
 }
 
 /// A lane quiet for its idle timeout goes though its day's quota is partly
@@ -384,49 +424,4 @@ async fn resting_meters_wake_to_the_levels_quotas_now() {
         .set_level_quotas("tenant", vec![Quota::fixed_window(1, day)])
         .unwrap();
     refused_within_a_second(&shaper, "a").await;
-}
-/// A tenant's day's quota holds while its lane goes, rests and wakes on two
-/// threads, each wake made within microseconds of the lane going: no
-/// tenant ever gets more than its two requests a day, and every lane goes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_day_quota_holds_while_lanes_rest_and_wake_on_two_threads() {
-    let shaper = tenants(
-        Quota::fixed_window(2, Duration::from_secs(86_400)),
-        Recording::default(),
-    )
-    .idle_timeout(Duration::from_millis(1))
-    .build()
-    .unwrap();
-    let mut went: HashMap<String, u32> = HashMap::new();
-    for round in 0..400 {
-        let tenant = format!("t{}", round % 7);
-        let answer = shaper
-            .get(format!("http://vendor.test/{tenant}"))
-            .tag(&tenant)
-            .max_wait(Duration::from_millis(50))
-            .send()
-            .await;
-        // The answer holds its lane until it is dropped.
-        match answer {
-            Ok(answer) => {
-                drop(answer);
-                *went.entry(tenant.clone()).or_default() += 1;
-            }
-            Err(Error::WouldExceedMaxWait { .. }) => {}
-            Err(other) => panic!("round {round}: {other}"),
-        }
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while shaper.live_lanes() > 0 {
-            assert!(
-                Instant::now() < deadline,
-                "round {round}: {:?}",
-                shaper.lanes()
-            );
-            tokio::task::yield_now().await;
-        }
-    }
-    for (tenant, n) in &went {
-        assert_eq!(*n, 2, "{tenant} went {n} times in its day");
-    }
-    assert_eq!(went.len(), 7);
 }

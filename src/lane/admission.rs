@@ -174,10 +174,10 @@ impl Lane {
             // Strict: not before the last send's word, released no sooner
             // than its door allows, charged at it (see `lane/turn.rs`).
             // Nearly every lane is not: asked first, of the meters alone.
-            let strict = meters.iter().any(|meters| meters.spacing().is_some());
-            let door = match strict {
-                true => departure(&shared.gates, meters, cost, now).ok()?,
-                false => None,
+            let door = if meters.iter().any(|meters| meters.spacing().is_some()) {
+                departure(&shared.gates, meters, cost, now).ok()?
+            } else {
+                None
             };
             if door.is_some_and(|door| door.release() > now) {
                 return None;

@@ -63,6 +63,37 @@ pub(super) fn free_port() -> u16 {
     listener.local_addr().expect("its address").port()
 }
 
+/// Where a cluster node's bus listens: 10,000 above its port.
+const BUS_OFFSET: u16 = 10_000;
+
+/// A port for a cluster node whose bus port ([`BUS_OFFSET`] above) is
+/// free too, both below the range the kernel hands out for `bind(0)` and
+/// outgoing connections (32768 and up on Linux): there another test's
+/// server or connection could take the bus port between the choice and
+/// the node's own bind, and a port above 55535 has no bus port at all.
+fn free_cluster_port() -> u16 {
+    use std::hash::{BuildHasher, Hasher};
+    const FIRST: u16 = 20_000;
+    const SPAN: u64 = 2_768;
+    for _ in 0..1_000 {
+        // A random start: tests in parallel, each forming a cluster, do
+        // not walk the same ports in the same order.
+        let random = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        let port = FIRST + u16::try_from(random % SPAN).unwrap_or(0);
+        let free = |port: u16| TcpListener::bind(("127.0.0.1", port)).is_ok();
+        if free(port) && free(port + BUS_OFFSET) {
+            return port;
+        }
+    }
+    panic!("no free loopback port pair for a cluster node in 20000-22767 and 30000-32767");
+}
+
+/// How many ports a first launch tries: a port chosen free may be taken
+/// before the server binds it, by another test's server or connection.
+const LAUNCHES: usize = 5;
+
 /// Send one inline command and read the first reply chunk.
 fn command(port: u16, line: &str) -> Option<String> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
@@ -92,7 +123,7 @@ impl RedisServer {
     pub(super) fn secured(tls: Option<Arc<TestCa>>, password: Option<&str>) -> Self {
         let mut server = Self::new(free_port(), false, tls);
         server.protect(password);
-        server.spawn();
+        server.spawn_free();
         server
     }
 
@@ -106,7 +137,7 @@ impl RedisServer {
             master.port.to_string(),
         ];
         replica.protect(master.password.as_deref());
-        replica.spawn();
+        replica.spawn_free();
         replica
     }
 
@@ -120,7 +151,7 @@ impl RedisServer {
 
     fn launch(port: u16, cluster: bool, tls: Option<Arc<TestCa>>) -> Self {
         let mut server = Self::new(port, cluster, tls);
-        server.spawn();
+        server.spawn_free();
         server
     }
 
@@ -139,7 +170,40 @@ impl RedisServer {
         }
     }
 
+    /// Start it on its port, or, when the server ends before it answers
+    /// (its port, or a cluster node's bus port, taken meanwhile), on
+    /// another free one: [`LAUNCHES`] ports at most.
+    fn spawn_free(&mut self) {
+        for _ in 1..LAUNCHES {
+            match self.try_spawn() {
+                Ok(()) => return,
+                Err(_) => {
+                    self.port = if self.cluster {
+                        free_cluster_port()
+                    } else {
+                        free_port()
+                    };
+                }
+            }
+        }
+        self.spawn();
+    }
+
+    /// Start it again on its own port (a restart keeps its address).
     fn spawn(&mut self) {
+        if let Err(why) = self.try_spawn() {
+            panic!("redis-server on {} did not answer PING: {why}", self.port);
+        }
+    }
+
+    /// Start it, and wait until it answers `PING`: `Err` with what it
+    /// logged when it ended first.
+    ///
+    /// # Panics
+    ///
+    /// When `redis-server` is missing, or runs but does not answer
+    /// within ten seconds.
+    fn try_spawn(&mut self) -> Result<(), String> {
         let port = self.port.to_string();
         let files = self.tls.as_ref().map(|ca| {
             ["server.crt", "server.key", "ca.crt"]
@@ -173,9 +237,12 @@ impl RedisServer {
             args.extend(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"]);
         }
         args.extend(self.extra.iter().map(String::as_str));
+        // Its log, to say why when it ends at once.
+        let log_path = self.dir.join(format!("redis-{port}.log"));
+        let log = std::fs::File::create(&log_path).expect("a log file for redis-server");
         let child = Command::new("redis-server")
             .args(&args)
-            .stdout(Stdio::null())
+            .stdout(log)
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap_or_else(|error| {
@@ -187,22 +254,36 @@ impl RedisServer {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while !self.answers_ping() {
+            if let Some(child) = &mut self.child
+                && child.try_wait().is_ok_and(|status| status.is_some())
+            {
+                self.child = None;
+                let logged = std::fs::read_to_string(&log_path).unwrap_or_default();
+                return Err(logged.lines().last().unwrap_or("no log").to_owned());
+            }
             assert!(
                 Instant::now() < deadline,
-                "redis-server on {} did not answer PING",
+                "redis-server on {} did not answer PING within 10 s",
                 self.port
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+        Ok(())
     }
 
+    /// It answers on its port, as itself: a server of another test that
+    /// took the port first would answer `PING` too, with its own process
+    /// id.
     fn answers_ping(&self) -> bool {
-        match (&self.tls, &self.password) {
-            (None, None) => {
-                command(self.port, "PING").is_some_and(|reply| reply.starts_with("+PONG"))
-            }
-            _ => self.cli(&["PING"]).starts_with("PONG"),
-        }
+        let Some(child) = &self.child else {
+            return false;
+        };
+        let itself = format!("process_id:{}", child.id());
+        let info = match (&self.tls, &self.password) {
+            (None, None) => command(self.port, "INFO server").unwrap_or_default(),
+            _ => self.cli(&["INFO", "server"]),
+        };
+        info.lines().any(|line| line.trim_end() == itself)
     }
 
     /// `redis://127.0.0.1:{port}`, or `rediss://` over TLS.
@@ -403,7 +484,7 @@ impl RedisCluster {
     fn form(replicas: usize) -> Self {
         let tls = transport();
         let nodes: Vec<RedisServer> = (0..3 * (1 + replicas))
-            .map(|_| RedisServer::launch(free_port(), true, tls.clone()))
+            .map(|_| RedisServer::launch(free_cluster_port(), true, tls.clone()))
             .collect();
         let addresses: Vec<String> = nodes
             .iter()
@@ -486,5 +567,31 @@ impl RedisCluster {
         self.nodes
             .get(index)
             .is_some_and(|node| node.cli(&["role"]).starts_with("master"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A port chosen free and taken before the server binds it (here, by a
+    /// listener that never answers) costs a retry on another, not the
+    /// test: the server that answers is this one, on its new port.
+    #[test]
+    fn a_server_whose_port_was_taken_starts_on_another() {
+        let taken = TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+        let port = taken.local_addr().expect("its address").port();
+        let server = RedisServer::launch(port, false, None);
+        assert_ne!(server.port, port);
+        assert!(server.answers_ping());
+    }
+
+    /// A cluster node's port leaves room for its bus port, 10,000 above,
+    /// and both are below the kernel's range for ports it hands out.
+    #[test]
+    fn a_cluster_port_has_its_bus_port_free_below_the_ephemeral_range() {
+        let port = free_cluster_port();
+        assert!((20_000..22_768).contains(&port), "{port}");
+        assert!(TcpListener::bind(("127.0.0.1", port + BUS_OFFSET)).is_ok());
     }
 }

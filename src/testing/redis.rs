@@ -92,7 +92,7 @@ fn free_cluster_port() -> u16 {
 
 /// How many ports a first launch tries: a port chosen free may be taken
 /// before the server binds it, by another test's server or connection.
-const LAUNCHES: usize = 5;
+pub(super) const LAUNCHES: usize = 5;
 
 /// Send one inline command and read the first reply chunk.
 fn command(port: u16, line: &str) -> Option<String> {

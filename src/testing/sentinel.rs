@@ -6,7 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::redis::{RedisServer, free_port, redis_cli};
+use super::redis::{LAUNCHES, RedisServer, free_port, redis_cli};
 use super::tls::TestCa;
 use crate::store::RedisOptions;
 
@@ -29,6 +29,8 @@ pub struct RedisSentinel {
     /// The data nodes: the first master first, then its replica.
     pub nodes: Vec<RedisServer>,
     sentinels: Vec<(Child, u16)>,
+    /// How many sentinels agree on a failover: a majority.
+    quorum: usize,
     dir: PathBuf,
     tls: Option<Arc<TestCa>>,
     password: Option<String>,
@@ -61,46 +63,79 @@ impl RedisSentinel {
         let mut deployment = Self {
             nodes: vec![master, replica],
             sentinels: Vec::new(),
+            quorum,
             dir,
             tls,
             password: password.map(str::to_owned),
         };
         for _ in 0..sentinels {
-            let port = free_port();
-            let conf = deployment.dir.join(format!("sentinel-{port}.conf"));
-            let mut text = match &deployment.tls {
-                None => format!("port {port}\n"),
-                Some(ca) => format!(
-                    "port 0\ntls-port {port}\ntls-cert-file {}\ntls-key-file {}\n\
-                     tls-ca-cert-file {}\ntls-auth-clients yes\ntls-replication yes\n",
-                    ca.path("server.crt").display(),
-                    ca.path("server.key").display(),
-                    ca.path("ca.crt").display(),
-                ),
-            };
-            text.push_str(&format!(
-                "bind 127.0.0.1\ndir {}\n\
-                 sentinel monitor {SERVICE} 127.0.0.1 {} {quorum}\n\
-                 sentinel down-after-milliseconds {SERVICE} 1000\n\
-                 sentinel failover-timeout {SERVICE} 5000\n",
-                deployment.dir.display(),
-                deployment.nodes[0].port
-            ));
-            if let Some(password) = &deployment.password {
-                text.push_str(&format!("sentinel auth-pass {SERVICE} {password}\n"));
-            }
-            std::fs::write(&conf, text).expect("a sentinel's configuration");
-            let child = Command::new("redis-server")
-                .arg(&conf)
-                .arg("--sentinel")
-                .stdout(Stdio::null())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .expect("redis-server, to run as a sentinel");
-            deployment.sentinels.push((child, port));
+            let sentinel = deployment.sentinel();
+            deployment.sentinels.push(sentinel);
         }
         deployment.wait_until_ready(sentinels);
         deployment
+    }
+
+    /// A sentinel of this deployment, answering on a free port: one whose
+    /// port was taken before it bound it (it ends at once) starts again on
+    /// another, [`LAUNCHES`] ports at most.
+    fn sentinel(&self) -> (Child, u16) {
+        for _ in 0..LAUNCHES {
+            let port = free_port();
+            let mut child = self.spawn_sentinel(port);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let itself = format!("process_id:{}", child.id());
+            loop {
+                let info = self.sentinel_cli(port, &["info", "server"]);
+                if info.lines().any(|line| line.trim_end() == itself) {
+                    return (child, port);
+                }
+                if child.try_wait().is_ok_and(|status| status.is_some()) {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    let _ = child.kill();
+                    panic!("the sentinel on {port} did not answer within 10 s");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        panic!("no sentinel started on any of {LAUNCHES} free ports");
+    }
+
+    /// Start a sentinel on `port`, watching the first master.
+    fn spawn_sentinel(&self, port: u16) -> Child {
+        let conf = self.dir.join(format!("sentinel-{port}.conf"));
+        let mut text = match &self.tls {
+            None => format!("port {port}\n"),
+            Some(ca) => format!(
+                "port 0\ntls-port {port}\ntls-cert-file {}\ntls-key-file {}\n\
+                 tls-ca-cert-file {}\ntls-auth-clients yes\ntls-replication yes\n",
+                ca.path("server.crt").display(),
+                ca.path("server.key").display(),
+                ca.path("ca.crt").display(),
+            ),
+        };
+        text.push_str(&format!(
+            "bind 127.0.0.1\ndir {}\n\
+             sentinel monitor {SERVICE} 127.0.0.1 {} {quorum}\n\
+             sentinel down-after-milliseconds {SERVICE} 1000\n\
+             sentinel failover-timeout {SERVICE} 5000\n",
+            self.dir.display(),
+            self.nodes[0].port,
+            quorum = self.quorum,
+        ));
+        if let Some(password) = &self.password {
+            text.push_str(&format!("sentinel auth-pass {SERVICE} {password}\n"));
+        }
+        std::fs::write(&conf, text).expect("a sentinel's configuration");
+        Command::new("redis-server")
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("redis-server, to run as a sentinel")
     }
 
     fn wait_until_ready(&self, sentinels: usize) {

@@ -369,8 +369,7 @@ impl Gate {
     /// load each, for the fast path; when false, [`stopped`](Self::stopped)
     /// and [`too_costly`](Self::too_costly) say why.
     pub(crate) fn admits_at_once(&self, cost: u64) -> bool {
-        !self.is_stopped.load(Ordering::Acquire)
-            && cost <= self.listed.level.capacity.load(Ordering::Relaxed)
+        !self.is_stopped.load(Ordering::Acquire) && self.too_costly(cost).is_none()
     }
 
     /// The smallest capacity a request of `cost` exceeds, if any.

@@ -90,6 +90,38 @@ fn free_cluster_port() -> u16 {
     panic!("no free loopback port pair for a cluster node in 20000-22767 and 30000-32767");
 }
 
+/// Wait until `child`, started on `port`, answers there as itself (`info`
+/// reads what the server on the port says of itself, `INFO server`): a
+/// server of another test that took the port first answers too, with its
+/// own process id. False when `child` ended first.
+///
+/// # Panics
+///
+/// When it does neither within ten seconds (killed first).
+pub(super) fn came_up(child: &mut Child, port: u16, info: impl Fn() -> String) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if is_process(&info(), child.id()) {
+            return true;
+        }
+        if child.try_wait().is_ok_and(|status| status.is_some()) {
+            return false;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            panic!("redis-server on {port} did not answer within 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether `info`, what a server says of itself (`INFO server`), is the
+/// process `pid`'s.
+fn is_process(info: &str, pid: u32) -> bool {
+    let itself = format!("process_id:{pid}");
+    info.lines().any(|line| line.trim_end() == itself)
+}
+
 /// How many ports a first launch tries: a port chosen free may be taken
 /// before the server binds it, by another test's server or connection.
 pub(super) const LAUNCHES: usize = 5;
@@ -175,16 +207,14 @@ impl RedisServer {
     /// another free one: [`LAUNCHES`] ports at most.
     fn spawn_free(&mut self) {
         for _ in 1..LAUNCHES {
-            match self.try_spawn() {
-                Ok(()) => return,
-                Err(_) => {
-                    self.port = if self.cluster {
-                        free_cluster_port()
-                    } else {
-                        free_port()
-                    };
-                }
+            if self.try_spawn().is_ok() {
+                return;
             }
+            self.port = if self.cluster {
+                free_cluster_port()
+            } else {
+                free_port()
+            };
         }
         self.spawn();
     }
@@ -196,8 +226,8 @@ impl RedisServer {
         }
     }
 
-    /// Start it, and wait until it answers `PING`: `Err` with what it
-    /// logged when it ended first.
+    /// Start it, and wait until it answers as itself ([`came_up`]): `Err`
+    /// with what it logged when it ended first.
     ///
     /// # Panics
     ///
@@ -240,7 +270,7 @@ impl RedisServer {
         // Its log, to say why when it ends at once.
         let log_path = self.dir.join(format!("redis-{port}.log"));
         let log = std::fs::File::create(&log_path).expect("a log file for redis-server");
-        let child = Command::new("redis-server")
+        let mut child = Command::new("redis-server")
             .args(&args)
             .stdout(log)
             .stderr(Stdio::inherit())
@@ -251,39 +281,20 @@ impl RedisServer {
                      Run scripts/test, which installs it, or `apt-get install redis-server`."
                 )
             });
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !self.answers_ping() {
-            if let Some(child) = &mut self.child
-                && child.try_wait().is_ok_and(|status| status.is_some())
-            {
-                self.child = None;
-                let logged = std::fs::read_to_string(&log_path).unwrap_or_default();
-                return Err(logged.lines().last().unwrap_or("no log").to_owned());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "redis-server on {} did not answer PING within 10 s",
-                self.port
-            );
-            std::thread::sleep(Duration::from_millis(20));
+        if !came_up(&mut child, self.port, || self.info()) {
+            let logged = std::fs::read_to_string(&log_path).unwrap_or_default();
+            return Err(logged.lines().last().unwrap_or("no log").to_owned());
         }
+        self.child = Some(child);
         Ok(())
     }
 
-    /// It answers on its port, as itself: a server of another test that
-    /// took the port first would answer `PING` too, with its own process
-    /// id.
-    fn answers_ping(&self) -> bool {
-        let Some(child) = &self.child else {
-            return false;
-        };
-        let itself = format!("process_id:{}", child.id());
-        let info = match (&self.tls, &self.password) {
+    /// What the server on its port says of itself (`INFO server`).
+    fn info(&self) -> String {
+        match (&self.tls, &self.password) {
             (None, None) => command(self.port, "INFO server").unwrap_or_default(),
             _ => self.cli(&["INFO", "server"]),
-        };
-        info.lines().any(|line| line.trim_end() == itself)
+        }
     }
 
     /// `redis://127.0.0.1:{port}`, or `rediss://` over TLS.
@@ -583,7 +594,8 @@ mod tests {
         let port = taken.local_addr().expect("its address").port();
         let server = RedisServer::launch(port, false, None);
         assert_ne!(server.port, port);
-        assert!(server.answers_ping());
+        let pid = server.child.as_ref().expect("running").id();
+        assert!(is_process(&server.info(), pid));
     }
 
     /// A cluster node's port leaves room for its bus port, 10,000 above,

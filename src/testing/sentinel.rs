@@ -6,7 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::redis::{LAUNCHES, RedisServer, free_port, redis_cli};
+use super::redis::{LAUNCHES, RedisServer, came_up, free_port, redis_cli};
 use super::tls::TestCa;
 use crate::store::RedisOptions;
 
@@ -29,8 +29,6 @@ pub struct RedisSentinel {
     /// The data nodes: the first master first, then its replica.
     pub nodes: Vec<RedisServer>,
     sentinels: Vec<(Child, u16)>,
-    /// How many sentinels agree on a failover: a majority.
-    quorum: usize,
     dir: PathBuf,
     tls: Option<Arc<TestCa>>,
     password: Option<String>,
@@ -63,13 +61,12 @@ impl RedisSentinel {
         let mut deployment = Self {
             nodes: vec![master, replica],
             sentinels: Vec::new(),
-            quorum,
             dir,
             tls,
             password: password.map(str::to_owned),
         };
         for _ in 0..sentinels {
-            let sentinel = deployment.sentinel();
+            let sentinel = deployment.sentinel(quorum);
             deployment.sentinels.push(sentinel);
         }
         deployment.wait_until_ready(sentinels);
@@ -79,32 +76,22 @@ impl RedisSentinel {
     /// A sentinel of this deployment, answering on a free port: one whose
     /// port was taken before it bound it (it ends at once) starts again on
     /// another, [`LAUNCHES`] ports at most.
-    fn sentinel(&self) -> (Child, u16) {
+    fn sentinel(&self, quorum: usize) -> (Child, u16) {
         for _ in 0..LAUNCHES {
             let port = free_port();
-            let mut child = self.spawn_sentinel(port);
-            let deadline = Instant::now() + Duration::from_secs(10);
-            let itself = format!("process_id:{}", child.id());
-            loop {
-                let info = self.sentinel_cli(port, &["info", "server"]);
-                if info.lines().any(|line| line.trim_end() == itself) {
-                    return (child, port);
-                }
-                if child.try_wait().is_ok_and(|status| status.is_some()) {
-                    break;
-                }
-                if Instant::now() >= deadline {
-                    let _ = child.kill();
-                    panic!("the sentinel on {port} did not answer within 10 s");
-                }
-                std::thread::sleep(Duration::from_millis(20));
+            let mut child = self.spawn_sentinel(port, quorum);
+            if came_up(&mut child, port, || {
+                self.sentinel_cli(port, &["info", "server"])
+            }) {
+                return (child, port);
             }
         }
         panic!("no sentinel started on any of {LAUNCHES} free ports");
     }
 
-    /// Start a sentinel on `port`, watching the first master.
-    fn spawn_sentinel(&self, port: u16) -> Child {
+    /// Start a sentinel on `port`, watching the first master, one of
+    /// `quorum` that must agree on a failover.
+    fn spawn_sentinel(&self, port: u16, quorum: usize) -> Child {
         let conf = self.dir.join(format!("sentinel-{port}.conf"));
         let mut text = match &self.tls {
             None => format!("port {port}\n"),
@@ -123,7 +110,6 @@ impl RedisSentinel {
              sentinel failover-timeout {SERVICE} 5000\n",
             self.dir.display(),
             self.nodes[0].port,
-            quorum = self.quorum,
         ));
         if let Some(password) = &self.password {
             text.push_str(&format!("sentinel auth-pass {SERVICE} {password}\n"));

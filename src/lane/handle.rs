@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use once_cell::race::OnceBox;
 use tokio::sync::{Semaphore, oneshot};
 use tokio::time::{Instant, sleep_until};
 
@@ -115,7 +114,6 @@ impl Lane {
             waiting: Waiting::default(),
             road,
             active_at: AtomicStamp::new(Instant::now()),
-            door: OnceBox::new(),
         });
         shared.report_quota();
         Self { shared }

@@ -40,8 +40,6 @@ pub(super) struct Shared {
     pub(super) gates: Gates,
     /// The model of the vendor whose gate is the last of `gates`.
     pub(super) vendor: Arc<VendorModel>,
-    /// Its in-flight cap and its store, if it has either.
-    pub(super) ties: Option<Box<Ties>>,
     pub(super) next_seq: AtomicU64,
     pub(super) released: AtomicU64,
     /// Throttles seen, saturating: 32 bits, which pack with `waiting`.
@@ -51,29 +49,40 @@ pub(super) struct Shared {
     /// When the lane last released a turn: how long it has been idle, for
     /// its owner's sweep.
     pub(super) active_at: AtomicStamp,
-    /// The door to its dispatcher, made the first time a request waits
-    /// in it and kept for the lane's life, as a gate keeps its `Cold`: a
-    /// lane per tenant that never queues carries a pointer for it, not 16
-    /// bytes.
-    pub(super) door: OnceBox<Door>,
+    /// What few lanes have: its in-flight cap and its store, and the door
+    /// to its dispatcher, made with the lane when it has a cap or a store,
+    /// else the first time a request waits in it, and kept for the lane's
+    /// life, as a gate keeps its `Cold`. A lane per tenant that never
+    /// queues carries one pointer for the three, not a pointer each.
+    pub(super) ties: OnceBox<Ties>,
 }
 
 /// What few lanes have: a cap on requests in flight, a link to a shared
-/// store. Boxed together: a lane per tenant holds a box's pointer, not
-/// two.
+/// store, a dispatcher's door. Boxed together: a lane per tenant holds a
+/// box's pointer, not three.
+#[derive(Default)]
 pub(super) struct Ties {
     pub(super) in_flight: Option<Arc<Semaphore>>,
     /// The gates' quotas live there.
     pub(super) remote: Option<Arc<Remote>>,
+    door: Door,
 }
 
 impl Ties {
-    /// `None` when there is neither.
+    /// Made now when there is a cap or a store; else made the first time
+    /// a request waits.
     pub(super) fn of(
         in_flight: Option<Arc<Semaphore>>,
         remote: Option<Arc<Remote>>,
-    ) -> Option<Box<Self>> {
-        (in_flight.is_some() || remote.is_some()).then(|| Box::new(Self { in_flight, remote }))
+    ) -> OnceBox<Self> {
+        if in_flight.is_none() && remote.is_none() {
+            return OnceBox::new();
+        }
+        OnceBox::with_value(Box::new(Self {
+            in_flight,
+            remote,
+            door: Door::default(),
+        }))
     }
 }
 
@@ -128,18 +137,18 @@ impl Waiting {
 impl Shared {
     /// Its cap on requests in flight, if it has one.
     pub(super) fn in_flight(&self) -> Option<&Arc<Semaphore>> {
-        self.ties.as_ref()?.in_flight.as_ref()
+        self.ties.get()?.in_flight.as_ref()
     }
 
     /// Its link to a shared store, if it has one.
     pub(super) fn remote(&self) -> Option<&Arc<Remote>> {
-        self.ties.as_ref()?.remote.as_ref()
+        self.ties.get()?.remote.as_ref()
     }
 
     /// The door to its dispatcher, locked: made now if no request waited
     /// in the lane before.
     pub(super) fn door(&self) -> MutexGuard<'_, Option<async_channel::Sender<Ticket>>> {
-        lock(self.door.get_or_init(Box::default))
+        lock(&self.ties.get_or_init(Box::default).door)
     }
 
     /// The door to its dispatcher, locked, if a request ever waited in the
@@ -147,7 +156,7 @@ impl Shared {
     pub(super) fn door_if_made(
         &self,
     ) -> Option<MutexGuard<'_, Option<async_channel::Sender<Ticket>>>> {
-        self.door.get().map(lock)
+        self.ties.get().map(|ties| lock(&ties.door))
     }
 
     /// Tells lanes apart in a gate's queue: its address, which no other

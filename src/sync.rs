@@ -45,28 +45,21 @@ const TRIES: u32 = 8;
 /// which SipHash made an eighth of its cost.
 pub(crate) type Names<K, V> = HashMap<K, V, foldhash::quality::RandomState>;
 
-/// An entry of a [`Sharded`] map: it holds the name it is found by, so
-/// the map keeps no key of its own (a lane's entry is its handle, 8
-/// bytes, where a key beside it took 16 more), and it may keep that name
-/// in parts (a lane's, in its gates' keys).
-pub(crate) trait Named {
-    /// True when it is named `name`.
-    fn is_named(&self, name: &str) -> bool;
-
+/// An entry of a [`Sharded`] map: its name's hash, as its shard's table
+/// asks it to place the entry again as it grows or shrinks.
+pub(crate) trait Rehash {
     /// Its name's hash by `seed`, as [`Sharded::hashed`] reckons it (or as
-    /// it was reckoned when the entry went in, if the entry keeps it):
-    /// asked only as a shard's table grows or shrinks.
+    /// it was reckoned when the entry went in, if the entry keeps it).
     fn name_hash(&self, seed: &foldhash::quality::RandomState) -> u64;
 }
 
-impl<V> Named for (Arc<str>, V) {
-    fn is_named(&self, name: &str) -> bool {
-        *self.0 == *name
-    }
-
-    fn name_hash(&self, seed: &foldhash::quality::RandomState) -> u64 {
-        seed.hash_one(&*self.0)
-    }
+/// An entry of a [`Sharded`] map that holds the name it is found by, so
+/// the map keeps no key of its own (a lane's entry is its handle, 8
+/// bytes, where a key beside it took 16 more), and it may keep that name
+/// in parts (a lane's, in its gates' keys).
+pub(crate) trait Named: Rehash {
+    /// True when it is named `name`.
+    fn is_named(&self, name: &str) -> bool;
 }
 
 /// A name with its hash, reckoned once: its shard, its lookup and its
@@ -112,7 +105,7 @@ impl<T> Default for Sharded<T> {
     }
 }
 
-impl<T: Named> Sharded<T> {
+impl<T: Rehash> Sharded<T> {
     /// `name`, hashed for this map.
     pub(crate) fn hashed<'a>(&self, name: &'a str) -> Hashed<'a> {
         Hashed {
@@ -159,27 +152,38 @@ impl<T: Named> Shard<'_, T> {
             .find(name.hash, |entry| entry.is_named(name.name))
     }
 
-    pub(crate) fn get_mut(&mut self, name: &Hashed<'_>) -> Option<&mut T> {
-        self.table
-            .find_mut(name.hash, |entry| entry.is_named(name.name))
-    }
-
     /// The entry named `name`, or the place to put one: a single probe of
     /// the table, where a lookup and then an insert take three (on a
     /// million entries, each a likely miss of the cache).
     pub(crate) fn entry(&mut self, name: &Hashed<'_>) -> hash_table::Entry<'_, T> {
-        let seed = self.seed;
-        self.table.entry(
-            name.hash,
-            |entry| entry.is_named(name.name),
-            |t| t.name_hash(seed),
-        )
+        self.entry_by(name.hash, |entry| entry.is_named(name.name))
     }
 
     pub(crate) fn remove(&mut self, name: &Hashed<'_>) -> Option<T> {
-        let found = self
-            .table
-            .find_entry(name.hash, |entry| entry.is_named(name.name));
+        self.remove_by(name.hash, |entry| entry.is_named(name.name))
+    }
+}
+
+impl<T: Rehash> Shard<'_, T> {
+    /// The entry of `hash` that `is` picks: for entries whose name cannot
+    /// always be read (a gate's, once dropped).
+    pub(crate) fn find_mut_by(&mut self, hash: u64, is: impl FnMut(&T) -> bool) -> Option<&mut T> {
+        self.table.find_mut(hash, is)
+    }
+
+    /// [`entry`](Self::entry), picked by `is`.
+    pub(crate) fn entry_by(
+        &mut self,
+        hash: u64,
+        is: impl FnMut(&T) -> bool,
+    ) -> hash_table::Entry<'_, T> {
+        let seed = self.seed;
+        self.table.entry(hash, is, |t| t.name_hash(seed))
+    }
+
+    /// [`remove`](Self::remove), picked by `is`.
+    pub(crate) fn remove_by(&mut self, hash: u64, is: impl FnMut(&T) -> bool) -> Option<T> {
+        let found = self.table.find_entry(hash, is);
         found.ok().map(|entry| entry.remove().0)
     }
 

@@ -32,7 +32,7 @@ use crate::error::Error;
 use crate::gate::GateMap;
 use crate::lane::{Lane, LaneSnapshot, Leaving};
 use crate::observability::Count;
-use crate::sync::{Going, Hashed, Named, SHARDS, Sharded, lock};
+use crate::sync::{Going, Hashed, Named, Rehash, SHARDS, Sharded, lock};
 use crate::time::later;
 
 /// Lanes looked at to pick one to evict for the cap.
@@ -52,7 +52,9 @@ impl Named for Entry {
     fn is_named(&self, name: &str) -> bool {
         self.lane.name().is(name)
     }
+}
 
+impl Rehash for Entry {
     fn name_hash(&self, _: &foldhash::quality::RandomState) -> u64 {
         self.hash
     }

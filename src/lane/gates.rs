@@ -29,10 +29,14 @@ impl std::ops::Deref for Gates {
 
 impl FromIterator<Arc<Gate>> for Gates {
     fn from_iter<I: IntoIterator<Item = Arc<Gate>>>(gates: I) -> Self {
-        let gates: Vec<Arc<Gate>> = gates.into_iter().collect();
-        match <[Arc<Gate>; 2]>::try_from(gates) {
-            Ok(two) => Self::Two(two),
-            Err(other) => Self::Other(Arc::new(other.into_boxed_slice())),
+        // Two, taken one by one: a new tenant's lane collects no list.
+        let mut gates = gates.into_iter();
+        match (gates.next(), gates.next(), gates.next()) {
+            (Some(one), Some(two), None) => Self::Two([one, two]),
+            (one, two, three) => {
+                let all = one.into_iter().chain(two).chain(three).chain(gates);
+                Self::Other(Arc::new(all.collect()))
+            }
         }
     }
 }

@@ -221,7 +221,10 @@ impl GateMap {
             drop(gates);
             return false;
         };
-        let its_own = |listing: &Listing| matches!(listing, Listing::Live { gate, .. } if std::ptr::eq(gate.as_ptr(), at));
+        let its_own = |listing: &Listing| match listing {
+            Listing::Live { gate, .. } => std::ptr::eq(gate.as_ptr(), at),
+            Listing::Resting { .. } => false,
+        };
         let rests = !meters.is_idle(now)
             && match gates.find_mut_by(hashed.hash(), its_own) {
                 Some(listing) => {
@@ -318,7 +321,10 @@ impl Unlist for GateMap {
         // Any dead gate's entry of this hash: a dead gate's name can no
         // longer be read, and each dead entry is one listing's to remove
         // (all of the same name, all but surely).
-        let dead = |listing: &Listing| matches!(listing, Listing::Live { gate, .. } if gate.strong_count() == 0);
+        let dead = |listing: &Listing| match listing {
+            Listing::Live { gate, .. } => gate.strong_count() == 0,
+            Listing::Resting { .. } => false,
+        };
         if gates.remove_by(key.hash(), dead).is_some() {
             gates.shrink();
         }

@@ -355,48 +355,22 @@ mod tests {
         assert_eq!(size_of::<Listing>(), 24);
     }
 
-    /// A vendor's model, with a quota an hour: what resting meters keep.
-    fn vendor(settings: crate::gate::GateSettings) -> Arc<crate::vendor::VendorModel> {
-        use crate::retry::{Backoff, RetryBudget};
-        let quotas = Arc::from([crate::meters::Quota::fixed_window(
-            1,
-            std::time::Duration::from_secs(3600),
-        )]);
-        let level = Arc::new(GateLevel::new("", quotas, settings));
-        let gate = Arc::new(Gate::new(Listed::nowhere(level), 1));
-        let settings = crate::vendor::VendorSettings {
-            fallback: Backoff::new(
-                std::time::Duration::from_secs(1),
-                std::time::Duration::from_secs(60),
-            ),
-            adaptive: None,
-            budget: RetryBudget::default(),
-        };
-        Arc::new(crate::vendor::VendorModel::new(gate, settings, None))
-    }
-
     /// A map's slot keeps a live gate's hash, not its name (the gate's own):
     /// resting meters are still found after their shard's table grew and
     /// shrank around them (placed again by their name's hash), and a dropped
     /// gate's entry leaves even when a new gate of its name was listed first.
     #[tokio::test(start_paused = true)]
     async fn resting_meters_are_found_after_the_map_grew_and_shrank_around_them() {
-        use std::sync::Arc;
-
-        use crate::gate::GateSettings;
+        use crate::gate::tests::{settings, vendor};
         use crate::meters::{Meters, Quota};
 
-        let settings = GateSettings {
-            headroom: Duration::ZERO,
-            max_pause: Duration::from_secs(120),
-        };
         let entries = |map: &GateMap| map.shards.shards().map(|shard| shard.len()).sum::<usize>();
 
         let map = Arc::new(GateMap::default());
         let level = Arc::new(GateLevel::new(
             "tenant",
             Arc::from([Quota::fixed_window(5, Duration::from_secs(60))]),
-            settings,
+            settings(Duration::ZERO),
         ));
         let gate = |key: &str| {
             map.gate(
@@ -408,7 +382,7 @@ mod tests {
                 },
             )
         };
-        let keep: Arc<dyn Keep> = vendor(settings);
+        let keep: Arc<dyn Keep> = vendor(Quota::fixed_window(1, Duration::from_secs(3600)));
         let now = Instant::now();
         // Past the first word's wait, which holds a burst.
         let then = now + crate::meters::FIRST_WORD;

@@ -7,7 +7,7 @@ use tokio::time::Instant;
 use super::*;
 use crate::meters::Quota;
 
-fn settings(headroom: Duration) -> GateSettings {
+pub(super) fn settings(headroom: Duration) -> GateSettings {
     GateSettings {
         headroom,
         max_pause: Duration::from_secs(120),
@@ -39,7 +39,7 @@ async fn the_lane_that_waited_longest_is_first_and_its_going_wakes_the_rest() {
 
 /// The model of a vendor whose one quota is `quota`: what a resting gate
 /// keeps alive.
-fn vendor(quota: Quota) -> std::sync::Arc<crate::vendor::VendorModel> {
+pub(super) fn vendor(quota: Quota) -> std::sync::Arc<crate::vendor::VendorModel> {
     use crate::retry::{Backoff, RetryBudget};
     let level = GateLevel::new("", std::sync::Arc::from([quota]), settings(Duration::ZERO));
     let gate = std::sync::Arc::new(Gate::new(Listed::nowhere(std::sync::Arc::new(level)), 1));

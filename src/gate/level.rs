@@ -23,9 +23,12 @@ use crate::time::later;
 /// all its gates: a lane per tenant holds a gate each.
 pub(crate) struct Listed {
     level: Arc<GateLevel>,
-    /// The map's own key: one allocation for both. `None`: listed nowhere
-    /// (a standalone lane's gate, the fallback meters of a fleet's).
-    key: Option<Arc<str>>,
+    /// The name it is listed under, the gate's alone (the map's slot keeps
+    /// its hash, lanes read it here), then its resting meters': a box, not
+    /// an `Arc`, whose counts took 16 bytes more of every tenant's name.
+    /// `None`: listed nowhere (a standalone lane's gate, the fallback
+    /// meters of a fleet's).
+    key: Option<Box<str>>,
 }
 
 /// A map of gates, as a gate's listing sees it.
@@ -37,7 +40,7 @@ pub(crate) trait Unlist: Send + Sync {
 impl Listed {
     /// A gate of `level`, listed under `key` in `map`: the one map every
     /// gate of the level is listed in (a registry makes its own levels).
-    pub(crate) fn new(level: Arc<GateLevel>, key: Arc<str>, map: Weak<dyn Unlist>) -> Self {
+    pub(crate) fn new(level: Arc<GateLevel>, key: Box<str>, map: Weak<dyn Unlist>) -> Self {
         let listed_in = level.map.get_or_init(|| map.clone());
         debug_assert!(
             Weak::ptr_eq(listed_in, &map),
@@ -261,25 +264,25 @@ impl Gate {
             && spaced
     }
 
-    /// The key it is listed under, if it is.
-    pub(crate) fn listed_key(&self) -> Option<Arc<str>> {
-        self.listed.key.clone()
-    }
-
     /// The key it is listed under, if it is, borrowed: a lane's name reads
     /// it (`lane/name.rs`).
     pub(crate) fn key(&self) -> Option<&str> {
         self.listed.key.as_deref()
     }
 
-    /// The gate's meters and listing, to rest at `now` (after
+    /// The gate's meters and the name they rest under, at `now` (after
     /// [`can_rest`](Self::can_rest)), their ledger holding no release its
-    /// window left behind; `None` for a gate listed nowhere.
-    pub(crate) fn into_rest(self, now: Instant) -> Option<(Meters, Listed)> {
-        let Self { meters, listed, .. } = self;
+    /// window left behind; `None` for a gate listed nowhere. Its listing
+    /// goes without its name, and so leaves its entry to the map, which
+    /// holds the entry's lock.
+    pub(crate) fn into_rest(self, now: Instant) -> Option<(Meters, Box<str>)> {
+        let Self {
+            meters, mut listed, ..
+        } = self;
+        let key = listed.key.take()?;
         let mut meters = meters.into_inner().unwrap_or_else(PoisonError::into_inner);
         meters.forget_stale(now);
-        listed.key.is_some().then_some((meters, listed))
+        Some((meters, key))
     }
 
     /// Refuse every request for `period` from now: the vendor said no pause

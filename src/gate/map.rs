@@ -22,7 +22,7 @@ use tokio::time::Instant;
 use super::level::{Gate, GateLevel, Listed, Unlist};
 use crate::meters::Meters;
 use crate::observability::Count;
-use crate::sync::{Going, Rehash, Sharded};
+use crate::sync::{Going, Rehash, Shard, Sharded};
 
 /// What a resting gate keeps alive: its vendor's model, whose gate holds
 /// the vendor's own count, which no lane may hold any more.
@@ -95,7 +95,7 @@ enum Slot<'a> {
 /// A resting gate: the name it rests under, its meters, and what they
 /// keep alive.
 struct Resting {
-    key: Arc<str>,
+    key: Box<str>,
     meters: Meters,
     keep: Arc<dyn Keep>,
 }
@@ -161,7 +161,7 @@ impl GateMap {
         }
         let (key, meters, keep) = match rested {
             Some(Resting { key, meters, keep }) => (key, Some(meters), Some(keep)),
-            None => (Arc::from(key), None, None),
+            None => (Box::from(key), None, None),
         };
         let map: Weak<dyn Unlist> = Arc::downgrade(self) as Weak<Self>;
         let gate = Arc::new(make(Listed::new(level(), key, map), meters));
@@ -188,10 +188,11 @@ impl GateMap {
     /// meters (a pause, a queue, strict spacing: see [`Gate::can_rest`])
     /// or with nothing counted goes as a gate does.
     pub(crate) fn rest(&self, gate: Arc<Gate>, keep: &Arc<dyn Keep>, now: Instant) -> bool {
-        let Some(key) = gate.listed_key() else {
+        let Some(key) = gate.key() else {
             return false;
         };
-        let hashed = self.shards.hashed(&key);
+        let hashed = self.shards.hashed(key);
+        let hash = hashed.hash();
         // Its entry is found by its address once it is dropped, when its
         // name can no longer be read there.
         let at = Arc::as_ptr(&gate);
@@ -214,7 +215,7 @@ impl GateMap {
             drop(gate);
             return false;
         }
-        let Some((meters, listed)) = gate.into_rest(now) else {
+        let Some((meters, key)) = gate.into_rest(now) else {
             drop(gates);
             return false;
         };
@@ -223,7 +224,7 @@ impl GateMap {
             Listing::Resting(_) => false,
         };
         let rests = !meters.is_idle(now)
-            && match gates.find_mut_by(hashed.hash(), its_own) {
+            && match gates.find_mut_by(hash, its_own) {
                 Some(listing) => {
                     *listing = Listing::Resting(Box::new(Resting {
                         key,
@@ -237,10 +238,11 @@ impl GateMap {
         if rests {
             self.resting.fetch_add(1, Ordering::AcqRel);
             self.count.up();
+        } else {
+            // Its listing went without its name: its dead entry goes here.
+            forget_dead(&mut gates, hash);
         }
         drop(gates);
-        // Its listing leaves a dead entry, never a resting one.
-        drop(listed);
         rests
     }
 
@@ -314,17 +316,21 @@ impl Unlist for GateMap {
     /// the key was listed again since, or rests.
     fn forget(&self, key: &str) {
         let key = self.shards.hashed(key);
-        let mut gates = self.shards.shard_of(&key);
-        // Any dead gate's entry of this hash: a dead gate's name can no
-        // longer be read, and each dead entry is one listing's to remove
-        // (all of the same name, all but surely).
-        let dead = |listing: &Listing| match listing {
-            Listing::Live { gate, .. } => gate.strong_count() == 0,
-            Listing::Resting(_) => false,
-        };
-        if gates.remove_by(key.hash(), dead).is_some() {
-            gates.shrink();
-        }
+        forget_dead(&mut self.shards.shard_of(&key), key.hash());
+    }
+}
+
+/// A dropped gate of `hash` leaves `gates`: any dead gate's entry of that
+/// hash goes. A dead gate's name can no longer be read, and each dead
+/// entry is one listing's to remove (all of the same name, all but
+/// surely).
+fn forget_dead(gates: &mut Shard<'_, Listing>, hash: u64) {
+    let dead = |listing: &Listing| match listing {
+        Listing::Live { gate, .. } => gate.strong_count() == 0,
+        Listing::Resting(_) => false,
+    };
+    if gates.remove_by(hash, dead).is_some() {
+        gates.shrink();
     }
 }
 
@@ -355,8 +361,9 @@ mod tests {
 
     /// A map's slot keeps a live gate's hash, not its name (the gate's own):
     /// resting meters are still found after their shard's table grew and
-    /// shrank around them (placed again by their name's hash), and a dropped
-    /// gate's entry leaves even when a new gate of its name was listed first.
+    /// shrank around them (placed again by their name's hash), a dropped
+    /// gate's entry leaves even when a new gate of its name was listed
+    /// first, and so does the entry of one let go with nothing to rest.
     #[tokio::test(start_paused = true)]
     async fn resting_meters_are_found_after_the_map_grew_and_shrank_around_them() {
         use crate::gate::tests::{settings, vendor};
@@ -415,5 +422,10 @@ mod tests {
         assert_eq!(entries(&map), 2, "acme's and the second globex's");
         drop((woken, second));
         assert_eq!(entries(&map), 0, "every gate left");
+
+        // A gate let go with nothing counted does not rest, and leaves.
+        let idle = gate("initech");
+        assert!(!map.rest(idle, &keep, now));
+        assert_eq!((map.resting(), entries(&map)), (0, 0), "nothing rests");
     }
 }

@@ -384,3 +384,38 @@ async fn a_lane_nobody_waited_in_makes_no_door() {
     assert!(lane.shared.ties.get().is_some(), "waited: a door");
     assert!(started.elapsed() >= Duration::from_millis(100));
 }
+
+/// A lane notes its releases to a millisecond, not each one (a store on
+/// every release kept its line moving between the cores releasing from
+/// it): how long it has been quiet is never more than the time since its
+/// last release, so its sweep is never early, and at most a millisecond
+/// less, so it is never late by more.
+#[tokio::test(start_paused = true)]
+async fn a_lane_is_quiet_for_no_longer_than_since_its_last_release() {
+    let lane = Lane::new(
+        "quiet",
+        [Quota::leaky_bucket(1_000_000, Duration::from_secs(1))],
+        LanePolicy {
+            headroom: Duration::ZERO,
+            ..policy()
+        },
+    )
+    .unwrap();
+    let grain = Duration::from_millis(1);
+    let mut last = Instant::now();
+    for _ in 0..12 {
+        drop(lane.acquire().await.unwrap());
+        last = Instant::now();
+        tokio::time::advance(Duration::from_micros(300)).await;
+    }
+    for after in [0, 1, 2, 5_000] {
+        let now = last + Duration::from_millis(after);
+        let quiet = lane.quiet_at(now);
+        let since = now - last;
+        assert!(quiet <= since, "{quiet:?} quiet, {since:?} since the last");
+        assert!(
+            quiet + grain >= since,
+            "{quiet:?} quiet, {since:?} since the last"
+        );
+    }
+}

@@ -140,8 +140,15 @@ impl AtomicStamp {
         Self(AtomicI64::new(Stamp::of(at).0))
     }
 
-    pub(crate) fn set(&self, at: Stamp) {
-        self.0.store(at.0, Ordering::Release);
+    /// Move on to `at` when it is at least `grain` nanoseconds past what
+    /// it holds; else keep it. Asked on every release of a lane, from
+    /// every core: a store each time kept the lane's line moving between
+    /// the cores releasing from it, where a load leaves it shared.
+    pub(crate) fn move_on(&self, at: Stamp, grain: u64) {
+        let held = self.0.load(Ordering::Relaxed);
+        if at.0.saturating_sub(held) >= i64::try_from(grain).unwrap_or(i64::MAX) {
+            self.0.store(at.0, Ordering::Release);
+        }
     }
 
     /// Move on to `at`, unless it holds a later instant already (reports

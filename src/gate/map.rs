@@ -8,8 +8,8 @@
 //! key takes them back, so a key's lane going costs the key nothing of
 //! its quota. A resting gate is its meters and its name, where a live one
 //! is also a lane, its gate, and their names and entries: a tenant quiet
-//! for a while weighs about seven tenths of what it did (249–261 B of
-//! heap, where its lane was 335–353, in `--bench tenants`). Its meters go
+//! for a while weighs about three quarters of what it did (236–249 B of
+//! heap, where its lane was 306–332, in `--bench tenants`). Its meters go
 //! once they count nothing, and what they kept alive with them.
 
 use std::hash::BuildHasher;

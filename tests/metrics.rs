@@ -313,6 +313,15 @@ async fn tenants_share_a_series_unless_each_lane_is_asked_for() {
             assert_eq!(tenant[0].1, 12);
             assert!(!tenant[0].0.contains_key("lane"));
         }
+        // Each series declares its lanes' tightest quota, the tenant's
+        // 2/s, read by its first lane.
+        let declared: Vec<f64> = seen
+            .all("callshaper_quota_rate")
+            .into_iter()
+            .filter(|(labels, _)| has(labels, &[("level", "tenant")]))
+            .map(|(_, v)| f64::from_bits(v))
+            .collect();
+        assert_eq!(declared, vec![2.0; tenant.len()], "per lane: {per_lane}");
     }
 }
 

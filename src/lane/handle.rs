@@ -115,7 +115,7 @@ impl Lane {
             road,
             active_at: AtomicStamp::new(Instant::now()),
         });
-        shared.report_quota();
+        shared.report_first_quota();
         Self { shared }
     }
 

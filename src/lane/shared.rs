@@ -17,7 +17,7 @@ use super::road::Road;
 use super::turn::{Fleet, Ticket};
 use crate::error::Error;
 use crate::gate::{Gate, Stop};
-use crate::meters::Meters;
+use crate::meters::{Meters, Rate};
 use crate::observability::LaneMetrics;
 use crate::store::Remote;
 use crate::sync::lock;
@@ -211,16 +211,28 @@ impl Shared {
 }
 
 impl Shared {
-    /// Report the tightest request quota declared by the lane's gates.
-    pub(super) fn report_quota(&self) {
-        let declared = self
-            .gates
+    /// The tightest request quota declared by the lane's gates (each read
+    /// under its level's lock, which every lane of the level takes).
+    fn declared(&self) -> Option<Rate> {
+        self.gates
             .iter()
             .filter_map(|gate| gate.declared())
-            .min_by(|a, b| a.cmp_speed(b));
-        if let Some(rate) = declared {
+            .min_by(|a, b| a.cmp_speed(b))
+    }
+
+    /// Report the tightest request quota declared by the lane's gates: they
+    /// changed.
+    pub(super) fn report_quota(&self) {
+        if let Some(rate) = self.declared() {
             self.metrics().declared(rate);
         }
+    }
+
+    /// Report it for a new lane, unless its series has a quota already: a
+    /// tenant's new lane shares its series with its road's other lanes,
+    /// whose levels are its own (see `LaneMetrics::declared_first`).
+    pub(super) fn report_first_quota(&self) {
+        self.metrics().declared_first(|| self.declared());
     }
 
     /// A request joins the waiting; returns how many waited before it.

@@ -227,6 +227,20 @@ mod on {
             gauge!("callshaper_quota_rate", self.labels.clone()).set(per_second);
         }
 
+        /// [`declared`](Self::declared), the rate `read` gives, unless the
+        /// series has a rate already: every lane of a series declares the
+        /// same, so a tenant's new lane reads no quota for it (each behind
+        /// its level's lock, which every lane of the level takes), and a
+        /// lane reads none with metrics off.
+        pub(crate) fn declared_first(&self, read: impl FnOnce() -> Option<Rate>) {
+            if self.declared.load(Ordering::Relaxed) != u64::MAX {
+                return;
+            }
+            if let Some(rate) = read() {
+                self.declared(rate);
+            }
+        }
+
         /// The lane now keeps to `rate`, reported in requests per second.
         pub(crate) fn learned(&self, rate: Rate) {
             gauge!("callshaper_learned_rate", self.labels.clone()).set(rate.per_second());
@@ -312,6 +326,8 @@ mod off {
         pub(crate) fn refused(&self, _reason: &'static str) {}
 
         pub(crate) fn declared(&self, _rate: Rate) {}
+
+        pub(crate) fn declared_first(&self, _read: impl FnOnce() -> Option<Rate>) {}
 
         pub(crate) fn learned(&self, _rate: Rate) {}
 

@@ -2,7 +2,9 @@
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{
+    Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak,
+};
 
 use hashbrown::{HashTable, hash_table};
 
@@ -265,8 +267,20 @@ impl Going {
 
 /// Values shared by name, held weakly: each lives as long as something
 /// holds it, and leaves the map when the last holder lets go (its
-/// [`Listing`] drops with it).
-pub(crate) type Listings<T> = Mutex<Names<Arc<str>, Weak<T>>>;
+/// [`Listing`] drops with it). Behind a read-write lock: every new lane
+/// finds its vendor's model and its road here, and those that find them
+/// (all but the first of a vendor's or a road's) only read, in parallel.
+pub(crate) type Listings<T> = RwLock<Names<Arc<str>, Weak<T>>>;
+
+/// [`lock`], to read.
+fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// [`lock`], to write.
+fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// Where a value is listed in its [`Listings`], so that it leaves them
 /// when dropped. A field of the value: it drops with it.
@@ -281,7 +295,7 @@ impl<T> Drop for Listing<T> {
         let Some(map) = self.map.upgrade() else {
             return;
         };
-        let mut map = lock(&map);
+        let mut map = write(&map);
         // A value listed again under the key since is not this one.
         if map
             .get(&self.key)
@@ -295,7 +309,13 @@ impl<T> Drop for Listing<T> {
 
 /// The value listed under `key`, if one lives.
 pub(crate) fn found<T>(map: &Listings<T>, key: &str) -> Option<Arc<T>> {
-    lock(map).get(key).and_then(Weak::upgrade)
+    read(map).get(key).and_then(Weak::upgrade)
+}
+
+/// Every value listed that lives. Each is upgraded under the lock and let
+/// go of by the caller, outside it: a value's last drop takes the lock.
+pub(crate) fn living<T>(map: &Listings<T>) -> Vec<Arc<T>> {
+    read(map).values().filter_map(Weak::upgrade).collect()
 }
 
 /// The value listed under `key`, else one `make` builds now (given its
@@ -305,7 +325,11 @@ pub(crate) fn listed<T>(
     key: &str,
     make: impl FnOnce(Listing<T>) -> T,
 ) -> Arc<T> {
-    let mut values = lock(map);
+    if let Some(value) = found(map, key) {
+        return value;
+    }
+    // Made under the write lock, looked for again: one value per key.
+    let mut values = write(map);
     if let Some(value) = values.get(key).and_then(Weak::upgrade) {
         return value;
     }

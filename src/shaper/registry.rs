@@ -9,7 +9,7 @@
 //! (what its answers taught) is shared the same way.
 
 use std::fmt::{self, Write as _};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use reqwest::Request;
 use smallvec::SmallVec;
@@ -23,7 +23,7 @@ use crate::observability::{Labels, Series, StoreMetrics};
 use crate::retry::RetryBudget;
 use crate::route::{Level, Route, Tag};
 use crate::store::{Store, StoreFailure, StoreMode};
-use crate::sync::{Listings, Names, found, listed, lock};
+use crate::sync::{Listings, Names, found, listed, living};
 use crate::vendor::{VendorMap, VendorModel};
 
 /// A shaper's lanes and gates by name, and what it takes to make them:
@@ -214,9 +214,8 @@ impl Registry {
             gate.requote();
         }
         // The models beside the changed gates follow once each.
-        let models: Vec<Arc<VendorModel>> = lock(&self.vendors)
-            .values()
-            .filter_map(Weak::upgrade)
+        let models: Vec<Arc<VendorModel>> = living(&self.vendors)
+            .into_iter()
             .filter(|model| model.gate().level() == level)
             .collect();
         for model in &models {

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
 use once_cell::race::OnceBox;
@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use super::cause::{PauseCause, Paused, Stop};
 use crate::meters::{Meters, Quota, Rate, Requests, Terms};
 use crate::spacing::Departures;
-use crate::sync::{lock, lock_briefly};
+use crate::sync::{lock, lock_briefly, read, write};
 use crate::time::later;
 
 /// A gate's level, and its key in the map its level's gates are listed
@@ -84,7 +84,10 @@ pub(crate) struct GateLevel {
     name: Box<str>,
     settings: GateSettings,
     /// As built, or as last changed live; a new gate's meters count them.
-    quotas: Mutex<LevelQuotas>,
+    /// A read-write lock: every new gate of the level reads them (a
+    /// tenant's new lane makes one), in parallel; only a live change, or
+    /// a fleet's first share, writes.
+    quotas: RwLock<LevelQuotas>,
     /// The largest request cost its quotas can ever allow (an atomic, so
     /// admission needs no lock to check it; the level's, not each gate's:
     /// a lane per tenant holds a gate each).
@@ -127,21 +130,21 @@ impl GateLevel {
             name: name.into(),
             settings,
             capacity: AtomicU64::new(quotas.terms.capacity()),
-            quotas: Mutex::new(quotas),
+            quotas: RwLock::new(quotas),
             map: OnceLock::new(),
         }
     }
 
     /// The level's quotas now.
     pub(crate) fn quotas(&self) -> Arc<[Quota]> {
-        lock(&self.quotas).quotas.clone()
+        read(&self.quotas).quotas.clone()
     }
 
     /// The level holds `quotas` from now on; its gates follow by
     /// [`Gate::requote`].
     pub(crate) fn requote(&self, quotas: &[Quota]) {
         let quotas = LevelQuotas::of(Arc::from(quotas), self.settings.headroom);
-        let mut held = lock(&self.quotas);
+        let mut held = write(&self.quotas);
         self.capacity
             .store(quotas.terms.capacity(), Ordering::Relaxed);
         *held = quotas;
@@ -151,19 +154,29 @@ impl GateLevel {
     /// shared store one `share` of each (the fallback meters), made once
     /// for all of them.
     fn terms(&self, share: u32) -> Arc<Terms> {
-        let mut quotas = lock(&self.quotas);
-        if share <= 1 {
-            return quotas.terms.clone();
-        }
-        match &quotas.share {
-            Some((of, terms)) if *of == share => terms.clone(),
-            _ => {
-                let local: Arc<[Quota]> = quotas.quotas.iter().map(|q| q.share(share)).collect();
-                let terms = Arc::new(Terms::new(local, self.settings.headroom, Instant::now()));
-                quotas.share = Some((share, terms.clone()));
-                terms
+        let shared = |quotas: &LevelQuotas| match &quotas.share {
+            Some((of, terms)) if *of == share => Some(terms.clone()),
+            _ => None,
+        };
+        {
+            let quotas = read(&self.quotas);
+            if share <= 1 {
+                return quotas.terms.clone();
+            }
+            if let Some(terms) = shared(&quotas) {
+                return terms;
             }
         }
+        // The share's terms, made once: looked for again under the write
+        // lock, as another gate may have made them meanwhile.
+        let mut quotas = write(&self.quotas);
+        if let Some(terms) = shared(&quotas) {
+            return terms;
+        }
+        let local: Arc<[Quota]> = quotas.quotas.iter().map(|q| q.share(share)).collect();
+        let terms = Arc::new(Terms::new(local, self.settings.headroom, Instant::now()));
+        quotas.share = Some((share, terms.clone()));
+        terms
     }
 }
 
@@ -454,12 +467,12 @@ impl Gate {
 
     /// The tightest request quota declared for the gate, if it has one.
     pub(crate) fn declared(&self) -> Option<Rate> {
-        lock(&self.listed.level.quotas).requests.rate
+        read(&self.listed.level.quotas).requests.rate
     }
 
     /// The request side of the gate's quotas.
     pub(crate) fn requests(&self) -> Requests {
-        lock(&self.listed.level.quotas).requests
+        read(&self.listed.level.quotas).requests
     }
 
     /// The spacing of the declared request rate, if any.

@@ -145,9 +145,10 @@ impl Lane {
         if !shared.waiting.none_and_open() {
             return None;
         }
-        // With a shared store every release needs a reservation, which only
-        // the dispatcher makes.
-        if shared.remote().is_some() {
+        // Its rare ties, read once: with a shared store every release needs
+        // a reservation, which only the dispatcher makes.
+        let ties = shared.ties.get();
+        if ties.is_some_and(|ties| ties.remote.is_some()) {
             return None;
         }
         let clear = shared
@@ -157,7 +158,7 @@ impl Lane {
         if !clear {
             return None;
         }
-        let permit = match shared.in_flight() {
+        let permit = match ties.and_then(|ties| ties.in_flight.as_ref()) {
             None => None,
             Some(slots) => Some(slots.clone().try_acquire_owned().ok()?),
         };

@@ -84,24 +84,23 @@ impl Lane {
         let vendor = Arc::new(VendorModel::new(own.clone(), settings, None));
         let key: Arc<str> = key.into().into();
         let series = Series::new(Labels::standalone(&key), None);
-        let road = Road::new(Some(key), series, Arc::new(policy), (None, None));
-        Ok(Self::open(Arc::new(road), ([own], vendor), None))
+        let road = Road::new(Some(key), series, (Arc::new(policy), vendor), (None, None));
+        Ok(Self::open(Arc::new(road), [own], None))
     }
 
     /// A lane on `road` (its policy already validated), named by the
     /// road's prefix and its gates' keys, releasing through `gates`
-    /// (narrowest first, the vendor's last, whose model is `vendor`), by
+    /// (narrowest first, the vendor's last, whose model is the road's), by
     /// the store's reservations when it has a `remote`, else by the gates'
     /// meters. No task runs for it until a request must wait; the road
     /// hears each one stop.
     pub(crate) fn open(
         road: Arc<Road>,
-        (gates, vendor): (impl IntoIterator<Item = Arc<Gate>>, Arc<VendorModel>),
+        gates: impl IntoIterator<Item = Arc<Gate>>,
         remote: Option<Arc<Remote>>,
     ) -> Self {
         let shared = Arc::new(Shared {
             gates: gates.into_iter().collect(),
-            vendor,
             ties: Ties::of(
                 road.policy
                     .max_in_flight
@@ -394,7 +393,7 @@ impl Lane {
     ) -> Duration {
         self.shared.throttled();
         self.shared.metrics().throttled(status, cause.label());
-        self.shared.vendor.throttled(hint)
+        self.shared.vendor().throttled(hint)
     }
 
     /// The vendor refused the request released at `released` (saying its
@@ -411,7 +410,7 @@ impl Lane {
     ) -> Option<Duration> {
         let gap = self
             .shared
-            .vendor
+            .vendor()
             .spacing_refused(limit, silent, released)?;
         Some(self.spaced(status, gap))
     }
@@ -431,7 +430,7 @@ impl Lane {
     /// `VendorModel::fleet_spacing_refused`), the throttle counted.
     pub(crate) fn fleet_spacing_refused(&self, status: u16) -> Option<Duration> {
         self.shared.remote()?;
-        let gap = self.shared.vendor.fleet_spacing_refused()?;
+        let gap = self.shared.vendor().fleet_spacing_refused()?;
         Some(self.spaced(status, gap))
     }
 
@@ -471,7 +470,7 @@ impl Lane {
         levels.any(|(i, gate)| explains(gate, None, limit, used, released, self.spending(i, fleet)))
             || self
                 .shared
-                .vendor
+                .vendor()
                 .explains(limit, used, released, self.spending(vendor, fleet))
     }
 
@@ -480,7 +479,7 @@ impl Lane {
     /// [`VendorModel::burst_room`]).
     pub(crate) fn burst_room(&self, released: Instant, fleet: Option<&[Option<Booked>]>) -> bool {
         let spending = self.spending(self.shared.gates.len().saturating_sub(1), fleet);
-        let room = self.shared.vendor.burst_room(released, spending);
+        let room = self.shared.vendor().burst_room(released, spending);
         if room == Some(true) {
             tracing::info!(
                 lane = %self.name(),
@@ -501,13 +500,13 @@ impl Lane {
         fleet: Option<&[Option<Booked>]>,
     ) -> Option<Instant> {
         let spending = self.spending(self.shared.gates.len().saturating_sub(1), fleet);
-        self.shared.vendor.frees_at(limit, released, spending)
+        self.shared.vendor().frees_at(limit, released, spending)
     }
 
     /// The vendor announced its quota; see [`VendorModel::learn`]. True
     /// when this changed the pace.
     pub(crate) fn learn(&self, announced: Rate) -> bool {
-        let learned = self.shared.vendor.learn(announced);
+        let learned = self.shared.vendor().learn(announced);
         if learned {
             self.shared.metrics().learned(announced);
         }
@@ -563,7 +562,10 @@ impl Lane {
         released: Instant,
         bucket: Option<u64>,
     ) -> Option<Rate> {
-        let learned = self.shared.vendor.refused(limit, reset, released, bucket)?;
+        let learned = self
+            .shared
+            .vendor()
+            .refused(limit, reset, released, bucket)?;
         self.shared.metrics().learned(learned);
         Some(learned)
     }
@@ -584,7 +586,7 @@ impl Lane {
     ) -> Option<Rate> {
         if let (Some((remaining, _)), Some(_)) = (bucket, self.shared.remote()) {
             // Before the lanes waiting for the first word wake to read it.
-            self.shared.vendor.said_left(remaining, released);
+            self.shared.vendor().said_left(remaining, released);
         }
         // Every gate hears it (`|`, not `||`): each may hold a burst.
         let first = self
@@ -601,7 +603,7 @@ impl Lane {
         let (remaining, leaks) = bucket?;
         let learned = self
             .shared
-            .vendor
+            .vendor()
             .bucket(remaining, leaks, released, refused)?;
         self.shared.metrics().learned(learned);
         Some(learned)
@@ -648,7 +650,7 @@ impl Lane {
     /// The model of the lane's vendor: what its answers taught, its
     /// throttle streak and retry allowance.
     pub(crate) fn vendor(&self) -> &VendorModel {
-        &self.shared.vendor
+        self.shared.vendor()
     }
 
     fn paused_until(&self) -> Option<Instant> {
@@ -722,7 +724,7 @@ impl Lane {
                 .map(|m| m.interval())
                 .max()
                 .unwrap_or_default(),
-            learned: self.shared.vendor.learned(),
+            learned: self.shared.vendor().learned(),
             spacing,
             store: self.shared.remote().map(|remote| remote.mode()),
         }

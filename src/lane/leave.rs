@@ -8,6 +8,7 @@ use tokio::time::Instant;
 
 use super::handle::Lane;
 use crate::gate::{GateMap, Keep};
+use crate::sync::Going;
 
 /// What may stay behind when a lane goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,11 +26,12 @@ impl Lane {
     /// True when the lane can go at `now` and lose nothing: nobody holds
     /// or waits in it, it is on no store, each gate of its own counts
     /// nothing (or, `Resting`, can rest), and the vendor's counts nothing
-    /// or lives on without it (while another lane, or a gate of this one
-    /// that rests, holds its model). `going`: how many of the lanes
-    /// holding its vendor's model go with it (a sweep's, still held until
-    /// they go), whose hold is no word that the model lives on.
-    pub(crate) fn can_leave(&self, now: Instant, leaving: Leaving, going: usize) -> bool {
+    /// or lives on without it (see [`vendor_lives_on`](Self::vendor_lives_on),
+    /// or while a gate of this one that rests holds its model). `going`:
+    /// the lanes that go with it (a sweep's, still held until they go,
+    /// counted by [`goes`](Self::goes)), whose hold is no word that the
+    /// model lives on.
+    pub(crate) fn can_leave(&self, now: Instant, leaving: Leaving, going: &Going) -> bool {
         let shared = &self.shared;
         if !self.held_alone() || self.queued() != 0 {
             return false;
@@ -53,7 +55,29 @@ impl Lane {
             rests = true;
         }
         // A gate of its own that rests keeps the model alive.
-        rests || Arc::strong_count(&shared.vendor) > 1 + going || vendor.is_idle(now)
+        rests || self.vendor_lives_on(going) || vendor.is_idle(now)
+    }
+
+    /// True when its vendor's model lives on without this lane and those
+    /// `going`: its road does, held by another of its lanes that stays, or
+    /// the model is held by more than its road (another road, a resting
+    /// gate) and not only by roads going whole.
+    fn vendor_lives_on(&self, going: &Going) -> bool {
+        let road = &self.shared.road;
+        let model = self.shared.vendor();
+        Arc::strong_count(road) > 1 + going.on(&**road)
+            || Arc::strong_count(model) > 1 + going.on(&**model)
+    }
+
+    /// Count this lane in `going`, as a sweep lets it go: a hold on its
+    /// road, and, when the road's last lane goes, the road's hold on its
+    /// vendor's model.
+    pub(crate) fn goes(&self, going: &mut Going) {
+        let road = &self.shared.road;
+        going.add(&**road);
+        if going.on(&**road) >= Arc::strong_count(road) {
+            going.add(&**self.shared.vendor());
+        }
     }
 
     /// Go, after [`can_leave`](Self::can_leave) said so at `now`
@@ -65,7 +89,7 @@ impl Lane {
             Some((_, own)) => own.to_vec(),
             None => Vec::new(),
         };
-        let keep: Arc<dyn Keep> = self.shared.vendor.clone();
+        let keep: Arc<dyn Keep> = self.shared.vendor().clone();
         // The lane's hold goes first: a gate only it held is then the
         // map's to rest.
         drop(self);

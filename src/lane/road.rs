@@ -7,12 +7,13 @@ use tokio::sync::Notify;
 use super::policy::LanePolicy;
 use crate::observability::Series;
 use crate::sync::Listing;
+use crate::vendor::VendorModel;
 
 /// What the lanes of one route, level and vendor share: the first part of
-/// their names, how they behave, their series, and who hears their
-/// dispatchers retire. One for all of them: a level keyed per tenant has a
-/// lane per tenant, and each kept all four before (40 bytes of every
-/// lane).
+/// their names, how they behave, their series, their vendor's model, and
+/// who hears their dispatchers retire. One for all of them: a level keyed
+/// per tenant has a lane per tenant, and each kept all five before (48
+/// bytes of every lane).
 pub(crate) struct Road {
     /// The first part of a lane's name (a route's name, or a standalone
     /// lane's own), before its gates' keys (see `name.rs`).
@@ -20,6 +21,9 @@ pub(crate) struct Road {
     /// Their vendor, level and route, for spans, and their series.
     pub(super) series: Series,
     pub(super) policy: Arc<LanePolicy>,
+    /// The model of the vendor whose gate is the last of each lane's: one
+    /// vendor's key is part of the road's, so all its lanes have one.
+    pub(super) vendor: Arc<VendorModel>,
     /// Told when a dispatcher retires: its owner's sweep may find the
     /// lane due.
     pub(super) retired: Option<Arc<Notify>>,
@@ -29,18 +33,20 @@ pub(crate) struct Road {
 
 impl Road {
     /// A road whose lanes' names start with `prefix`, counted in `series`
-    /// and behaving by `policy`, whose dispatchers tell `retired` as they
-    /// retire; listed at `listing` when shared.
+    /// and behaving by `policy`, under the vendor `vendor` models, whose
+    /// dispatchers tell `retired` as they retire; listed at `listing` when
+    /// shared.
     pub(crate) fn new(
         prefix: Option<Arc<str>>,
         series: Series,
-        policy: Arc<LanePolicy>,
+        (policy, vendor): (Arc<LanePolicy>, Arc<VendorModel>),
         (retired, listing): (Option<Arc<Notify>>, Option<Listing<Road>>),
     ) -> Self {
         Self {
             prefix,
             series,
             policy,
+            vendor,
             retired,
             _listing: listing,
         }

@@ -38,8 +38,6 @@ pub(super) struct Shared {
     /// is the vendor's. A standalone [`Lane`] has one of its own; a
     /// shaper's lane holds the shared gate of each of its levels.
     pub(super) gates: Gates,
-    /// The model of the vendor whose gate is the last of `gates`.
-    pub(super) vendor: Arc<VendorModel>,
     pub(super) next_seq: AtomicU64,
     pub(super) released: AtomicU64,
     /// Throttles seen, saturating: 32 bits, which pack with `waiting`.
@@ -256,15 +254,21 @@ impl Shared {
         self.waiting.count_out();
     }
 
+    /// The model of the vendor whose gate is the last of `gates`: its
+    /// road's.
+    pub(super) fn vendor(&self) -> &Arc<VendorModel> {
+        &self.road.vendor
+    }
+
     /// The vendor's gate: the broadest level's.
     pub(super) fn vendor_gate(&self) -> &Gate {
-        self.vendor.gate()
+        self.vendor().gate()
     }
 
     /// True when another lane holds `gate` too: only then do lanes queue
     /// for it. The vendor's model holds its gate as well, and is no lane.
     pub(super) fn is_shared(&self, gate: &Arc<Gate>) -> bool {
-        let model = usize::from(Arc::ptr_eq(gate, self.vendor.gate()));
+        let model = usize::from(Arc::ptr_eq(gate, self.vendor().gate()));
         Arc::strong_count(gate) > 1 + model
     }
 

@@ -247,16 +247,50 @@ async fn a_lane_alone_does_not_share_its_gate_with_its_vendor_model() {
     let shared = &lane.shared;
     assert!(!shared.is_shared(&shared.gates[0]));
     let series = Series::new(Labels::standalone("twin"), None);
-    let road = Road::new(
-        Some("twin".into()),
-        series,
-        Arc::new(policy()),
-        (None, None),
-    );
-    let gates = (shared.gates.to_vec(), shared.vendor.clone());
-    let twin = Lane::open(Arc::new(road), gates, None);
+    let behaves = (Arc::new(policy()), shared.vendor().clone());
+    let road = Road::new(Some("twin".into()), series, behaves, (None, None));
+    let twin = Lane::open(Arc::new(road), shared.gates.to_vec(), None);
     assert!(shared.is_shared(&shared.gates[0]));
     assert!(twin.shared.is_shared(&twin.shared.gates[0]));
+}
+
+/// A lane may go while its vendor's count lives on without it: while
+/// another lane of its road stays, or another road holds the vendor's
+/// model. Lanes a sweep lets go hold their road until they go, and a road
+/// whose lanes all go, its model: neither is word that the count lives on.
+#[tokio::test(start_paused = true)]
+async fn a_lane_goes_while_another_road_or_lane_keeps_its_vendors_count() {
+    use super::leave::Leaving;
+    use super::road::Road;
+    use crate::observability::{Labels, Series};
+    use crate::sync::Going;
+
+    let hour = Duration::from_secs(3600);
+    let a = Lane::new("a", [Quota::fixed_window(10, hour)], policy()).unwrap();
+    drop(a.acquire().await.unwrap());
+    let gates = || a.shared.gates.to_vec();
+    let behaves = (Arc::new(policy()), a.shared.vendor().clone());
+    let series = Series::new(Labels::standalone("b"), None);
+    let other = Arc::new(Road::new(Some("b".into()), series, behaves, (None, None)));
+    let b = Lane::open(other, gates(), None);
+    let now = Instant::now();
+    let leaves = |lane: &Lane, going: &Going| lane.can_leave(now, Leaving::Resting, going);
+
+    // One lane a road: each may go while the other stays, not both.
+    let mut going = Going::default();
+    assert!(leaves(&a, &going) && leaves(&b, &going));
+    a.goes(&mut going);
+    assert!(!leaves(&b, &going), "the vendor's hour would be lost");
+
+    // A second lane on a's road: a goes while it stays; once both go, the
+    // other road alone keeps the count.
+    let twin = Lane::open(a.shared.road.clone(), gates(), None);
+    let mut going = Going::default();
+    assert!(leaves(&a, &going));
+    a.goes(&mut going);
+    assert!(leaves(&twin, &going) && leaves(&b, &going));
+    twin.goes(&mut going);
+    assert!(!leaves(&b, &going), "the vendor's hour would be lost");
 }
 
 /// A lane nobody waits in runs no task: the first request that must wait

@@ -63,7 +63,7 @@ impl Rehash for Entry {
 /// A lane the cap can evict without losing anything: held by nobody but
 /// the map, and counting nothing of its own (see [`Leaving::Bare`]).
 fn evictable(lane: &Lane) -> bool {
-    lane.can_leave(Instant::now(), Leaving::Bare, 0)
+    lane.can_leave(Instant::now(), Leaving::Bare, &Going::default())
 }
 
 pub(super) struct Lanes {
@@ -286,7 +286,8 @@ impl Lanes {
         let mut due = |after: Duration| next = Some(next.map_or(after, |n| n.min(after)));
         let mut going: Vec<Lane> = Vec::new();
         let mut kept = 0;
-        // The vendors' models the lanes in `going` hold.
+        // The roads the lanes in `going` hold, and the vendors' models
+        // the roads going whole hold.
         let mut holds = Going::default();
         for mut lanes in self.shards.shards() {
             let before = lanes.len();
@@ -303,8 +304,8 @@ impl Lanes {
                 }
                 // The lanes going before it in this shard hold their
                 // vendor's model until they go.
-                if lane.can_leave(now, Leaving::Resting, holds.on(lane.vendor())) {
-                    holds.add(lane.vendor());
+                if lane.can_leave(now, Leaving::Resting, &holds) {
+                    lane.goes(&mut holds);
                     going.push(lane.clone());
                     return false;
                 }

@@ -339,8 +339,8 @@ impl Registry {
             let link = store.link(shared.to_vec(), keys, &quotas, headroom, failure, metrics);
             Arc::new(link)
         });
-        let road = self.road_for(route, names, per_lane);
-        Lane::open(road, (shared, vendor), remote)
+        let road = self.road_for(route, names, per_lane, vendor);
+        Lane::open(road, shared, remote)
     }
 
     /// How the lanes of `route` behave: the shaper's policy, with the
@@ -368,15 +368,18 @@ impl Registry {
     }
 
     /// The road of the lanes on `route` labelled `names` (vendor, level,
-    /// route): their name's prefix, their policy and their series; one for
-    /// all of them, unless series per lane were asked for (`lane`). Made
-    /// only for a new road: a tenant's new lane nearly always finds its
-    /// own.
+    /// route): their name's prefix, their policy, their series and their
+    /// vendor's model (`vendor`, the model of the vendor `names` gives);
+    /// one for all of them, unless series per lane were asked for
+    /// (`lane`). Made only for a new road: a tenant's new lane nearly
+    /// always finds its own, which holds the same model (a road holds its
+    /// model, and the vendors' map lists the model while it lives).
     fn road_for(
         &self,
         route: Option<&Route>,
         names: (&str, &str, &str),
         lane: Option<&str>,
+        vendor: Arc<VendorModel>,
     ) -> Arc<Road> {
         let make = |listing| {
             // A lane's name is read off this and its gates' keys, which
@@ -384,7 +387,8 @@ impl Registry {
             let prefix = self.prefix(route).cloned();
             let series = Series::new(labelled(names), lane);
             let retired = Some(self.lanes.nudge());
-            Road::new(prefix, series, self.policy_for(route), (retired, listing))
+            let behaves = (self.policy_for(route), vendor.clone());
+            Road::new(prefix, series, behaves, (retired, listing))
         };
         if lane.is_some() {
             return Arc::new(make(None));

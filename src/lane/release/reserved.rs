@@ -185,7 +185,7 @@ impl Reserved {
             .iter()
             .any(|gate| gate.spacing().is_some());
         let timing = Timing::new(strict, headroom);
-        let vendor = &ready.shared.vendor;
+        let vendor = ready.shared.vendor();
         let reach = vendor.gate().request_interval().unwrap_or_default() / 2;
         if let Some(wait) = self.first_word(vendor.gate(), now, reach, late) {
             return Some(Step::Wait(wait));

@@ -73,6 +73,28 @@ fn quickly_quiet(per_tenant: Quota) -> Shaper {
         .unwrap()
 }
 
+/// An idle timeout past what a lane can tell of its quiet (24.8 days: its
+/// last release is kept to the millisecond in 32 bits) lets its lanes go
+/// after 24.8 days, not never (and within an eighth more, the sweeper's
+/// least wait); a lane that goes loses nothing.
+#[tokio::test(start_paused = true)]
+async fn an_idle_timeout_past_24_days_lets_lanes_go_after_24_days() {
+    let shaper = tenants(
+        Quota::leaky_bucket(10, Duration::from_secs(1)),
+        Recording::default(),
+    )
+    .idle_timeout(Duration::MAX)
+    .build()
+    .unwrap();
+    call(&shaper, "a").await.unwrap();
+    let reach = Duration::from_millis(1 << 31);
+    tokio::time::sleep(reach - Duration::from_secs(1)).await;
+    assert_eq!(shaper.live_lanes(), 1);
+    tokio::time::sleep(reach / 8 + Duration::from_secs(2)).await;
+    assert_eq!(shaper.live_lanes(), 0);
+    call(&shaper, "a").await.unwrap();
+}
+
 /// 64 tasks over 100,000 keys while idle lanes are swept away a few
 /// milliseconds after they go quiet and the cap evicts more: a key's lane
 /// is never taken from under a request about to use it, nor dropped while

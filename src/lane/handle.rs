@@ -2,7 +2,7 @@
 //! snapshot; what the lane's dispatcher and the shaper ask of a lane.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, oneshot};
@@ -23,7 +23,7 @@ use crate::meters::{Quota, Rate};
 use crate::observability::{InFlight, Labels, Series};
 use crate::retry::RetryBudget;
 use crate::store::{Remote, StoreMode};
-use crate::time::{AtomicStamp, later};
+use crate::time::{AtomicTick, Stamp, later};
 use crate::vendor::{Spending, VendorModel, explains};
 
 /// One upstream quota: a FIFO queue, meters and a pause, drained by one
@@ -109,10 +109,9 @@ impl Lane {
             ),
             next_seq: AtomicU64::new(0),
             released: AtomicU64::new(0),
-            throttles: AtomicU32::new(0),
             waiting: Waiting::default(),
             road,
-            active_at: AtomicStamp::new(Instant::now()),
+            active_at: AtomicTick::new(Stamp::of(Instant::now())),
         });
         shared.report_first_quota();
         Self { shared }
@@ -716,7 +715,7 @@ impl Lane {
             pause_cause: pause.as_ref().map(|pause| pause.cause),
             pause_said: pause.and_then(|pause| pause.said.as_deref().map(str::to_owned)),
             released: self.shared.released.load(Ordering::Relaxed),
-            throttles: u64::from(self.shared.throttles.load(Ordering::Relaxed)),
+            throttles: u64::from(self.shared.throttles()),
             interval: self
                 .shared
                 .meters()

@@ -62,7 +62,8 @@ pub struct LanePolicy {
     /// meters (someone waiting, a pause, strict spacing in flight). Meters
     /// of its own that still count (a daily quota partly spent) rest until
     /// they count nothing, and the key's next lane counts on from them.
-    /// Default 60 s; zero is refused.
+    /// Default 60 s; zero is refused; a shaper lets a lane go after 24.8
+    /// days at most.
     pub idle_timeout: Duration,
     /// Opt-in adaptive pacing for vendors that announce nothing: throttles
     /// without a header cut the lane's request rate, successes grow it back,

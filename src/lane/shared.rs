@@ -21,7 +21,7 @@ use crate::meters::{Meters, Rate};
 use crate::observability::LaneMetrics;
 use crate::store::Remote;
 use crate::sync::lock;
-use crate::time::{AtomicStamp, Stamp, nanos};
+use crate::time::{AtomicTick, Stamp};
 use crate::vendor::VendorModel;
 
 /// Where tickets go while a dispatcher runs; `None` while none does.
@@ -40,39 +40,37 @@ pub(super) struct Shared {
     pub(super) gates: Gates,
     pub(super) next_seq: AtomicU64,
     pub(super) released: AtomicU64,
-    /// Throttles seen, saturating: 32 bits, which pack with `waiting`.
-    pub(super) throttles: AtomicU32,
-    /// Who waits, and whether the lane is closed.
+    /// Who waits, and whether the lane is closed: 32 bits, which pack
+    /// with `active_at`.
     pub(super) waiting: Waiting,
-    /// When the lane last released a turn, to [`ACTIVE_GRAIN`]: how long it
-    /// has been idle, for its owner's sweep.
-    pub(super) active_at: AtomicStamp,
-    /// What few lanes have: its in-flight cap and its store, and the door
-    /// to its dispatcher, made with the lane when it has a cap or a store,
-    /// else the first time a request waits in it, and kept for the lane's
-    /// life, as a gate keeps its `Cold`. A lane per tenant that never
-    /// queues carries one pointer for the three, not a pointer each.
+    /// When the lane last released a turn, to the millisecond: how long it
+    /// has been idle, for its owner's sweep. Each release stored its
+    /// instant, and two cores releasing from one lane kept the lane's line
+    /// moving between them: 64 tasks on one lane took 171-242 ns a permit,
+    /// 114-128 ns once it was stored once a millisecond at most (a load
+    /// leaves the line shared). A sweep, which lets a lane go after its
+    /// idle timeout, is up to 2 ms late, never early.
+    pub(super) active_at: AtomicTick,
+    /// What few lanes have: its in-flight cap and its store, the door to
+    /// its dispatcher, and its count of throttles, made with the lane when
+    /// it has a cap or a store, else the first time a request waits in it
+    /// or a throttle comes, and kept for the lane's life, as a gate keeps
+    /// its `Cold`. A lane per tenant that never queues carries one pointer
+    /// for the four.
     pub(super) ties: OnceBox<Ties>,
 }
 
-/// How far a lane's last release noted (`active_at`) may lag its last
-/// release. Each release stored its instant there, and two cores
-/// releasing from one lane kept the lane's line moving between them: 64
-/// tasks on one lane took 171-242 ns a permit, 114-128 ns once it was
-/// stored once a millisecond at most (a load leaves the line shared). A
-/// sweep, which lets a lane go after its idle timeout, is this much late
-/// at most.
-const ACTIVE_GRAIN: Duration = Duration::from_millis(1);
-
 /// What few lanes have: a cap on requests in flight, a link to a shared
-/// store, a dispatcher's door. Boxed together: a lane per tenant holds a
-/// box's pointer, not three.
+/// store, a dispatcher's door, throttles seen. Boxed together: a lane per
+/// tenant holds a box's pointer, not four.
 #[derive(Default)]
 pub(super) struct Ties {
     pub(super) in_flight: Option<Arc<Semaphore>>,
     /// The gates' quotas live there.
     pub(super) remote: Option<Arc<Remote>>,
     door: Door,
+    /// Throttles seen, saturating.
+    throttles: AtomicU32,
 }
 
 impl Ties {
@@ -88,7 +86,7 @@ impl Ties {
         OnceBox::with_value(Box::new(Self {
             in_flight,
             remote,
-            door: Door::default(),
+            ..Self::default()
         }))
     }
 }
@@ -96,7 +94,7 @@ impl Ties {
 /// Requests waiting for a turn, in the channel or held by the dispatcher,
 /// and whether the lane is closed for good (every request then ends with
 /// `Error::Shutdown`): one word, so the fast path asks both in one load,
-/// and 32 bits, which pack with the lane's throttles.
+/// and 32 bits, which pack with when the lane last released.
 ///
 /// A request is counted in before its ticket is sent and out when the
 /// dispatcher lets it go, so "none" really means nobody is ahead; it is
@@ -186,25 +184,30 @@ impl Shared {
 
     /// One more throttle seen.
     pub(super) fn throttled(&self) {
-        let _ = self
+        let ties = self.ties.get_or_init(Box::default);
+        let _ = ties
             .throttles
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_add(1));
     }
 
-    /// A turn was released at `at`: noted when it is [`ACTIVE_GRAIN`] past
-    /// the last one noted.
-    pub(super) fn active(&self, at: Stamp) {
-        self.active_at.move_on(at, nanos(ACTIVE_GRAIN));
+    /// Throttles seen, saturating.
+    pub(super) fn throttles(&self) -> u32 {
+        self.ties
+            .get()
+            .map_or(0, |ties| ties.throttles.load(Ordering::Relaxed))
     }
 
-    /// How long the lane has released nothing, at `now`, or a little less
-    /// (never more): the last release noted may be up to [`ACTIVE_GRAIN`]
-    /// before the last one, so a lane is let go that much after its idle
-    /// timeout at most, never before.
+    /// A turn was released at `at`: noted when it is in a later
+    /// millisecond than the last one noted.
+    pub(super) fn active(&self, at: Stamp) {
+        self.active_at.move_on(at);
+    }
+
+    /// How long the lane has released nothing, at `now`, or up to 2 ms
+    /// less (never more), within [`AtomicTick::REACH`]: a lane is let go
+    /// that much after its idle timeout at most, never before.
     pub(super) fn quiet_for(&self, now: Instant) -> Duration {
-        let last = self.active_at.load().instant();
-        now.saturating_duration_since(last)
-            .saturating_sub(ACTIVE_GRAIN)
+        self.active_at.since(Stamp::of(now))
     }
 }
 

@@ -33,7 +33,7 @@ use crate::gate::GateMap;
 use crate::lane::{Lane, LaneSnapshot, Leaving};
 use crate::observability::Count;
 use crate::sync::{Going, Hashed, Named, Rehash, SHARDS, Sharded, lock};
-use crate::time::later;
+use crate::time::{AtomicTick, later};
 
 /// Lanes looked at to pick one to evict for the cap.
 const SAMPLE: usize = 32;
@@ -71,7 +71,10 @@ pub(super) struct Lanes {
     /// Lanes in the map, and those being made (a place taken under the cap).
     live: AtomicUsize,
     max: Option<usize>,
-    /// A lane quiet and idle this long is dropped.
+    /// A lane quiet and idle this long is dropped: the policy's
+    /// `idle_timeout`, at most [`AtomicTick::REACH`] (24.8 days), the
+    /// longest quiet a lane tells (a lane that goes loses nothing: what
+    /// its meters count rests).
     idle: Duration,
     /// Shut down: no lane is made any more.
     shut: AtomicBool,
@@ -100,7 +103,7 @@ impl Lanes {
             shards: Sharded::default(),
             live: AtomicUsize::new(0),
             max,
-            idle,
+            idle: idle.min(AtomicTick::REACH),
             shut: AtomicBool::new(false),
             sweeper: Mutex::new(None),
             sweeping: Arc::new(AtomicBool::new(false)),

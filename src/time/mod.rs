@@ -8,7 +8,7 @@
 #[cfg(feature = "serde")]
 pub(crate) mod human;
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -123,8 +123,8 @@ impl Stamp {
 /// [`FAR`] in nanoseconds.
 const FAR_NANOS: u64 = FAR.as_secs() * 1_000_000_000;
 
-/// A [`Stamp`] threads move on without a lock: when a lane last released,
-/// when a strict gate's last request went.
+/// A [`Stamp`] threads move on without a lock: when a strict gate's last
+/// request went.
 #[derive(Debug)]
 pub(crate) struct AtomicStamp(AtomicI64);
 
@@ -136,21 +136,6 @@ impl Default for AtomicStamp {
 }
 
 impl AtomicStamp {
-    pub(crate) fn new(at: Instant) -> Self {
-        Self(AtomicI64::new(Stamp::of(at).0))
-    }
-
-    /// Move on to `at` when it is at least `grain` nanoseconds past what
-    /// it holds; else keep it. Asked on every release of a lane, from
-    /// every core: a store each time kept the lane's line moving between
-    /// the cores releasing from it, where a load leaves it shared.
-    pub(crate) fn move_on(&self, at: Stamp, grain: u64) {
-        let held = self.0.load(Ordering::Relaxed);
-        if at.0.saturating_sub(held) >= i64::try_from(grain).unwrap_or(i64::MAX) {
-            self.0.store(at.0, Ordering::Release);
-        }
-    }
-
     /// Move on to `at`, unless it holds a later instant already (reports
     /// may come in any order); `NONE` is earlier than any.
     pub(crate) fn raise(&self, at: Instant) {
@@ -160,6 +145,49 @@ impl AtomicStamp {
     pub(crate) fn load(&self) -> Stamp {
         Stamp(self.0.load(Ordering::Acquire))
     }
+}
+
+/// An instant to the millisecond in 32 bits, which threads move on
+/// without a lock: when a lane last released (4 bytes of every tenant's
+/// lane, where a [`Stamp`] took 8). It wraps every 49.7 days, so it tells
+/// how long ago only for spans shorter than that; [`REACH`](Self::REACH)
+/// is what its readers ask within.
+#[derive(Debug)]
+pub(crate) struct AtomicTick(AtomicU32);
+
+impl AtomicTick {
+    /// The longest span readers ask about: half the wrap, 24.8 days.
+    pub(crate) const REACH: Duration = Duration::from_millis(1 << 31);
+
+    pub(crate) fn new(at: Stamp) -> Self {
+        Self(AtomicU32::new(tick(at)))
+    }
+
+    /// Move on to `at`'s millisecond, unless it holds it already. Asked on
+    /// every release of a lane, from every core: a store each time kept
+    /// the lane's line moving between the cores releasing from it, where
+    /// a load leaves it shared.
+    pub(crate) fn move_on(&self, at: Stamp) {
+        let tick = tick(at);
+        if self.0.load(Ordering::Relaxed) != tick {
+            self.0.store(tick, Ordering::Relaxed);
+        }
+    }
+
+    /// How long since the instant it holds, at `now`, or up to two
+    /// milliseconds less, never more (each end is known to its
+    /// millisecond), for spans within [`REACH`](Self::REACH); a longer one
+    /// reads as shorter, by a multiple of the wrap.
+    pub(crate) fn since(&self, now: Stamp) -> Duration {
+        let ticks = tick(now).wrapping_sub(self.0.load(Ordering::Relaxed));
+        Duration::from_millis(u64::from(ticks.saturating_sub(1)))
+    }
+}
+
+/// `at`'s millisecond, wrapped to 32 bits.
+fn tick(at: Stamp) -> u32 {
+    // Truncated on purpose: the tick wraps, and only differences are read.
+    at.0.div_euclid(1_000_000) as u32
 }
 
 #[cfg(test)]
@@ -196,5 +224,37 @@ mod tests {
         latest.raise(now);
         latest.raise(before);
         assert_eq!(latest.load().get(), Some(now));
+    }
+
+    /// A tick tells how long ago to two milliseconds less at most, never
+    /// more, across its wrap and from either side of the epoch.
+    #[test]
+    fn a_tick_tells_how_long_ago_within_its_reach() {
+        let ms = |n: i64| Stamp(n * 1_000_000);
+        let wrap = 1_i64 << 32;
+        for at in [
+            ms(0),
+            Stamp(1),
+            ms(wrap - 1),
+            ms(-5).plus_nanos(1),
+            ms(wrap * 3 + 7),
+        ] {
+            let tick = AtomicTick::new(at);
+            for after in [0, 1, 999_999, 1_000_000, 2_500_000, 86_400_000_000_000] {
+                let since = tick.since(at.plus_nanos(after));
+                let real = Duration::from_nanos(after);
+                assert!(
+                    since <= real && real < since + Duration::from_millis(2),
+                    "{at:?} + {real:?}: {since:?}"
+                );
+            }
+            tick.move_on(at.plus_nanos(3_000_000));
+            assert_eq!(tick.since(at.plus_nanos(3_000_000)), Duration::ZERO);
+        }
+        let reach = AtomicTick::REACH.as_millis() as i64;
+        assert_eq!(
+            AtomicTick::new(ms(0)).since(ms(reach)),
+            AtomicTick::REACH - Duration::from_millis(1)
+        );
     }
 }

@@ -62,7 +62,7 @@ pub struct LanePolicy {
     /// meters (someone waiting, a pause, strict spacing in flight). Meters
     /// of its own that still count (a daily quota partly spent) rest until
     /// they count nothing, and the key's next lane counts on from them.
-    /// Default 60 s; zero is refused; a shaper lets a lane go after 24.8
+    /// Default 60 s; zero is refused; a shaper lets a lane go after 20
     /// days at most.
     pub idle_timeout: Duration,
     /// Opt-in adaptive pacing for vendors that announce nothing: throttles

@@ -40,7 +40,7 @@ type Edit = Box<dyn Fn(&mut LanePolicy) + Send + Sync>;
 /// | `retry(RetryPolicy)` | | also `max_throttles` (10) and the per-request backoff (100 ms .. 10 s, full jitter) |
 /// | `retry_non_idempotent(true)` | off | retry failures of POST/PATCH too (429s always are; a refused connection always is) |
 /// | `lane_key(fn)` | origin | which requests share a lane (per API key, tenant, ...) |
-/// | `idle_timeout(d)` | 60 s | a lane quiet this long (24.8 days at most) goes; what its own quota counted rests until spent |
+/// | `idle_timeout(d)` | 60 s | a lane quiet this long (20 days at most) goes; what its own quota counted rests until spent |
 /// | `max_lanes(n)` | none | the most lanes live at once; past it an idle lane makes room, or the request ends with `LaneLimit` |
 /// | `transport(t)` | the client | what sends each attempt |
 /// | `quota(Quota)` | | another quota, checked with the others |

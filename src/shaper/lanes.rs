@@ -35,6 +35,14 @@ use crate::observability::Count;
 use crate::sync::{Going, Hashed, Named, Rehash, SHARDS, Sharded, lock};
 use crate::time::{AtomicTick, later};
 
+/// The longest idle timeout: a lane tells its quiet within
+/// [`AtomicTick::REACH`] (24.8 days), and the sweeper looks at a lane an
+/// eighth of the timeout after it is due at most, so a quiet lane is let
+/// go before its quiet is past telling. A lane that goes loses nothing:
+/// what its meters count rests.
+const LONGEST_IDLE: Duration = Duration::from_secs(20 * 86_400);
+const _: () = assert!(LONGEST_IDLE.as_millis() * 9 / 8 < AtomicTick::REACH.as_millis());
+
 /// Lanes looked at to pick one to evict for the cap.
 const SAMPLE: usize = 32;
 
@@ -72,9 +80,7 @@ pub(super) struct Lanes {
     live: AtomicUsize,
     max: Option<usize>,
     /// A lane quiet and idle this long is dropped: the policy's
-    /// `idle_timeout`, at most [`AtomicTick::REACH`] (24.8 days), the
-    /// longest quiet a lane tells (a lane that goes loses nothing: what
-    /// its meters count rests).
+    /// `idle_timeout`, at most [`LONGEST_IDLE`].
     idle: Duration,
     /// Shut down: no lane is made any more.
     shut: AtomicBool,
@@ -103,7 +109,7 @@ impl Lanes {
             shards: Sharded::default(),
             live: AtomicUsize::new(0),
             max,
-            idle: idle.min(AtomicTick::REACH),
+            idle: idle.min(LONGEST_IDLE),
             shut: AtomicBool::new(false),
             sweeper: Mutex::new(None),
             sweeping: Arc::new(AtomicBool::new(false)),

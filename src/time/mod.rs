@@ -149,15 +149,15 @@ impl AtomicStamp {
 
 /// An instant to the millisecond in 32 bits, which threads move on
 /// without a lock: when a lane last released (4 bytes of every tenant's
-/// lane, where a [`Stamp`] took 8). It wraps every 49.7 days, so it tells
-/// how long ago only for spans shorter than that; [`REACH`](Self::REACH)
-/// is what its readers ask within.
+/// lane, where a [`Stamp`] took 8). It wraps every 49.7 days, and tells
+/// how long ago for spans within [`REACH`](Self::REACH), half of that:
+/// the other half is an instant noted after the one it is asked at.
 #[derive(Debug)]
 pub(crate) struct AtomicTick(AtomicU32);
 
 impl AtomicTick {
-    /// The longest span readers ask about: half the wrap, 24.8 days.
-    pub(crate) const REACH: Duration = Duration::from_millis(1 << 31);
+    /// The longest span it tells: half the wrap, 24.8 days.
+    pub(crate) const REACH: Duration = Duration::from_millis(i32::MAX as u64);
 
     pub(crate) fn new(at: Stamp) -> Self {
         Self(AtomicU32::new(tick(at)))
@@ -176,11 +176,15 @@ impl AtomicTick {
 
     /// How long since the instant it holds, at `now`, or up to two
     /// milliseconds less, never more (each end is known to its
-    /// millisecond), for spans within [`REACH`](Self::REACH); a longer one
-    /// reads as shorter, by a multiple of the wrap.
+    /// millisecond), for spans within [`REACH`](Self::REACH). An instant
+    /// noted after `now` (a release while a sweep that read the clock
+    /// before it looks) reads as none, and so does a span past the reach:
+    /// never more than it is.
     pub(crate) fn since(&self, now: Stamp) -> Duration {
-        let ticks = tick(now).wrapping_sub(self.0.load(Ordering::Relaxed));
-        Duration::from_millis(u64::from(ticks.saturating_sub(1)))
+        // Signed: a difference past half the wrap is an instant ahead.
+        let ticks = tick(now).wrapping_sub(self.0.load(Ordering::Relaxed)) as i32;
+        let ticks = u64::try_from(ticks).unwrap_or(0);
+        Duration::from_millis(ticks.saturating_sub(1))
     }
 }
 
@@ -227,7 +231,9 @@ mod tests {
     }
 
     /// A tick tells how long ago to two milliseconds less at most, never
-    /// more, across its wrap and from either side of the epoch.
+    /// more, across its wrap and from either side of the epoch; an instant
+    /// noted later than the one asked at, or a span past its reach, reads
+    /// as none.
     #[test]
     fn a_tick_tells_how_long_ago_within_its_reach() {
         let ms = |n: i64| Stamp(n * 1_000_000);
@@ -250,11 +256,12 @@ mod tests {
             }
             tick.move_on(at.plus_nanos(3_000_000));
             assert_eq!(tick.since(at.plus_nanos(3_000_000)), Duration::ZERO);
+            // Noted after the instant asked at: none.
+            assert_eq!(tick.since(at), Duration::ZERO);
         }
         let reach = AtomicTick::REACH.as_millis() as i64;
-        assert_eq!(
-            AtomicTick::new(ms(0)).since(ms(reach)),
-            AtomicTick::REACH - Duration::from_millis(1)
-        );
+        let since = |span: i64| AtomicTick::new(ms(0)).since(ms(span));
+        assert_eq!(since(reach), AtomicTick::REACH - Duration::from_millis(1));
+        assert_eq!(since(reach + 1), Duration::ZERO, "past the reach: none");
     }
 }

@@ -32,6 +32,11 @@ pub(crate) struct Road {
 }
 
 impl Road {
+    /// The model of its lanes' vendor.
+    pub(crate) fn vendor(&self) -> &Arc<VendorModel> {
+        &self.vendor
+    }
+
     /// A road whose lanes' names start with `prefix`, counted in `series`
     /// and behaving by `policy`, under the vendor `vendor` models, whose
     /// dispatchers tell `retired` as they retire; listed at `listing` when

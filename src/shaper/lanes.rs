@@ -312,7 +312,7 @@ impl Lanes {
                     return true;
                 }
                 // The lanes going before it in this shard hold their
-                // vendor's model until they go.
+                // road, and through it their vendor's model, until they go.
                 if lane.can_leave(now, Leaving::Resting, &holds) {
                     lane.goes(&mut holds);
                     going.push(lane.clone());

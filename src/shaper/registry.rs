@@ -299,10 +299,21 @@ impl Registry {
     ) -> Lane {
         // `lane_for` made sure there is a level, and a key for each.
         let (vendor_level, vendor_key) = (levels[levels.len() - 1], keys[keys.len() - 1]);
+        let names = (
+            vendor_key,
+            match levels[0].name.as_str() {
+                "" => "vendor",
+                name => name,
+            },
+            route.map_or("", |route| route.name.as_str()),
+        );
+        let per_lane = self.metrics_per_lane.then_some(name);
         // Every level's quotas are a shared gate, even when one lane is all
-        // that uses it yet: the vendor's quota must be one gate for all.
-        let vendor = self.vendor_for(vendor_level, vendor_key);
-        let vendor_gate = vendor.gate().clone();
+        // that uses it yet: the vendor's quota must be one gate for all. A
+        // road found holds its vendor's model, and in it the vendor's gate.
+        let vendor = || self.vendor_for(vendor_level, vendor_key);
+        let road = self.road_for(route, names, per_lane, vendor);
+        let vendor_gate = road.vendor().gate().clone();
         // Nearly always a tenant's and the vendor's: no list of their own.
         let mut shared: SmallVec<[Arc<Gate>; 2]> = SmallVec::with_capacity(levels.len());
         shared.extend(
@@ -313,15 +324,6 @@ impl Registry {
                 .map(|(level, key)| self.gate_for(level, key)),
         );
         shared.push(vendor_gate);
-        let names = (
-            vendor_key,
-            match levels[0].name.as_str() {
-                "" => "vendor",
-                name => name,
-            },
-            route.map_or("", |route| route.name.as_str()),
-        );
-        let per_lane = self.metrics_per_lane.then_some(name);
         let remote = self.store.as_ref().map(|store| {
             let failure = route
                 .and_then(|route| route.store_failure)
@@ -339,7 +341,6 @@ impl Registry {
             let link = store.link(shared.to_vec(), keys, &quotas, headroom, failure, metrics);
             Arc::new(link)
         });
-        let road = self.road_for(route, names, per_lane, vendor);
         Lane::open(road, shared, remote)
     }
 
@@ -369,43 +370,50 @@ impl Registry {
 
     /// The road of the lanes on `route` labelled `names` (vendor, level,
     /// route): their name's prefix, their policy, their series and their
-    /// vendor's model (`vendor`, the model of the vendor `names` gives);
-    /// one for all of them, unless series per lane were asked for
-    /// (`lane`). Made only for a new road: a tenant's new lane nearly
-    /// always finds its own, which holds the same model (a road holds its
-    /// model, and the vendors' map lists the model while it lives).
+    /// vendor's model (the one `vendor` finds or makes, for the vendor
+    /// `names` gives); one for all of them, unless series per lane were
+    /// asked for (`lane`). Made only for a new road: a tenant's new lane
+    /// nearly always finds its own, and with it the model, which its
+    /// vendor's key (part of the road's) would find: the road holds it, so
+    /// the vendors' map lists it.
     fn road_for(
         &self,
         route: Option<&Route>,
         names: (&str, &str, &str),
         lane: Option<&str>,
-        vendor: Arc<VendorModel>,
+        vendor: impl FnOnce() -> Arc<VendorModel>,
     ) -> Arc<Road> {
-        let make = |listing| {
+        let make = |listing, vendor| {
             // A lane's name is read off this and its gates' keys, which
             // are the spans of its name (see `lane_for`).
             let prefix = self.prefix(route).cloned();
             let series = Series::new(labelled(names), lane);
             let retired = Some(self.lanes.nudge());
-            let behaves = (self.policy_for(route), vendor.clone());
+            let behaves = (self.policy_for(route), vendor);
             Road::new(prefix, series, behaves, (retired, listing))
         };
         if lane.is_some() {
-            return Arc::new(make(None));
+            return Arc::new(make(None, vendor()));
         }
         // The route, by where it is, gives the third label and the rest.
         // Written part by part: a formatter took a new tenant's first
         // request a thousand instructions.
-        let (vendor, level, _) = names;
-        let mut key = String::with_capacity(vendor.len() + level.len() + 8);
-        for part in [vendor, "\n", level, "\n"] {
+        let (vendor_key, level, _) = names;
+        let mut key = String::with_capacity(vendor_key.len() + level.len() + 8);
+        for part in [vendor_key, "\n", level, "\n"] {
             key.push_str(part);
         }
         if let Some(at) = self.route_at(route) {
             // Into the key, not a string of its own.
             let _ = write!(key, "{at}");
         }
-        listed(&self.roads, &key, |listing| make(Some(listing)))
+        if let Some(road) = found(&self.roads, &key) {
+            return road;
+        }
+        // Outside the roads' lock: a new vendor's model is made under its
+        // own map's.
+        let vendor = vendor();
+        listed(&self.roads, &key, |listing| make(Some(listing), vendor))
     }
 
     /// What the gates of `level` share: its quotas now, its settings.

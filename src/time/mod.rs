@@ -163,14 +163,20 @@ impl AtomicTick {
         Self(AtomicU32::new(tick(at)))
     }
 
-    /// Move on to `at`'s millisecond, unless it holds it already. Asked on
-    /// every release of a lane, from every core: a store each time kept
-    /// the lane's line moving between the cores releasing from it, where
-    /// a load leaves it shared.
+    /// Move on to `at`'s millisecond, unless it holds it, or one up to
+    /// [`STALE`] later: a release that read its clock before another noted
+    /// a later instant keeps that later one (a store would take it back,
+    /// and the quiet read would be longer than it is). Asked on every
+    /// release of a lane, from every core: a write each time kept the
+    /// lane's line moving between the cores releasing from it, where a
+    /// load leaves it shared, so it writes once a millisecond at most.
     pub(crate) fn move_on(&self, at: Stamp) {
         let tick = tick(at);
-        if self.0.load(Ordering::Relaxed) != tick {
-            self.0.store(tick, Ordering::Relaxed);
+        let later = |held: u32| (!(0..=STALE).contains(&held.wrapping_sub(tick))).then_some(tick);
+        if later(self.0.load(Ordering::Relaxed)).is_some() {
+            let _ = self
+                .0
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, later);
         }
     }
 
@@ -187,6 +193,12 @@ impl AtomicTick {
         Duration::from_millis(ticks.saturating_sub(1))
     }
 }
+
+/// How many milliseconds behind what an [`AtomicTick`] holds a release
+/// may note itself and be taken for one that read its clock before the
+/// one noted (by far less): a minute. One further behind is a release
+/// after the tick wrapped.
+const STALE: u32 = 60_000;
 
 /// `at`'s millisecond, wrapped to 32 bits.
 fn tick(at: Stamp) -> u32 {
@@ -258,6 +270,9 @@ mod tests {
             assert_eq!(tick.since(at.plus_nanos(3_000_000)), Duration::ZERO);
             // Noted after the instant asked at: none.
             assert_eq!(tick.since(at), Duration::ZERO);
+            // A release that read its clock before keeps the later one.
+            tick.move_on(at.plus_nanos(1_000_000));
+            assert_eq!(tick.since(at.plus_nanos(3_000_000)), Duration::ZERO);
         }
         let reach = AtomicTick::REACH.as_millis() as i64;
         let since = |span: i64| AtomicTick::new(ms(0)).since(ms(span));

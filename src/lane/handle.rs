@@ -706,8 +706,18 @@ impl Lane {
             .iter()
             .filter_map(|gate| gate.pause(now))
             .max_by_key(|pause| pause.until);
-        // Before the literal: its `interval` holds the meters' locks to its end.
+        // Each read on its own, before the literal: a temporary in one of
+        // its fields lives to the literal's end, and the meters' locks held
+        // there while the store's state was taken for `store` deadlocked
+        // with a store failing, which takes its state and then the meters.
         let spacing = self.shared.gates.iter().filter_map(|g| g.spacing()).max();
+        let interval = self
+            .shared
+            .meters()
+            .iter()
+            .map(|m| m.interval())
+            .max()
+            .unwrap_or_default();
         LaneSnapshot {
             key: self.shared.name().to_string(),
             queued: self.queued(),
@@ -716,13 +726,7 @@ impl Lane {
             pause_said: pause.and_then(|pause| pause.said.as_deref().map(str::to_owned)),
             released: self.shared.released.load(Ordering::Relaxed),
             throttles: u64::from(self.shared.throttles()),
-            interval: self
-                .shared
-                .meters()
-                .iter()
-                .map(|m| m.interval())
-                .max()
-                .unwrap_or_default(),
+            interval,
             learned: self.shared.vendor().learned(),
             spacing,
             store: self.shared.remote().map(|remote| remote.mode()),

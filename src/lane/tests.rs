@@ -293,6 +293,61 @@ async fn a_lane_goes_while_another_road_or_lane_keeps_its_vendors_count() {
     assert!(!leaves(&b, &going), "the vendor's hour would be lost");
 }
 
+/// A lane's snapshot holds no gate's meters while it reads the store's
+/// state: a store failing takes its state, then the meters (to count the
+/// other instances' slots), so a snapshot holding the meters while it
+/// waited for the state deadlocked with it (`shaper.lanes()` hung while
+/// Redis failed). With the state held as a failing store holds it, the
+/// meters stay free while the snapshot waits.
+#[cfg(all(feature = "testing", feature = "redis"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_holds_no_meters_while_it_waits_for_the_store() {
+    use super::road::Road;
+    use crate::observability::{Labels, Series, StoreMetrics};
+    use crate::store::{RedisStore, Store, StoreFailure};
+    use crate::testing::RedisServer;
+
+    let redis = RedisServer::start();
+    let store: Store = RedisStore::options()
+        .fleet_size(2)
+        .connect(&redis.url())
+        .await
+        .unwrap()
+        .into();
+    let lane = Lane::new("vendor", ten(), policy()).unwrap();
+    let gate = lane.shared.gates[0].clone();
+    let metrics = StoreMetrics::new(&Labels::standalone("vendor"), None, &[]);
+    let remote = Arc::new(store.link(
+        vec![gate.clone()],
+        &["vendor"],
+        &[ten().to_vec()],
+        Duration::ZERO,
+        StoreFailure::Open,
+        metrics,
+    ));
+    let series = Series::new(Labels::standalone("vendor"), None);
+    let behaves = (Arc::new(policy()), lane.shared.vendor().clone());
+    let road = Road::new(None, series, behaves, (None, None));
+    let linked = Lane::open(Arc::new(road), [gate.clone()], Some(remote.clone()));
+
+    let state = remote.hold_state();
+    let snapshot = std::thread::spawn(move || linked.snapshot().store);
+    // Time for the snapshot to reach the state and wait there.
+    std::thread::sleep(Duration::from_millis(200));
+    let (took, meters) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        drop(gate.meters());
+        let _ = took.send(());
+    });
+    let free = meters.recv_timeout(Duration::from_secs(2)).is_ok();
+    drop(state);
+    assert!(
+        free,
+        "the snapshot held the meters while it waited for the state"
+    );
+    assert!(snapshot.join().unwrap().is_some());
+}
+
 /// A lane nobody waits in runs no task: the first request that must wait
 /// starts its dispatcher, which retires a second after the queue drained;
 /// the next burst starts another. Through bursts that cross between the

@@ -246,6 +246,14 @@ impl Remote {
         lock(&self.state).mode
     }
 
+    /// The link's state, held until the value returned drops: where a
+    /// store failing stands before it takes the gates' meters (see
+    /// [`failed`](Self::failed)), for tests of the lock order.
+    #[cfg(test)]
+    pub(crate) fn hold_state(&self) -> impl Sized + '_ {
+        lock(&self.state)
+    }
+
     pub(crate) fn last_error(&self) -> StoreError {
         lock(&self.state)
             .last_error

@@ -100,10 +100,7 @@ fn main() {
              median of {ROUNDS} rounds; each path's latency measured beside \
              direct reqwest's, the two in turn request by request\n"
         );
-        // Per path, one row a round, in µs: p50, p99, direct reqwest's p50
-        // measured beside it, what the path added to its p50 and p99; then
-        // its rate.
-        let mut rows: Vec<Vec<[f64; 6]>> = vec![Vec::new(); targets.len()];
+        let mut rows: Vec<Vec<Row>> = vec![Vec::new(); targets.len()];
         let paths: Vec<_> = targets
             .iter()
             .map(|(_, url, via)| (url.as_str(), *via))
@@ -114,10 +111,9 @@ fn main() {
                 rates.push(throughput(url, *via).await);
             }
             for (i, path) in paths.iter().enumerate().skip(1) {
-                let [base, this] = beside(paths[0], *path).await;
-                rows[0].push([base.0, base.1, base.0, 0.0, 0.0, rates[0]]);
-                let added = (this.0 - base.0, this.1 - base.1);
-                rows[i].push([this.0, this.1, base.0, added.0, added.1, rates[i]]);
+                let [direct, this] = beside(paths[0], *path).await;
+                rows[0].push(Row::of(direct, direct, rates[0]));
+                rows[i].push(Row::of(this, direct, rates[i]));
             }
         }
         println!(
@@ -126,19 +122,19 @@ fn main() {
         );
         println!("|---|---|---|---|---|---|---|");
         for (i, (name, ..)) in targets.iter().enumerate() {
-            let median = |column: usize| {
-                let mut all: Vec<f64> = rows[i].iter().map(|row| row[column]).collect();
+            let median = |column: fn(&Row) -> f64| {
+                let mut all: Vec<f64> = rows[i].iter().map(column).collect();
                 all.sort_by(f64::total_cmp);
                 all[all.len() / 2]
             };
             println!(
                 "| {name} | {:.0} µs | {:.0} µs | {:.0} µs | {:+.0} µs | {:+.0} µs | {:.0} |",
-                median(0),
-                median(1),
-                median(2),
-                median(3),
-                median(4),
-                median(5),
+                median(|r| r.p50),
+                median(|r| r.p99),
+                median(|r| r.direct50),
+                median(|r| r.p50 - r.direct50),
+                median(|r| r.p99 - r.direct99),
+                median(|r| r.rate),
             );
         }
         println!();
@@ -179,6 +175,30 @@ impl Client {
                     .build()
                     .unwrap(),
             ),
+        }
+    }
+}
+
+/// One path's round: its p50 and p99 in µs, and direct reqwest's measured
+/// beside it (its own, for direct reqwest's row); its rate from
+/// [`CONCURRENT`] clients.
+#[derive(Clone, Copy)]
+struct Row {
+    p50: f64,
+    p99: f64,
+    direct50: f64,
+    direct99: f64,
+    rate: f64,
+}
+
+impl Row {
+    fn of((p50, p99): (f64, f64), (direct50, direct99): (f64, f64), rate: f64) -> Self {
+        Self {
+            p50,
+            p99,
+            direct50,
+            direct99,
+            rate,
         }
     }
 }

@@ -200,7 +200,10 @@ fn ours(vendor: &Vendor) -> Vec<Duration> {
 /// teaches the lane the real quota, so it loses one window, not one per
 /// window. From a gateway stating its limit (the lane keeps to it before
 /// any 429), and from a vendor saying nothing but a bare 429 (the lane
-/// keeps to what the vendor accepted before refusing).
+/// keeps to what the vendor accepted before refusing). A lone bare 429 at
+/// the lane's own interval may be jitter, so the silent vendor's second,
+/// at once, is the one that teaches: it sees one request more in that
+/// window.
 #[tokio::test(start_paused = true)]
 async fn a_lane_declared_too_fast_learns_the_real_quota_from_the_first_refusal() {
     for silent in [false, true] {
@@ -224,7 +227,8 @@ async fn a_lane_declared_too_fast_learns_the_real_quota_from_the_first_refusal()
             rest <= Duration::from_millis(5_470),
             "silent: {silent}: {rest:?}"
         );
-        assert!(vendor.max_in_any_window(SECOND) <= 11, "silent: {silent}");
+        let most = 11 + usize::from(silent);
+        assert!(vendor.max_in_any_window(SECOND) <= most, "silent: {silent}");
         assert_learned_ten(&shaper, &format!("silent: {silent}"));
     }
 }
@@ -558,7 +562,9 @@ async fn a_quota_learned_from_a_refusal_is_probed_back_up() {
 /// Probing a vendor that really allows what the lane learned costs a
 /// refusal after 30 quiet windows, then after 60 more: declared at 15/s
 /// against a silent 10/s vendor (bare 429s) for 2 minutes, the refusals
-/// that taught the lane, then two, and the lane keeps to 10/s. (A vendor
+/// that taught the lane (two in a row: a lone one may be jitter), then
+/// two, and the lane keeps to 10/s: no window but the first, with those
+/// two, sees more than 11. (A vendor
 /// that says its limit is heard before it refuses: its probes end in a
 /// pause, not a 429.)
 #[tokio::test(start_paused = true)]
@@ -591,7 +597,9 @@ async fn probing_a_quota_the_vendor_really_has_costs_a_refusal_per_doubling_quie
         "{refusals:?}"
     );
     assert_learned_ten(&shaper, "");
-    assert!(vendor.max_in_any_window(SECOND) <= 11);
+    assert!(vendor.max_in_any_window(SECOND) <= 12);
+    let after_the_first = arrivals.iter().map(|a| a.at).filter(|&at| at >= SECOND);
+    assert!(callshaper::testing::max_in_any_window(after_the_first, SECOND) <= 11);
 }
 
 /// A vendor's whole-second epoch reset (`x-ratelimit-reset`, rounded up,

@@ -68,6 +68,9 @@ pub(crate) enum Reading {
     Count,
     /// The lane keeps its sends at least this far apart from now on.
     Spacing(Duration),
+    /// A count, which shows that the lone refusal before it, read as
+    /// jitter, was the count's first: the lane keeps no spacing again.
+    Retracted,
 }
 
 /// Declared windows without a spacing refusal before a learned gap steps
@@ -149,12 +152,16 @@ fn first_margin(interval: Duration) -> Duration {
 ///    the count learning reads. So is a second refusal in a row at a gap
 ///    the vendor accepted (a spacing vendor measures it from the last send
 ///    it accepted, two gaps back), and one below the lane's count at a gap
-///    the vendor accepted when the lane sent on its own schedule (`g >=
-///    T`, not yet strict; past the first quarter of its first window,
-///    where new connections' jitter lands and a count says nothing yet),
-///    or, after its first window, within two windows of the last spacing
-///    reading (a window vendor's refusals come back every window; jitter's
-///    are rare once the lane is strict).
+///    the vendor accepted, after its first window, within two windows of
+///    the last spacing reading (a window vendor's refusals come back every
+///    window; jitter's are rare once the lane is strict). A lone refusal
+///    at the lane's own interval is read as jitter (2), not as a count,
+///    even below the lane's count: a request handed to its connection
+///    late lands the next one closer to it on the wire than the ledger
+///    shows, and a count read from that held a lane at nginx's true rate
+///    to 40 % of it. A count vendor refuses the next send too, which
+///    reads as a count and takes the first reading back (the lane keeps
+///    no spacing again): one refusal more, against a quota lost.
 ///
 /// # The settle
 ///
@@ -197,6 +204,10 @@ pub(crate) struct Learned {
     /// The least gap a decay steps down to: the vendor's spacing plus
     /// [`JITTER`], never below the lane's interval.
     least: Duration,
+    /// The refused release that first turned the lane strict as jitter
+    /// where a count vendor's first refusal reads the same: a refusal of
+    /// the send after it takes that reading back.
+    doubted: Option<Instant>,
 }
 
 impl Learned {
@@ -266,6 +277,25 @@ impl Learned {
         released: Instant,
         now: Instant,
     ) -> Reading {
+        let doubted = self.doubted.take() == Some(refusal.prior);
+        match self.read(refusal, declared, released, now) {
+            Reading::Count if doubted => {
+                self.retract();
+                Reading::Retracted
+            }
+            reading => reading,
+        }
+    }
+
+    /// The reading of [`Learned::refused`], before a doubted one is taken
+    /// back.
+    fn read(
+        &mut self,
+        refusal: Refusal,
+        declared: Declared,
+        released: Instant,
+        now: Instant,
+    ) -> Reading {
         // A refusal after an accepted send is not yet a pattern; two in a
         // row at a gap the vendor accepted before are a count.
         let isolated = !self.refused.contains(&refusal.prior);
@@ -316,15 +346,17 @@ impl Learned {
             // Two in a row at a gap the vendor accepts: a spacing vendor
             // measures the second from the last it accepted, two gaps back.
             return Reading::Count;
-        } else if accepted_closer
-            && !near_full
-            && ((recent && !refusal.cold) || (!refusal.strict && gap >= t && !opening))
-        {
+        } else if accepted_closer && !near_full && recent && !refusal.cold {
             // Refused below the lane's count at a gap the vendor accepts,
-            // on the lane's own schedule or soon again: it counts fewer
-            // than declared in each window.
+            // soon after the last spacing reading: it counts fewer than
+            // declared in each window.
             return Reading::Count;
         } else if accepted_closer {
+            if !refusal.strict && self.gap.is_none() && gap >= t && !near_full && !opening {
+                // On the lane's own schedule, below its count: the send
+                // before landed late, or the vendor counts fewer.
+                self.doubted = Some(released);
+            }
             self.widened(kept, gap, step, declared, released)
         } else if self.gap.is_none() {
             // No word yet of what the vendor accepts: the first refusal
@@ -355,6 +387,17 @@ impl Learned {
         self.gap = Some(gap);
         self.spaced = Some(released);
         Reading::Spacing(gap)
+    }
+
+    /// Forget the doubted reading, the lane's only one: it was not strict
+    /// before it.
+    fn retract(&mut self) {
+        self.gap = None;
+        self.step_at = None;
+        self.quiet = Duration::ZERO;
+        self.trial = None;
+        self.spaced = None;
+        self.floor = None;
     }
 
     /// The gap after a refusal the vendor's accepted gaps show to be

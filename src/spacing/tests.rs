@@ -291,23 +291,40 @@ async fn jitter_about_a_settled_gap_does_not_undo_the_settle() {
 }
 
 /// A vendor counting 3 a second with bare 429s, against a lane
-/// declared 10: a refusal at a gap it accepted before, on the lane's
-/// schedule, is a count, which the count learning reads. One at a gap
-/// under the lane's interval (a release whose lateness it forgave) may
-/// be jitter: the lane turns strict with a margin, and the next, soon
-/// after, is a count. A refusal that states a limit is a count at once.
+/// declared 10. A lone refusal at a gap it accepted before, on the
+/// lane's schedule, may be jitter (the send before landed late on the
+/// wire): the lane turns strict with a margin. The vendor refuses the
+/// next send too, and two in a row at an accepted gap are a count, which
+/// the count learning reads: the lane keeps no spacing again. One at a
+/// gap under the interval (a release whose lateness the lane forgave)
+/// may be jitter too, and one soon after that spacing reading is a
+/// count. A refusal that states a limit is a count at once.
 #[tokio::test(start_paused = true)]
-async fn a_refusal_at_an_accepted_gap_is_a_count() {
+async fn a_lone_refusal_at_an_accepted_gap_is_jitter_and_the_next_a_count() {
     let mut learned = Learned::default();
     let now = Instant::now();
     let refusal = Refusal {
         accepted: Some(ms(100)),
         ..silent(ten().interval, 3, now + ms(200))
     };
+    let margin = Duration::from_micros(102_510);
     assert_eq!(
         learned.refused(refusal, ten(), now + ms(300), now),
-        Reading::Count
+        Reading::Spacing(margin),
+        "a lone refusal may be jitter"
     );
+    let next = Refusal {
+        gap: margin,
+        strict: true,
+        prior: now + ms(300),
+        ..refusal
+    };
+    assert_eq!(
+        learned.refused(next, ten(), now + ms(300) + margin, now + ms(400)),
+        Reading::Retracted,
+        "the send after it was refused too"
+    );
+    assert_eq!(learned.gap(), None, "the jitter's reading taken back");
     let mut forgiven = Learned::default();
     let sooner = Refusal {
         gap: ms(100),
@@ -315,7 +332,7 @@ async fn a_refusal_at_an_accepted_gap_is_a_count() {
     };
     assert_eq!(
         forgiven.refused(sooner, ten(), now + ms(300), now),
-        Reading::Spacing(Duration::from_micros(102_510)),
+        Reading::Spacing(margin),
         "maybe jitter"
     );
     let again = Refusal {

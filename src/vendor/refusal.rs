@@ -231,6 +231,11 @@ impl VendorModel {
         let declared = Declared::new(kept, self.gate.headroom());
         match learned.refused(refusal, declared, released, Instant::now()) {
             Reading::Count => None,
+            Reading::Retracted => {
+                meters.set_spacing(None);
+                self.decaying.store(false, Ordering::Relaxed);
+                None
+            }
             Reading::Spacing(gap) => {
                 let gap = gap.min(self.gate.max_pause());
                 meters.set_spacing(Some(gap));

@@ -46,6 +46,10 @@ pub(crate) struct VendorModel {
     pub(super) report: Mutex<Report>,
     allowance: Mutex<Allowance>,
     pub(super) throttle_streak: AtomicU32,
+    /// A fleet lane's lone bare refusal since the last success was read
+    /// as its instances' jitter (see `fleet_spacing_refused`): not in the
+    /// streak, so a count's fallback starts where it would without it.
+    pub(super) fleet_jitter: AtomicBool,
     /// The level of a vendor bucket that does not say its rate.
     pub(super) drain: Mutex<Drain>,
     /// A quota learned from a refusal is being probed back up: successes
@@ -81,6 +85,7 @@ impl VendorModel {
             report: Mutex::new(Report::default()),
             allowance: Mutex::new(Allowance::new(settings.budget)),
             throttle_streak: AtomicU32::new(0),
+            fleet_jitter: AtomicBool::new(false),
             drain: Mutex::new(Drain::default()),
             probing: AtomicBool::new(false),
             spacing: Mutex::new(Learned::default()),
@@ -123,6 +128,7 @@ impl VendorModel {
     /// learned quota or spacing steps back once its quiet spell is over.
     pub(crate) fn succeeded(&self) {
         self.throttle_streak.store(0, Ordering::Relaxed);
+        self.fleet_jitter.store(false, Ordering::Relaxed);
         self.adapt(Aimd::succeeded);
         if self.probing.load(Ordering::Relaxed) {
             self.probe(Instant::now());

@@ -262,9 +262,13 @@ impl VendorModel {
     /// on a clock cached per event-loop turn), which no instance can read
     /// against the fleet's sends (it keeps no ledger of the others'). It
     /// costs one interval instead of the fallback's second. A vendor that
-    /// refuses again before any success is counting, not spacing.
+    /// refuses again before any success is counting, not spacing: the
+    /// fallback's, which starts where it would have without the jitter's
+    /// reading (the streak leaves it out).
     pub(crate) fn fleet_spacing_refused(&self) -> Option<Duration> {
         let gap = self.gate.spacing()?;
-        (self.throttle_streak.fetch_add(1, Ordering::Relaxed) == 0).then_some(gap)
+        let lone = self.throttle_streak.load(Ordering::Relaxed) == 0
+            && !self.fleet_jitter.swap(true, Ordering::Relaxed);
+        lone.then_some(gap)
     }
 }

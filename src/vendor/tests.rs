@@ -122,7 +122,9 @@ async fn a_limit_below_what_the_vendor_accepted_is_no_count() {
 
 /// A strict gate refused without a word reads the first such refusal
 /// since a success as jitter (its gap), and a second before any success
-/// as a count (the fallback's); a gate that is not strict never does.
+/// as a count: the fallback's, from its first step (1 s, half of it
+/// jitter), as if the jitter's reading had not been; a gate that is not
+/// strict never does.
 /// Against a real nginx at 10r/s, a fleet of three strict instances with
 /// the default 5 ms headroom met 1-2 refusals and used 91.9-95.9 % in
 /// three runs, 2-8 and 46.5-83.7 % without this reading (on a loaded
@@ -139,6 +141,11 @@ async fn a_strict_gates_lone_bare_refusal_is_jitter() {
         vendor.fleet_spacing_refused(),
         None,
         "again before a success"
+    );
+    let fallback = vendor.throttled(None);
+    assert!(
+        fallback <= second,
+        "the fallback's first step: {fallback:?}"
     );
     vendor.succeeded();
     assert_eq!(vendor.fleet_spacing_refused(), gap);

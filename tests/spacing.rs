@@ -489,12 +489,16 @@ fn assert_at_the_true_quota(run: &Run, most_refused: usize, least_used: f64) {
 /// lateness, or a cold connection, put under 100 ms after the last on
 /// nginx's clock), turns strict a millisecond past its interval, learns
 /// no lower quota, and keeps the quota. Measured here: 1 refusal, 97.5-97.8 %
-/// (kept strict at the interval itself, jitter refused 1-3); the bounds
-/// leave room for a loaded machine.
+/// (kept strict at the interval itself, jitter refused 1-3); with both
+/// cores kept busy, 1-2 refusals and 93.2-97.1 % in five runs (each
+/// refusal there widens the margin a step). A lone refusal below the
+/// lane's count is jitter, not a count: read as one, a request landing
+/// late taught the lane the few it had sent (1 refusal, 39.6 % in a
+/// `.ci/run`; `a_request_landing_late_is_jitter_not_a_count`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_nginx_at_the_true_quota() {
     let run = against_nginx(10, 10, 100, Duration::ZERO).await;
-    assert_at_the_true_quota(&run, 3, 0.94);
+    assert_at_the_true_quota(&run, 3, 0.92);
 }
 
 /// The same at `100r/s`: 1,000 requests. Jitter between the lane's clock

@@ -137,6 +137,22 @@ async fn run_fleet(shapers: &[Shaper], vendor: &Vendor, total: usize) {
     }
 }
 
+/// [`run_fleet`] while a consumer outside the fleet sends to `vendor`
+/// every 333 ms, leaving 7 a second of a 10/s quota: how long the fleet
+/// took, and the share of what the other left that it used.
+async fn run_fleet_beside_another(
+    shapers: &[Shaper],
+    vendor: &Vendor,
+    total: usize,
+) -> (Duration, f64) {
+    let other = common::other_consumer(vendor.uri(), Duration::from_millis(333), Duration::MAX);
+    let started = Instant::now();
+    run_fleet(shapers, vendor, total).await;
+    let took = started.elapsed();
+    other.abort();
+    (took, total as f64 / 7.0 / took.as_secs_f64())
+}
+
 /// The quota is held fleet-wide, and at least `floor` of it used.
 fn assert_quota_held_and_used(vendor: &Vendor, total: usize, floor: f64) {
     assert_eq!(vendor.throttled(), 0, "no 429 from the vendor");
@@ -974,25 +990,18 @@ async fn a_quota_learned_from_a_bucket_vendor_holds_on_the_store() {
 async fn a_fleet_sharing_its_quota_with_another_consumer_pauses_before_a_429() {
     let redis = RedisServer::start();
     let vendor = Vendor::gateway(10, SECOND).start().await;
-    let other = common::other_consumer(vendor.uri(), Duration::from_millis(333), Duration::MAX);
     let mut shapers = Vec::new();
     for _ in 0..2 {
         shapers.push(instance(
             redis.options().connect(&redis.url()).await.unwrap(),
         ));
     }
-    let started = Instant::now();
     let total = 70;
-    run_fleet(&shapers, &vendor, total).await;
-    let took = started.elapsed();
-    other.abort();
-    let arrivals = vendor.arrivals();
-    let ours_refused = arrivals
+    let (took, used) = run_fleet_beside_another(&shapers, &vendor, total).await;
+    let ours_refused = common::ours(&vendor)
         .iter()
-        .filter(|a| a.status == 429 && a.path.starts_with("/r/"))
+        .filter(|a| a.status == 429)
         .count();
-    // The other leaves 7 a second.
-    let used = total as f64 / 7.0 / took.as_secs_f64();
     println!(
         "{:.1} % of what the other leaves, {ours_refused} of our {total} refused, {took:?}",
         used * 100.0
@@ -1022,7 +1031,6 @@ async fn a_fleet_sharing_its_quota_with_another_consumer_pauses_before_a_429() {
 async fn a_strict_fleet_meeting_a_counting_vendors_bare_429s_retries_once_then_waits() {
     let redis = RedisServer::start();
     let vendor = Vendor::stripe(10, SECOND).start().await;
-    let other = common::other_consumer(vendor.uri(), Duration::from_millis(333), Duration::MAX);
     let mut shapers = Vec::new();
     for _ in 0..2 {
         let store = redis.options().connect(&redis.url()).await.unwrap();
@@ -1034,18 +1042,10 @@ async fn a_strict_fleet_meeting_a_counting_vendors_bare_429s_retries_once_then_w
             .unwrap();
         shapers.push(shaper);
     }
-    let started = Instant::now();
     let total = 40;
-    run_fleet(&shapers, &vendor, total).await;
-    let took = started.elapsed();
-    other.abort();
-    let ours: Vec<_> = vendor
-        .arrivals()
-        .into_iter()
-        .filter(|a| a.path.starts_with("/r/"))
-        .collect();
+    let (took, used) = run_fleet_beside_another(&shapers, &vendor, total).await;
+    let ours = common::ours(&vendor);
     let refused = ours.iter().filter(|a| a.status == 429).count();
-    let used = total as f64 / 7.0 / took.as_secs_f64();
     // A pause at the fallback's third step is 2 s at least; at its first
     // two, under 2 s.
     let quiets: Vec<Duration> = ours

@@ -124,9 +124,9 @@ async fn a_quota_spent_by_someone_else_pauses_the_lane_before_a_429() {
     assert_eq!(vendor.throttled(), 0);
     assert!(vendor.max_in_any_window(SECOND) <= 10);
     assert!(
-        ours(&vendor)[4] >= SECOND,
+        ours_at(&vendor)[4] >= SECOND,
         "the fifth waits for the first to leave the window: {:?}",
-        ours(&vendor)
+        ours_at(&vendor)
     );
 }
 
@@ -155,7 +155,7 @@ async fn the_last_unit_of_a_quota_someone_else_spends_is_left_to_them() {
         assert_eq!(outcome.unwrap().status(), 200);
     }
     assert_eq!(vendor.throttled(), 0);
-    let ours = ours(&vendor);
+    let ours = ours_at(&vendor);
     assert!(ours[4] >= SECOND, "{ours:?}");
     assert!(
         ours[4] <= Duration::from_millis(1_050),
@@ -190,10 +190,8 @@ async fn spend(vendor: &Vendor, n: usize) {
 }
 
 /// When the vendor got each of the lane's requests (not the other's).
-fn ours(vendor: &Vendor) -> Vec<Duration> {
-    let arrivals = vendor.arrivals();
-    let ours = arrivals.iter().filter(|a| a.path.starts_with("/r/"));
-    ours.map(|a| a.at).collect()
+fn ours_at(vendor: &Vendor) -> Vec<Duration> {
+    common::ours(vendor).iter().map(|a| a.at).collect()
 }
 
 /// Told 15/s at a vendor that really allows 10/s: the first refusal
@@ -405,10 +403,9 @@ async fn a_quota_shared_with_another_consumer_is_used_and_kept() {
         }
         let took = started.elapsed();
         other.abort();
-        let ours_refused = vendor
-            .arrivals()
+        let ours_refused = common::ours(&vendor)
             .iter()
-            .filter(|a| a.status == 429 && a.path.starts_with("/r/"))
+            .filter(|a| a.status == 429)
             .count();
         let left = 10.0 - 1_000.0 / every as f64;
         let used = 99.0 / left / took.as_secs_f64();
@@ -541,11 +538,7 @@ async fn a_quota_learned_from_a_refusal_is_probed_back_up() {
         None,
         "back at the declared quota"
     );
-    let ours: Vec<_> = vendor
-        .arrivals()
-        .into_iter()
-        .filter(|a| a.path.starts_with("/r/"))
-        .collect();
+    let ours = common::ours(&vendor);
     let refused = ours.iter().filter(|a| a.status == 429).count();
     let last = ours.last().unwrap().at;
     let late = ours

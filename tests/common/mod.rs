@@ -111,6 +111,13 @@ pub fn other_consumer(
     })
 }
 
+/// What `vendor` saw of the lane's own requests (sent by [`burst`], to
+/// `/r/{i}`), not another consumer's.
+pub fn ours(vendor: &callshaper::testing::Vendor) -> Vec<callshaper::testing::Arrival> {
+    let arrivals = vendor.arrivals().into_iter();
+    arrivals.filter(|a| a.path.starts_with("/r/")).collect()
+}
+
 /// Await every task, in order, then yield once.
 ///
 /// Awaiting many finished tasks in one poll spends the test task's

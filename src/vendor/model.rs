@@ -128,7 +128,11 @@ impl VendorModel {
     /// learned quota or spacing steps back once its quiet spell is over.
     pub(crate) fn succeeded(&self) {
         self.throttle_streak.store(0, Ordering::Relaxed);
-        self.fleet_jitter.store(false, Ordering::Relaxed);
+        // Read first: nearly every success finds it clear, and writes no
+        // more than before the flag was.
+        if self.fleet_jitter.load(Ordering::Relaxed) {
+            self.fleet_jitter.store(false, Ordering::Relaxed);
+        }
         self.adapt(Aimd::succeeded);
         if self.probing.load(Ordering::Relaxed) {
             self.probe(Instant::now());

@@ -293,6 +293,10 @@ fn settings_types_round_trip_and_are_checked_as_read() {
             "capacity",
         ),
         (
+            r#"{"algorithm":"token_bucket","count":1,"per":"1 day","capacity":400}"#,
+            "400 at 1 per 86400s takes longer than the longest window",
+        ),
+        (
             r#"{"algorithm":"leaky_bucket","count":1,"per":"-1s"}"#,
             "not a duration",
         ),

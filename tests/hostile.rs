@@ -278,9 +278,10 @@ async fn hostile_settings_and_headers_never_panic_or_stall() {
             assert_eq!(lane.queued, 0, "seed {seed}: {lane:?}");
         }
         // No overflowed or saturated instant leaks into a wait: the
-        // longest window here is a day, the largest cost 1,000, so only a
-        // `max_pause` the caller set beyond it lets a vendor's hint pause
-        // for years.
+        // longest window here is a day, the largest cost 1,000, a report
+        // settles at most a bucket's capacity, which refills within 366
+        // days (a build refuses a slower one), so only a `max_pause` the
+        // caller set beyond it lets a vendor's hint pause for years.
         let elapsed = started.elapsed();
         if max_pause < YEARS {
             assert!(elapsed < YEARS, "seed {seed}: a stall of {elapsed:?}");
@@ -288,4 +289,45 @@ async fn hostile_settings_and_headers_never_panic_or_stall() {
         shaper.shutdown();
     }
     eprintln!("{CASES} shapers with hostile settings and vendors: {sent} requests, 0 panics");
+}
+
+/// A vendor's usage, or a caller's report, of `u64::MAX` settles at the
+/// bucket's capacity, and a build refuses a bucket that takes longer than
+/// the longest window (366 days) to refill: each request settled so puts
+/// the lane at most one refill in debt. A bucket of `u64::MAX` refilled 2
+/// a second was built, and two such reports held its lane 68 years.
+#[tokio::test(start_paused = true)]
+async fn a_cost_settled_past_every_bound_costs_at_most_a_refill() {
+    let refused = Shaper::builder()
+        .quota(Quota::token_bucket(u64::MAX, 2, Duration::from_secs(1)).per_cost())
+        .build()
+        .expect_err("a bucket that refills in 292 billion years");
+    assert!(refused.to_string().contains("capacity"), "{refused}");
+
+    let server = MockServer::start().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&server)
+        .await;
+    let shaper = Shaper::builder()
+        .quota(Quota::token_bucket(366, 1, DAY).per_cost())
+        .transport(HoldClock(reqwest::Client::new()))
+        .build()
+        .unwrap();
+    for _ in 0..2 {
+        let response = shaper.get(server.uri()).cost(1).send().await.unwrap();
+        let settle = response.extensions().get::<Settle>().unwrap();
+        settle.report(u64::MAX);
+    }
+    let started = tokio::time::Instant::now();
+    let response = shaper.get(server.uri()).cost(1).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    // Each settle charged 365 days more: two refills in debt, less the
+    // bucket's burst of 366 days, is 367 days.
+    let waited = started.elapsed();
+    assert!(
+        waited > 366 * DAY && waited < 368 * DAY,
+        "waited {} days",
+        waited.as_secs() / 86_400
+    );
 }

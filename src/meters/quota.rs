@@ -125,6 +125,9 @@ impl Quota {
     }
 
     /// A token bucket: bursts up to `capacity`, refilled `count` per `per`.
+    /// A build refuses one that takes longer than the longest window (366
+    /// days) to refill from empty: a request settled at the bucket's
+    /// capacity waits that long at most.
     pub fn token_bucket(capacity: u64, count: u32, per: Duration) -> Self {
         Self::new(Algorithm::TokenBucket {
             capacity,
@@ -250,8 +253,25 @@ impl Quota {
 
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         self.rate().validate()?;
-        if let Algorithm::TokenBucket { capacity: 0, .. } = self.algorithm {
-            return Err(ConfigError::new("capacity", "must be at least 1"));
+        if let Algorithm::TokenBucket { capacity, refill } = self.algorithm {
+            if capacity == 0 {
+                return Err(ConfigError::new("capacity", "must be at least 1"));
+            }
+            // `capacity × per / count` against the longest window, in
+            // u128: a bucket spent down (by a burst, or a cost settled at
+            // its capacity) waits that long to refill, and a meter keeps
+            // its instants within a year of now.
+            let refill_nanos = u128::from(capacity) * refill.per.as_nanos();
+            let longest = Rate::LONGEST_WINDOW.as_nanos() * u128::from(refill.count);
+            if refill_nanos > longest {
+                return Err(ConfigError::new(
+                    "capacity",
+                    format!(
+                        "{capacity} at {} per {:?} takes longer than the longest window, 366 days, to refill",
+                        refill.count, refill.per
+                    ),
+                ));
+            }
         }
         Ok(())
     }

@@ -390,14 +390,13 @@ impl Learned {
     }
 
     /// Forget the doubted reading, the lane's only one: it was not strict
-    /// before it.
+    /// before it, so all but the refusals and the least gap are as new.
     fn retract(&mut self) {
-        self.gap = None;
-        self.step_at = None;
-        self.quiet = Duration::ZERO;
-        self.trial = None;
-        self.spaced = None;
-        self.floor = None;
+        *self = Self {
+            refused: std::mem::take(&mut self.refused),
+            least: self.least,
+            ..Self::default()
+        };
     }
 
     /// The gap after a refusal the vendor's accepted gaps show to be

@@ -63,7 +63,7 @@ use crate::error::ConfigError;
 use crate::lane::LanePolicy;
 use crate::meters::Quota;
 use crate::retry::{Backoff, RetryPolicy};
-use crate::route::{LaneKey, Level, Route, upstream_base};
+use crate::route::{LaneKey, Level, Route, host_name, upstream_base};
 use crate::shaper::{RequestOptions, ShaperBuilder};
 use crate::store::StoreFailure;
 use crate::time::human;
@@ -148,7 +148,8 @@ pub struct Defaults {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct VendorConfig {
-    /// Requests to this host (`name` or `name:port`) are this vendor's.
+    /// Requests to this host (`name` or `name:port`, in any case) are
+    /// this vendor's; a URL or a path here is an error naming the field.
     pub host: Option<String>,
     /// The vendor's base URL, in place of `host`: requests to its host
     /// (and port) are this vendor's, and `callshaper-proxy` serves it at
@@ -453,7 +454,9 @@ impl VendorConfig {
     /// explicit port.
     fn host(&self) -> Result<String, ConfigError> {
         match (&self.host, &self.upstream) {
-            (Some(host), None) => Ok(host.clone()),
+            (Some(host), None) => {
+                host_name(host).map_err(|problem| ConfigError::new("host", problem))
+            }
             (None, Some(upstream)) => {
                 let url = upstream_base(upstream).map_err(|e| ConfigError::new("upstream", e))?;
                 // `upstream_base` keeps only URLs with a host.

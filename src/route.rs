@@ -85,6 +85,7 @@ use reqwest::header::HeaderName;
 use reqwest::{Method, Request};
 
 use crate::answers::Answers;
+use crate::error::ConfigError;
 use crate::meters::Quota;
 use crate::store::StoreFailure;
 
@@ -269,7 +270,8 @@ impl Level {
 pub struct Route {
     pub(crate) name: String,
     method: Option<Method>,
-    host: Option<String>,
+    /// As a request's URL spells it, or why what was given is not a host.
+    host: Option<Result<String, String>>,
     path: Option<Vec<String>>,
     pub(crate) levels: Vec<Level>,
     pub(crate) alone: bool,
@@ -338,10 +340,22 @@ impl Route {
     }
 
     /// Only requests to this host (`api.example.com`), or to this host and
-    /// port (`127.0.0.1:8080`).
+    /// port (`127.0.0.1:8080`), matched as a URL spells its host: in any
+    /// case (`API.Example.com` is `api.example.com`), a name in Unicode by
+    /// its ASCII form. Anything else (a URL, a path, an empty string) is
+    /// refused when the shaper is built: a route whose host no request
+    /// can have would leave its vendor's quota unkept.
     pub fn host(mut self, host: impl Into<String>) -> Self {
-        self.host = Some(host.into());
+        self.host = Some(host_name(&host.into()));
         self
+    }
+
+    /// Refused when the host given is not a host.
+    pub(crate) fn check_host(&self) -> Result<(), ConfigError> {
+        match &self.host {
+            Some(Err(problem)) => Err(ConfigError::new("host", problem.clone())),
+            _ => Ok(()),
+        }
     }
 
     /// Only paths matching `pattern`, segment by segment: `*` or `{name}`
@@ -381,10 +395,10 @@ impl Route {
 
     pub(crate) fn matches(&self, request: &Request) -> bool {
         self.method.as_ref().is_none_or(|m| m == request.method())
-            && self
-                .host
-                .as_deref()
-                .is_none_or(|host| host_matches(host, request.url()))
+            && self.host.as_ref().is_none_or(|host| {
+                host.as_ref()
+                    .is_ok_and(|host| host_matches(host, request.url()))
+            })
             && self
                 .path
                 .as_ref()
@@ -411,6 +425,38 @@ pub(crate) fn upstream_base(base: &str) -> Result<reqwest::Url, String> {
     let path = url.path().trim_end_matches('/').to_owned();
     url.set_path(&path);
     Ok(url)
+}
+
+/// `host` as a request's URL spells it: lowercase, a Unicode name by its
+/// ASCII form, and its port when one is given, even its scheme's own (a
+/// route on `:443` is not a route on every port); or why it is not a host.
+pub(crate) fn host_name(host: &str) -> Result<String, String> {
+    let refused = || {
+        format!(
+            "{host:?} is not a host: write the host alone, as `api.example.com` or `127.0.0.1:8080`"
+        )
+    };
+    // A URL's parser drops spaces and line breaks, and each scheme its own
+    // default port: a host is read as both schemes, and refused with any.
+    if host.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(refused());
+    }
+    let parse = |scheme: &str| reqwest::Url::parse(&format!("{scheme}://{host}/")).ok();
+    let (Some(http), Some(https)) = (parse("http"), parse("https")) else {
+        return Err(refused());
+    };
+    let alone = http.path() == "/"
+        && http.query().is_none()
+        && http.fragment().is_none()
+        && http.username().is_empty()
+        && http.password().is_none();
+    match http.host_str() {
+        Some(name) if alone && !name.is_empty() => Ok(match http.port().or(https.port()) {
+            Some(port) => format!("{name}:{port}"),
+            None => name.to_owned(),
+        }),
+        _ => Err(refused()),
+    }
 }
 
 fn host_matches(host: &str, url: &reqwest::Url) -> bool {
@@ -486,6 +532,43 @@ mod tests {
         let exact = Route::new("e").path("/v1/products");
         assert!(exact.matches(&request(Method::GET, "http://h/v1/products/")));
         assert!(!exact.matches(&request(Method::GET, "http://h/v1/products/7")));
+    }
+
+    /// A route's host matches as a URL spells its host, whatever its case
+    /// or script, and keeps an explicit port, even its scheme's own; what
+    /// is not a host is refused, naming it.
+    #[test]
+    fn a_host_matches_as_urls_spell_it_and_a_non_host_is_refused() {
+        for (given, url) in [
+            ("API.Example.com", "https://api.example.com/x"),
+            ("bücher.example", "https://bücher.example/"),
+            ("[::1]:8080", "http://[::1]:8080/"),
+            ("api.example.com:443", "https://api.example.com/"),
+        ] {
+            let route = Route::new("r").host(given);
+            assert!(route.check_host().is_ok(), "{given}");
+            assert!(route.matches(&request(Method::GET, url)), "{given} {url}");
+        }
+        let on_443 = Route::new("r").host("api.example.com:443");
+        assert!(!on_443.matches(&request(Method::GET, "http://api.example.com/")));
+        for given in [
+            "",
+            "/",
+            "https://api.example.com",
+            "api.example.com/v1",
+            "key@api.example.com",
+            "api.example.com?x",
+            "api .example.com",
+            "api.example.com\n",
+            "http://[::1",
+            "api.example.com:99999",
+        ] {
+            let route = Route::new("r").host(given);
+            let error = route.check_host().expect_err(given);
+            assert_eq!(error.field, "host");
+            assert!(error.problem.contains("is not a host"), "{error}");
+            assert!(!route.matches(&request(Method::GET, "https://api.example.com/v1")));
+        }
     }
 
     #[test]

@@ -177,6 +177,14 @@ fn a_malformed_config_names_the_field_and_the_problem() {
             "vendors.sms.answers.throttles[1]",
             "expected u16",
         ),
+        (
+            with(
+                r#"host = "api.sms.example""#,
+                r#"host = "https://api.sms.example""#,
+            ),
+            "vendors.sms.host",
+            "is not a host",
+        ),
         (with("[vendors.sms]", "[vendors.sms"), "(file)", "line"),
     ];
     for (outcome, field, problem) in cases {

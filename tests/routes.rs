@@ -78,6 +78,22 @@ async fn a_route_keeps_its_own_limit_under_the_vendors() {
     );
 }
 
+/// A route whose host is not a host (a URL, here) is refused at build,
+/// naming the route: no request could match it, and its quota would go
+/// unkept.
+#[tokio::test(start_paused = true)]
+async fn a_route_whose_host_is_a_url_is_refused_at_build() {
+    let payments = Route::new("payments")
+        .host("https://api.example.com")
+        .rate(2, SECOND);
+    let error = shaper(10)
+        .route(payments)
+        .build()
+        .expect_err("a URL is not a host");
+    assert_eq!(error.field, "routes.payments.host");
+    assert!(error.problem.contains("is not a host"), "{error}");
+}
+
 /// Tenant A floods 60 requests, then B sends 10, each tenant capped at
 /// `cap` per second under a vendor at 10/s. Returns when B's last request
 /// was done, after checking every request succeeded within the vendor's

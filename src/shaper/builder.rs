@@ -413,6 +413,9 @@ impl ShaperBuilder {
         let policy = self.policy;
         policy.validate(&probe)?;
         for route in &self.routes {
+            route
+                .check_host()
+                .map_err(|e| e.within(&format!("routes.{}", route.name)))?;
             if let Some(answers) = &route.answers {
                 answers
                     .validate()

@@ -614,3 +614,160 @@ async fn a_store_table_shares_the_quota_between_shapers() {
             .contains("config-test:")
     );
 }
+
+/// Every field a file can hold, with a value each: what the hostile sweep
+/// below changes, one value at a time.
+const EVERY_FIELD: &str = r#"
+    [defaults]
+    quotas = [{ algorithm = "leaky_bucket", count = 10, per = "1s" }]
+    headroom = "2.5ms"
+    max_wait = "1.5s"
+    max_pause = "2m"
+    queue_capacity = 10000
+    max_in_flight = 8
+    idle_timeout = "2 minutes"
+    fallback_pause = { base = "500ms", cap = "30s" }
+    adaptive = { decrease = 0.5, increase = 0.1, floor = 0.05 }
+    batch_share = 7
+    max_lanes = 100000
+    redirects = 3
+    tokens = { style = "openai", default_output = 1024 }
+    answers = { throttles = [429, 420], failures = [500, 503], overloads = [529] }
+    retry = { max_attempts = 5, max_throttles = 3, backoff = { base = "50ms", cap = "2s" }, budget = { ratio = 0.1, min_per_sec = 10, ttl = "10s" } }
+
+    [vendors.llm]
+    upstream = "http://127.0.0.1:9"
+    proxy = { max_wait = "3s", cost = 100, priority = "batch" }
+    quotas = [
+      { algorithm = "token_bucket", capacity = 20, count = 10, per = "1s", strict = true },
+      { algorithm = "sliding_log", count = 90000, per = "1m", unit = "cost" },
+    ]
+
+    [[vendors.llm.levels]]
+    name = "customer"
+    key = "tag"
+    quotas = [{ algorithm = "fixed_window", count = 60, per = "1m" }]
+
+    [[vendors.llm.routes]]
+    name = "chat"
+    method = "POST"
+    path = "/v1/chat/*"
+    quotas = [{ algorithm = "sliding_window", count = 1000, per = "1d" }]
+
+    [vendors.sms]
+    host = "api.sms.example"
+    key = { header = "x-api-key" }
+    quotas = [{ algorithm = "leaky_bucket", count = 10, per = "1s" }]
+
+    [proxy]
+    listen = "127.0.0.1:0"
+    admin = "127.0.0.1:0"
+    replay_body = 1048576
+    max_header_bytes = 65536
+    header_read_timeout = "10s"
+    drain = "30s"
+"#;
+
+/// Where `text` holds a value: each bare number's span, and each quoted
+/// string's (quotes included).
+fn values(text: &str) -> Vec<(usize, usize)> {
+    let bytes = text.as_bytes();
+    let (mut spans, mut i) = (Vec::new(), 0);
+    while i < bytes.len() {
+        let start = i;
+        if bytes[i] == b'"' {
+            i += 1 + text[i + 1..].find('"').expect("a closed string") + 1;
+            spans.push((start, i));
+        } else if bytes[i].is_ascii_digit() && (i == 0 || !bytes[i - 1].is_ascii_alphanumeric()) {
+            while i < bytes.len() && (bytes[i].is_ascii_digit() || bytes[i] == b'.') {
+                i += 1;
+            }
+            spans.push((start, i));
+        } else {
+            i += 1;
+        }
+    }
+    spans
+}
+
+/// Numbers past every type's bounds, negative, fractional, not a number,
+/// and durations and strings no vendor or person should write.
+const HOSTILE: &[&str] = &[
+    "0",
+    "-1",
+    "0.5",
+    "4294967296",
+    "18446744073709551615",
+    "18446744073709551616",
+    "-9223372036854775808",
+    "1e308",
+    "nan",
+    "inf",
+    "-inf",
+    "\"\"",
+    "\"0s\"",
+    "\"-1s\"",
+    "\"1ns\"",
+    "\"18446744073709551615s\"",
+    "\"18446744073709551615 days\"",
+    "\"213503982334601d\"",
+    "\"1e400s\"",
+    "\"99999999999999999999999999999 ms\"",
+    "\"soon\"",
+    "\"\\u0000\"",
+    "\"/\"",
+    "\"*\"",
+    "\"http://[::1\"",
+    "\"é\"",
+];
+
+/// Every value a file holds, replaced by each hostile one in turn: the
+/// file reads and builds (the shaper, the proxy, a reload onto a running
+/// shaper), or is refused with a typed error naming a field; nothing
+/// panics. A number from a file is a caller's number: `u64::MAX`, zero,
+/// negative or not a number at all.
+#[tokio::test(start_paused = true)]
+async fn a_hostile_value_anywhere_in_a_file_builds_or_names_its_field() {
+    let client = reqwest::Client::new();
+    let base = ShaperConfig::from_toml(EVERY_FIELD).unwrap();
+    let running = base
+        .builder()
+        .unwrap()
+        .client(client.clone())
+        .build()
+        .unwrap();
+    base.proxy(running.clone()).build().unwrap();
+    let (mut built, mut refused, mut panics) = (0, 0, Vec::new());
+    for (start, end) in values(EVERY_FIELD) {
+        for value in HOSTILE {
+            let text = format!("{}{value}{}", &EVERY_FIELD[..start], &EVERY_FIELD[end..]);
+            let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let config = ShaperConfig::from_toml(&text)?;
+                let shaper = config.builder()?.client(client.clone()).build()?;
+                config.proxy(shaper).build()?;
+                config.proxy.clone().unwrap_or_default().drain()?;
+                config.reload(&running)
+            }));
+            let changed = format!("{} -> {value}", &EVERY_FIELD[start..end]);
+            match attempt {
+                Ok(Ok(())) => built += 1,
+                Ok(Err(error)) => {
+                    assert!(!error.field.is_empty(), "{changed}: {error}");
+                    assert!(!error.problem.is_empty(), "{changed}: {error}");
+                    assert!(
+                        error.to_string().starts_with("invalid `"),
+                        "{changed}: {error}"
+                    );
+                    refused += 1;
+                }
+                Err(_) => panics.push(changed),
+            }
+        }
+    }
+    eprintln!(
+        "{built} files built, {refused} refused, {} panicked",
+        panics.len()
+    );
+    assert!(panics.is_empty(), "panicked: {panics:#?}");
+    assert!(built > 0 && refused > 0, "{built} built, {refused} refused");
+}

@@ -421,6 +421,7 @@ impl VendorConfig {
             }
             if let Some(path) = &route.path {
                 shaped = shaped.path(path);
+                shaped.check().map_err(within)?;
             }
             for quota in quotas_of(&route.quotas).map_err(within)? {
                 shaped = shaped.quota(quota);

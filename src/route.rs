@@ -272,7 +272,9 @@ pub struct Route {
     method: Option<Method>,
     /// As a request's URL spells it, or why what was given is not a host.
     host: Option<Result<String, String>>,
-    path: Option<Vec<String>>,
+    /// Its segments as a request's URL spells them, or why what was given
+    /// is not a path.
+    path: Option<Result<Vec<String>, String>>,
     pub(crate) levels: Vec<Level>,
     pub(crate) alone: bool,
     pub(crate) store_failure: Option<StoreFailure>,
@@ -350,19 +352,28 @@ impl Route {
         self
     }
 
-    /// Refused when the host given is not a host.
-    pub(crate) fn check_host(&self) -> Result<(), ConfigError> {
-        match &self.host {
-            Some(Err(problem)) => Err(ConfigError::new("host", problem.clone())),
-            _ => Ok(()),
+    /// Refused when what it was given to match is not a host or a path:
+    /// no request could match it.
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+        if let Some(Err(problem)) = &self.host {
+            return Err(ConfigError::new("host", problem.clone()));
         }
+        if let Some(Err(problem)) = &self.path {
+            return Err(ConfigError::new("path", problem.clone()));
+        }
+        Ok(())
     }
 
     /// Only paths matching `pattern`, segment by segment: `*` or `{name}`
     /// match any one segment, and a last `*` matches the rest of the path
-    /// (`/v1/payments/*` matches `/v1/payments` and below).
+    /// (`/v1/payments/*` matches `/v1/payments` and below). Written as a
+    /// person writes a path (`/v1/files/my report`, `/v1/café`): each
+    /// segment matches the request's as its URL spells it, percent-encoded.
+    /// A query or fragment (`/search?q=*`), or a `.` or `..` segment, is
+    /// refused when the shaper is built: a path pattern matches the path
+    /// alone, and a request's path has no dot segments.
     pub fn path(mut self, pattern: &str) -> Self {
-        self.path = Some(segments(pattern).map(str::to_owned).collect());
+        self.path = Some(path_pattern(pattern));
         self
     }
 
@@ -399,10 +410,11 @@ impl Route {
                 host.as_ref()
                     .is_ok_and(|host| host_matches(host, request.url()))
             })
-            && self
-                .path
-                .as_ref()
-                .is_none_or(|pattern| path_matches(pattern, request.url().path()))
+            && self.path.as_ref().is_none_or(|pattern| {
+                pattern
+                    .as_ref()
+                    .is_ok_and(|pattern| path_matches(pattern, request.url().path()))
+            })
     }
 }
 
@@ -469,6 +481,34 @@ fn host_matches(host: &str, url: &reqwest::Url) -> bool {
         }
         _ => url.host_str() == Some(host),
     }
+}
+
+/// `pattern`'s segments as a request's URL spells them (`*` and `{name}`
+/// as they are), or why it is not a path.
+fn path_pattern(pattern: &str) -> Result<Vec<String>, String> {
+    if pattern.contains(['?', '#']) {
+        return Err(format!(
+            "{pattern:?} has a query or fragment: a path pattern matches the path alone"
+        ));
+    }
+    segments(pattern)
+        .map(|segment| {
+            if segment == "*" || (segment.starts_with('{') && segment.ends_with('}')) {
+                return Ok(segment.to_owned());
+            }
+            // As the URL of a request naming it spells it. A URL reads `\`
+            // as `/`, and `.` and `..` away.
+            let url = reqwest::Url::parse(&format!("http://h/{segment}")).ok();
+            match url.as_ref().and_then(|url| url.path().strip_prefix('/')) {
+                Some(spelled) if !spelled.is_empty() && !spelled.contains('/') => {
+                    Ok(spelled.to_owned())
+                }
+                _ => Err(format!(
+                    "{segment:?} in {pattern:?} is not a path segment a request can have"
+                )),
+            }
+        })
+        .collect()
 }
 
 fn segments(path: &str) -> impl Iterator<Item = &str> {
@@ -546,7 +586,7 @@ mod tests {
             ("api.example.com:443", "https://api.example.com/"),
         ] {
             let route = Route::new("r").host(given);
-            assert!(route.check_host().is_ok(), "{given}");
+            assert!(route.check().is_ok(), "{given}");
             assert!(route.matches(&request(Method::GET, url)), "{given} {url}");
         }
         let on_443 = Route::new("r").host("api.example.com:443");
@@ -564,10 +604,40 @@ mod tests {
             "api.example.com:99999",
         ] {
             let route = Route::new("r").host(given);
-            let error = route.check_host().expect_err(given);
+            let error = route.check().expect_err(given);
             assert_eq!(error.field, "host");
             assert!(error.problem.contains("is not a host"), "{error}");
             assert!(!route.matches(&request(Method::GET, "https://api.example.com/v1")));
+        }
+    }
+
+    /// A path pattern matches a request's path as its URL spells it,
+    /// percent-encoded; a query, a fragment or a segment no request's
+    /// path can have is refused, naming it.
+    #[test]
+    fn a_path_matches_as_urls_spell_it_and_a_non_path_is_refused() {
+        for (pattern, url) in [
+            ("/v1/café/*", "https://h/v1/café/x"),
+            ("/v1/files/my report", "https://h/v1/files/my%20report"),
+            ("/v1/caf%C3%A9", "https://h/v1/café"),
+            ("/v1/{id}/x", "https://h/v1/é/x"),
+        ] {
+            let route = Route::new("r").path(pattern);
+            assert!(route.check().is_ok(), "{pattern}");
+            assert!(route.matches(&request(Method::GET, url)), "{pattern} {url}");
+        }
+        for pattern in [
+            "/search?q=*",
+            "/v1#top",
+            "/v1/../admin",
+            "/v1/./x",
+            "/v1/%2e%2e/x",
+            "/v1/a\\b",
+        ] {
+            let route = Route::new("r").path(pattern);
+            let error = route.check().expect_err(pattern);
+            assert_eq!(error.field, "path");
+            assert!(!route.matches(&request(Method::GET, "https://h/v1/x")));
         }
     }
 

@@ -185,6 +185,14 @@ fn a_malformed_config_names_the_field_and_the_problem() {
             "vendors.sms.host",
             "is not a host",
         ),
+        (
+            with(
+                r#"path = "/v1/payments""#,
+                r#"path = "/v1/payments?limit=10""#,
+            ),
+            "vendors.payments.routes[0].path",
+            "a path pattern matches the path alone",
+        ),
         (with("[vendors.sms]", "[vendors.sms"), "(file)", "line"),
     ];
     for (outcome, field, problem) in cases {

@@ -414,7 +414,7 @@ impl ShaperBuilder {
         policy.validate(&probe)?;
         for route in &self.routes {
             route
-                .check_host()
+                .check()
                 .map_err(|e| e.within(&format!("routes.{}", route.name)))?;
             if let Some(answers) = &route.answers {
                 answers

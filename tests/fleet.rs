@@ -120,39 +120,6 @@ async fn assert_back_on_the_store(
     }
 }
 
-/// `total` requests spread over `shapers`, all submitted at once; checks
-/// every one succeeded, and returns the vendor.
-async fn run_fleet(shapers: &[Shaper], vendor: &Vendor, total: usize) {
-    let tasks: Vec<_> = (0..total)
-        .map(|i| {
-            let request = shapers[i % shapers.len()].get(format!("{}/r/{i}", vendor.uri()));
-            tokio::spawn(request.send())
-        })
-        .collect();
-    for outcome in common::join_all(tasks).await {
-        assert_eq!(
-            outcome.expect("every request ends in a response").status(),
-            200
-        );
-    }
-}
-
-/// [`run_fleet`] while a consumer outside the fleet sends to `vendor`
-/// every 333 ms, leaving 7 a second of a 10/s quota: how long the fleet
-/// took, and the share of what the other left that it used.
-async fn run_fleet_beside_another(
-    shapers: &[Shaper],
-    vendor: &Vendor,
-    total: usize,
-) -> (Duration, f64) {
-    let other = common::other_consumer(vendor.uri(), Duration::from_millis(333), Duration::MAX);
-    let started = Instant::now();
-    run_fleet(shapers, vendor, total).await;
-    let took = started.elapsed();
-    other.abort();
-    (took, total as f64 / 7.0 / took.as_secs_f64())
-}
-
 /// The quota is held fleet-wide, and at least `floor` of it used.
 fn assert_quota_held_and_used(vendor: &Vendor, total: usize, floor: f64) {
     assert_eq!(vendor.throttled(), 0, "no 429 from the vendor");
@@ -187,7 +154,7 @@ async fn fleet_of(size: usize) {
                 .unwrap(),
         );
     }
-    run_fleet(&shapers, &vendor, 200).await;
+    common::run_fleet(&shapers, &vendor, 200).await;
     // 30 ms of headroom leaves 97.1 % of the quota, measured alone; under
     // the whole suite's load an instance's late call to Redis leaves a
     // slot of the 200 unused now and then (96.1 % once).
@@ -236,7 +203,7 @@ async fn a_redis_cluster_shares_the_quota_too() {
         let store = cluster.options().cluster(&seeds).await.unwrap();
         shapers.push(instance(store));
     }
-    run_fleet(&shapers, &vendor, 200).await;
+    common::run_fleet(&shapers, &vendor, 200).await;
     assert_quota_held_and_used(&vendor, 200, 0.95);
 
     // The pause reaches every instance through the cluster too.
@@ -327,7 +294,7 @@ async fn assert_one_throttle_pauses_all(shapers: &[Shaper], vendor: &Vendor) {
             vendor.throttle_for(Duration::from_millis(150), RetryAfter::Seconds(2));
         })
     };
-    run_fleet(shapers, vendor, 50).await;
+    common::run_fleet(shapers, vendor, 50).await;
     throttle.await.unwrap();
 
     assert_eq!(
@@ -462,13 +429,13 @@ async fn a_quota_changed_by_a_deploy_starts_its_meter_afresh() {
                 .unwrap()
         }
     };
-    run_fleet(&[deploy(Quota::sliding_log(10, SECOND)).await], &vendor, 10).await;
+    common::run_fleet(&[deploy(Quota::sliding_log(10, SECOND)).await], &vendor, 10).await;
     // The old log's window has passed: the new meter may send at once.
     tokio::time::sleep(SECOND + Duration::from_millis(100)).await;
     let started = Instant::now();
     let new_deploy = async {
         let shaper = deploy(Quota::sliding_window(10, SECOND)).await;
-        run_fleet(&[shaper], &vendor, 10).await;
+        common::run_fleet(&[shaper], &vendor, 10).await;
     };
     tokio::time::timeout(Duration::from_secs(5), new_deploy)
         .await
@@ -685,7 +652,7 @@ async fn instance_clocks_work_where_scripts_may_not_read_time() {
             .unwrap();
         shapers.push(instance(store));
     }
-    run_fleet(&shapers, &vendor, 40).await;
+    common::run_fleet(&shapers, &vendor, 40).await;
     // 97.1 % of the quota, measured alone; under the whole suite's load
     // (the TLS run, beside the other fleet tests) a slot of the 40 went
     // unused once: 94.7 %. A slot is 2.4 % of so few; this allows one.
@@ -886,176 +853,4 @@ async fn a_lane_reserving_ahead_holds_the_quota_in_full_batches() {
         trips < 0.07,
         "{trips:.3} round trips per request: batches not full"
     );
-}
-
-/// Anthropic's bucket of 10, refilled 10 a second.
-async fn anthropic_bucket() -> Vendor {
-    Vendor::token_bucket(10, 10, SECOND)
-        .speaking(callshaper::testing::Style::Anthropic)
-        .start()
-        .await
-}
-
-/// A shaper on `store` declared with a token bucket of `count` a second.
-fn bucket_on(store: RedisStore, count: u32) -> Shaper {
-    Shaper::builder()
-        .quota(Quota::token_bucket(count.into(), count, SECOND))
-        .headroom(HEADROOM)
-        .store(store)
-        .build()
-        .unwrap()
-}
-
-/// A fleet restarting onto a vendor's bucket that the last deploy spent:
-/// the bucket holds 10, refilled 10 a second, and has 2 left. Two
-/// instances on a shared store, declared at the vendor's true quota, send
-/// no more of their burst than the vendor's bucket says it has left (as a
-/// lane in memory does), then the store's pace. Each instance counts only
-/// its own sends against what the vendor said, so two that hear the same
-/// "1 left" may both spend it: at most a refusal per instance (1 in each
-/// of six runs; before: 7, the declared burst of 10 into 2).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fleets_burst_keeps_to_what_the_vendors_bucket_has_left() {
-    let redis = RedisServer::start();
-    let vendor = anthropic_bucket().await;
-    let client = reqwest::Client::new();
-    for _ in 0..8 {
-        let spent = client.get(vendor.uri()).send().await.unwrap();
-        assert_eq!(spent.status(), 200, "the last deploy's requests");
-    }
-    let mut shapers = Vec::new();
-    for _ in 0..2 {
-        let store = redis
-            .options()
-            .fleet_size(2)
-            .connect(&redis.url())
-            .await
-            .unwrap();
-        shapers.push(bucket_on(store, 10));
-    }
-    run_fleet(&shapers, &vendor, 30).await;
-    let refused = vendor.throttled();
-    let arrivals = vendor.arrivals();
-    let span = arrivals[arrivals.len() - 1].at - arrivals[8].at;
-    println!("{refused} refused; the fleet's 30 in {span:?}");
-    assert!(refused <= 2, "{refused} refused");
-}
-
-/// A lane on a shared store, declared at 15/s against a bucket vendor of
-/// 10/s, learns 10/s from the vendor, and the store keeps to it: the
-/// store holds no bucket of the vendor's, so the learned bucket's leak
-/// spaces the fleet's slots. Its first burst is held to what the vendor's
-/// bucket says it has left, as in memory (before: the declared 15 went at
-/// once, and the vendor refused the 4 or 5 its 10 could not hold).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_quota_learned_from_a_bucket_vendor_holds_on_the_store() {
-    let redis = RedisServer::start();
-    let vendor = anthropic_bucket().await;
-    let store = redis.options().connect(&redis.url()).await.unwrap();
-    let shaper = bucket_on(store, 15);
-    run_fleet(std::slice::from_ref(&shaper), &vendor, 60).await;
-    let arrivals = vendor.arrivals();
-    let first_burst = arrivals[0].at + Duration::from_millis(100);
-    let later: Vec<_> = arrivals.iter().filter(|a| a.at > first_burst).collect();
-    let refused_later = later.iter().filter(|a| a.status != 200).count();
-    // The most in any second after the first burst.
-    let busiest = callshaper::testing::max_in_any_window(later.iter().map(|a| a.at), SECOND);
-    println!(
-        "learned {:?}, {} refused in the first burst, {refused_later} after; at most {busiest} in a second after it",
-        shaper.lanes()[0].learned,
-        vendor.throttled() - refused_later,
-    );
-    assert_eq!(
-        shaper.lanes()[0].learned,
-        Some(callshaper::Rate::new(10, SECOND))
-    );
-    assert!(
-        vendor.throttled() - refused_later <= 1,
-        "the first burst is held to the vendor's bucket"
-    );
-    assert_eq!(refused_later, 0, "the store keeps to what was learned");
-    assert!(
-        busiest <= 11,
-        "kept to the learned 10/s: {busiest} in a second"
-    );
-}
-
-/// A fleet of two shares a 10/s gateway with a consumer outside it,
-/// sending one every 333 ms. The fleet's own releases do not explain the
-/// vendor's "0 left" (or "1 left"): the store's ledger of what the fleet
-/// booked in the window says so, and the fleet waits until its oldest
-/// slot leaves the window (leaving the last unit to the other) instead of
-/// meeting 429s.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fleet_sharing_its_quota_with_another_consumer_pauses_before_a_429() {
-    let redis = RedisServer::start();
-    let vendor = Vendor::gateway(10, SECOND).start().await;
-    let mut shapers = Vec::new();
-    for _ in 0..2 {
-        shapers.push(instance(
-            redis.options().connect(&redis.url()).await.unwrap(),
-        ));
-    }
-    let total = 70;
-    let (took, used) = run_fleet_beside_another(&shapers, &vendor, total).await;
-    let ours_refused = common::ours(&vendor)
-        .iter()
-        .filter(|a| a.status == 429)
-        .count();
-    println!(
-        "{:.1} % of what the other leaves, {ours_refused} of our {total} refused, {took:?}",
-        used * 100.0
-    );
-    // 0 in every run, also with both cores kept busy: the last unit is
-    // left to the other. 1 to 3 while the fleet took it (9 without the
-    // fleet's ledger). One answer still on its way when the next request
-    // goes may let one through.
-    assert!(ours_refused <= 1, "{ours_refused} refused");
-    // By the other's phase, the fleet keeps 6 or 7 of each window: 83.6 to
-    // 98.3 %, as leaving the last unit costs one a window.
-    assert!(used >= 0.80, "{:.1} %", used * 100.0);
-}
-
-/// A strict fleet of two at 10/s against a vendor that counts 10 in any
-/// second and refuses with a bare 429 (Stripe's), another consumer
-/// spending 3 of each second: the fleet meets refusals it cannot read. A
-/// lone bare refusal since a success is read as the jitter between the
-/// instances (the retry goes one interval later, `vendor/refusal.rs`);
-/// the vendor refuses that retry too, which is a count, and the fallback
-/// pauses the fleet from its first step (0.5-1 s), as if the jitter's
-/// reading had not been. It counted in the fallback's streak before, and
-/// the pause was its third step (2-4 s). Measured here: 13-14 refusals
-/// of 40 and 64.6-71.3 % of what the other leaves, no quiet of 2 s, in
-/// four runs; before, 11 refusals, 28.2-35.2 %, and quiets of 2.1-4.0 s.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_strict_fleet_meeting_a_counting_vendors_bare_429s_retries_once_then_waits() {
-    let redis = RedisServer::start();
-    let vendor = Vendor::stripe(10, SECOND).start().await;
-    let mut shapers = Vec::new();
-    for _ in 0..2 {
-        let store = redis.options().connect(&redis.url()).await.unwrap();
-        let shaper = Shaper::builder()
-            .quota(Quota::leaky_bucket(10, SECOND).strict())
-            .headroom(HEADROOM)
-            .store(store)
-            .build()
-            .unwrap();
-        shapers.push(shaper);
-    }
-    let total = 40;
-    let (took, used) = run_fleet_beside_another(&shapers, &vendor, total).await;
-    let ours = common::ours(&vendor);
-    let refused = ours.iter().filter(|a| a.status == 429).count();
-    // A pause at the fallback's third step is 2 s at least; at its first
-    // two, under 2 s.
-    let quiets: Vec<Duration> = ours
-        .windows(2)
-        .map(|pair| pair[1].at - pair[0].at)
-        .filter(|&quiet| quiet >= Duration::from_secs(2))
-        .collect();
-    println!(
-        "{refused} of our {total} refused, {:.1} % of what the other leaves, {took:?}, quiet 2 s or more: {quiets:?}",
-        used * 100.0
-    );
-    assert!(quiets.len() <= 1, "the fleet was quiet {quiets:?}");
 }

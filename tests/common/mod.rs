@@ -36,6 +36,39 @@ pub fn fleet_instance(
         .unwrap()
 }
 
+/// `total` requests spread over `shapers`, all submitted at once; checks
+/// every one succeeded, and returns the vendor.
+pub async fn run_fleet(shapers: &[Shaper], vendor: &callshaper::testing::Vendor, total: usize) {
+    let tasks: Vec<_> = (0..total)
+        .map(|i| {
+            let request = shapers[i % shapers.len()].get(format!("{}/r/{i}", vendor.uri()));
+            tokio::spawn(request.send())
+        })
+        .collect();
+    for outcome in join_all(tasks).await {
+        assert_eq!(
+            outcome.expect("every request ends in a response").status(),
+            200
+        );
+    }
+}
+
+/// [`run_fleet`] while a consumer outside the fleet sends to `vendor`
+/// every 333 ms, leaving 7 a second of a 10/s quota: how long the fleet
+/// took, and the share of what the other left that it used.
+pub async fn run_fleet_beside_another(
+    shapers: &[Shaper],
+    vendor: &callshaper::testing::Vendor,
+    total: usize,
+) -> (Duration, f64) {
+    let other = other_consumer(vendor.uri(), Duration::from_millis(333), Duration::MAX);
+    let started = std::time::Instant::now();
+    run_fleet(shapers, vendor, total).await;
+    let took = started.elapsed();
+    other.abort();
+    (took, total as f64 / 7.0 / took.as_secs_f64())
+}
+
 /// A client that follows no redirects, as the shaper's own: the shaper
 /// follows them, each hop through its lane.
 pub fn client() -> reqwest::Client {

@@ -406,7 +406,11 @@ async fn every_meter_behaves_the_same_in_memory_and_on_redis() {
 /// one, as vendors state them, keeps the gate an hour: the bug then waits
 /// far past the bound even when the sleep overslept. A Redis call is given
 /// seconds, not the default 250 ms, since a lane that timed out on a slow
-/// machine waits out `probe_every` (1 s) too.
+/// machine waits out `probe_every` (1 s) too. The bound is a window and a
+/// half: on a loaded machine the new lane's burst hears its first answer
+/// late and gives up a slot (`lane/release/reserved.rs`), and the request
+/// left over waits for the window's next one, up to a second (988 ms and
+/// 1,009 ms in 2 of 8 runs with both cores kept busy, against 800 ms).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quota_changed_by_a_deploy_starts_its_meter_afresh() {
     let redis = RedisServer::start();
@@ -441,7 +445,7 @@ async fn a_quota_changed_by_a_deploy_starts_its_meter_afresh() {
         .await
         .expect("the new deploy's lane sends");
     assert!(
-        started.elapsed() < Duration::from_millis(800),
+        started.elapsed() < Duration::from_millis(1_500),
         "{:?}",
         started.elapsed()
     );

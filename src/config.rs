@@ -292,6 +292,7 @@ impl ShaperConfig {
                 builder = builder.route(route);
             }
         }
+        builder.check().map_err(in_file)?;
         Ok(builder)
     }
 
@@ -477,6 +478,49 @@ impl VendorConfig {
             )),
         }
     }
+}
+
+/// A builder's error about a `[defaults]` setting, named as the file
+/// spells it (`defaults.retry.budget.ratio`, where the builder's method is
+/// `retry_budget`): the builder names its methods. One about a vendor's
+/// level or route keeps the builder's name, which names the level.
+fn in_file(error: ConfigError) -> ConfigError {
+    /// The builder's name, and the file's, where they differ.
+    const RENAMED: [(&str, &str); 5] = [
+        ("max_attempts", "retry.max_attempts"),
+        ("max_throttles", "retry.max_throttles"),
+        ("retry_budget", "retry.budget"),
+        ("fallback", "fallback_pause"),
+        ("rate", "quotas"),
+    ];
+    /// `[defaults]`'s fields.
+    const DEFAULTS: [&str; 17] = [
+        "quotas",
+        "headroom",
+        "max_wait",
+        "max_pause",
+        "queue_capacity",
+        "max_in_flight",
+        "idle_timeout",
+        "fallback_pause",
+        "adaptive",
+        "batch_share",
+        "answers",
+        "tokens",
+        "retry",
+        "on_store_failure",
+        "metrics_per_lane",
+        "max_lanes",
+        "redirects",
+    ];
+    let at = error.field.find(['.', '[']).unwrap_or(error.field.len());
+    let (head, rest) = error.field.split_at(at);
+    let head = match RENAMED.iter().find(|(builder, _)| *builder == head) {
+        Some((_, file)) => file,
+        None if DEFAULTS.contains(&head) => head,
+        None => return error,
+    };
+    ConfigError::new(format!("defaults.{head}{rest}"), &error.problem)
 }
 
 /// A level's quotas: at least one (each was checked as it was read).

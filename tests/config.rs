@@ -193,6 +193,32 @@ fn a_malformed_config_names_the_field_and_the_problem() {
             "vendors.payments.routes[0].path",
             "a path pattern matches the path alone",
         ),
+        (
+            with("queue_capacity = 10000", "queue_capacity = 0"),
+            "defaults.queue_capacity",
+            "at least 1",
+        ),
+        (
+            with(
+                "retry = { max_attempts = 3 }",
+                "retry = { max_attempts = 0 }",
+            ),
+            "defaults.retry.max_attempts",
+            "at least 1",
+        ),
+        (
+            with(
+                "retry = { max_attempts = 3 }",
+                "retry = { max_attempts = 3, budget = { ratio = -1.0 } }",
+            ),
+            "defaults.retry.budget.ratio",
+            "zero or more",
+        ),
+        (
+            with(r#"headroom = "5ms""#, r#"headroom = "2h""#),
+            "defaults.headroom",
+            "more than an hour",
+        ),
         (with("[vendors.sms]", "[vendors.sms"), "(file)", "line"),
     ];
     for (outcome, field, problem) in cases {
@@ -623,6 +649,28 @@ async fn a_store_table_shares_the_quota_between_shapers() {
     );
 }
 
+/// The `[proxy]` table's limits are named as the file names them: the
+/// proxy's builder names its own methods.
+#[tokio::test]
+async fn the_proxy_settings_are_named_as_the_file_names_them() {
+    let with_proxy = |line: &str| format!("{VENDORS}\n[proxy]\n{line}\n");
+    for (text, field) in [
+        (
+            with_proxy("max_header_bytes = 10"),
+            "proxy.max_header_bytes",
+        ),
+        (
+            with_proxy(r#"header_read_timeout = "2h""#),
+            "proxy.header_read_timeout",
+        ),
+    ] {
+        let config = ShaperConfig::from_toml(&text).unwrap();
+        let shaper = config.build().unwrap();
+        let error = config.proxy(shaper).build().err().expect(field);
+        assert_eq!(error.field, field, "{error}");
+    }
+}
+
 /// Every field a file can hold, with a value each: what the hostile sweep
 /// below changes, one value at a time.
 const EVERY_FIELD: &str = r#"
@@ -749,18 +797,28 @@ async fn a_hostile_value_anywhere_in_a_file_builds_or_names_its_field() {
     for (start, end) in values(EVERY_FIELD) {
         for value in HOSTILE {
             let text = format!("{}{value}{}", &EVERY_FIELD[..start], &EVERY_FIELD[end..]);
+            // The error, and whether the reload made it.
             let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                let config = ShaperConfig::from_toml(&text)?;
-                let shaper = config.builder()?.client(client.clone()).build()?;
-                config.proxy(shaper).build()?;
-                config.proxy.clone().unwrap_or_default().drain()?;
-                config.reload(&running)
+                let built = |error| (error, false);
+                let config = ShaperConfig::from_toml(&text).map_err(built)?;
+                let builder = config.builder().map_err(built)?;
+                let shaper = builder.client(client.clone()).build().map_err(built)?;
+                config.proxy(shaper).build().map_err(built)?;
+                let proxy = config.proxy.clone().unwrap_or_default();
+                proxy.drain().map_err(built)?;
+                config.reload(&running).map_err(|error| (error, true))
             }));
             let changed = format!("{} -> {value}", &EVERY_FIELD[start..end]);
             match attempt {
                 Ok(Ok(())) => built += 1,
-                Ok(Err(error)) => {
-                    assert!(!error.field.is_empty(), "{changed}: {error}");
+                Ok(Err((error, reloaded))) => {
+                    // A field of the file, by its path; a reload names the
+                    // running shaper's level it has no quotas for.
+                    let named = ["defaults.", "vendors.", "proxy.", "(file)"]
+                        .iter()
+                        .any(|section| error.field.starts_with(section))
+                        || (reloaded && error.field.starts_with("levels."));
+                    assert!(named, "{changed}: {error} names no field of the file");
                     assert!(!error.problem.is_empty(), "{changed}: {error}");
                     assert!(
                         error.to_string().starts_with("invalid `"),

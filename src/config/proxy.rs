@@ -116,6 +116,9 @@ impl super::ShaperConfig {
         if let Some(timeout) = settings.header_read_timeout {
             builder = builder.header_read_timeout(timeout);
         }
+        if let Err(error) = builder.check_limits() {
+            builder = builder.refuse(error.within("proxy"));
+        }
         if let Some(name) = &settings.client_token_env {
             builder = match std::env::var(name) {
                 Ok(token) if !token.is_empty() => builder.client_token(token),

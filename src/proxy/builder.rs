@@ -139,6 +139,27 @@ impl ProxyBuilder {
         self
     }
 
+    /// The limits' checks, which [`build`](Self::build) makes: a file's
+    /// `[proxy]` table names its fields by them before.
+    pub(crate) fn check_limits(&self) -> Result<(), ConfigError> {
+        let timeout = self.limits.header_read_timeout;
+        if timeout.is_zero() || timeout > MOST_HEADER_READ_TIMEOUT {
+            // hyper adds the timeout to the clock's now: a bound keeps
+            // that sum from overflowing.
+            return Err(ConfigError::new(
+                "header_read_timeout",
+                "must be longer than zero and at most 1h",
+            ));
+        }
+        if self.limits.max_header_bytes < LEAST_HEADER_BYTES {
+            return Err(ConfigError::new(
+                "max_header_bytes",
+                format!("must be at least {LEAST_HEADER_BYTES}"),
+            ));
+        }
+        Ok(())
+    }
+
     /// The proxy, or the first setting that cannot work: no upstream, a
     /// name that is empty or has a `/`, a name given twice, defaults for a
     /// name no upstream has, a base that is
@@ -154,6 +175,7 @@ impl ProxyBuilder {
                 "a proxy needs at least one upstream",
             ));
         }
+        self.check_limits()?;
         let mut upstreams = BTreeMap::new();
         for (name, base) in self.upstreams {
             let field = format!("upstream.{name}");
@@ -182,21 +204,6 @@ impl ProxyBuilder {
             return Err(ConfigError::new(
                 "client_token",
                 "must be visible ASCII and not empty",
-            ));
-        }
-        let timeout = self.limits.header_read_timeout;
-        if timeout.is_zero() || timeout > MOST_HEADER_READ_TIMEOUT {
-            // hyper adds the timeout to the clock's now: a bound keeps
-            // that sum from overflowing.
-            return Err(ConfigError::new(
-                "header_read_timeout",
-                "must be longer than zero and at most 1h",
-            ));
-        }
-        if self.limits.max_header_bytes < LEAST_HEADER_BYTES {
-            return Err(ConfigError::new(
-                "max_header_bytes",
-                format!("must be at least {LEAST_HEADER_BYTES}"),
             ));
         }
         Ok(Proxy {

@@ -384,8 +384,9 @@ impl ShaperBuilder {
         self
     }
 
-    /// Check the settings and build the shaper.
-    pub fn build(self) -> Result<Shaper, ConfigError> {
+    /// Every check [`build`](Self::build) makes of the settings, without
+    /// building: a config file names what it finds by the file's fields.
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
         if self.max_lanes == Some(0) {
             return Err(ConfigError::new(
                 "max_lanes",
@@ -398,19 +399,21 @@ impl ShaperBuilder {
                 "not set: call .rate(count, per) or .quota(..) with the vendor's quota",
             ));
         }
-        let mut levels = self.levels;
-        if !self.quotas.is_empty() {
-            levels.push(Level::new("", self.vendor_key, self.quotas.clone()));
-        }
+        let vendor = (!self.quotas.is_empty())
+            .then(|| Level::new("", self.vendor_key.clone(), self.quotas.clone()));
+        let levels = || {
+            self.levels
+                .iter()
+                .chain(&vendor)
+                .chain(self.routes.iter().flat_map(|r| &r.levels))
+        };
         // Lane behaviour is checked against some quotas: the shaper's, or
         // the first route's.
-        let probe = levels
-            .iter()
-            .chain(self.routes.iter().flat_map(|r| &r.levels))
+        let probe = levels()
             .next()
             .map(|level| level.quotas.clone())
             .unwrap_or_default();
-        let policy = self.policy;
+        let policy = &self.policy;
         policy.validate(&probe)?;
         for route in &self.routes {
             route
@@ -422,10 +425,7 @@ impl ShaperBuilder {
                     .map_err(|e| e.within(&format!("routes.{}", route.name)))?;
             }
         }
-        for level in levels
-            .iter()
-            .chain(self.routes.iter().flat_map(|r| &r.levels))
-        {
+        for level in levels() {
             let name = if level.name.is_empty() {
                 "vendor"
             } else {
@@ -439,7 +439,17 @@ impl ShaperBuilder {
                 return Err(ConfigError::new(format!("levels.{name}.quotas"), why));
             }
         }
-        check_retry(&self.retry)?;
+        check_retry(&self.retry)
+    }
+
+    /// Check the settings and build the shaper.
+    pub fn build(self) -> Result<Shaper, ConfigError> {
+        self.check()?;
+        let mut levels = self.levels;
+        if !self.quotas.is_empty() {
+            levels.push(Level::new("", self.vendor_key, self.quotas.clone()));
+        }
+        let policy = self.policy;
         // A client given, not a transport: it may follow redirects itself.
         let client_given = self.client.is_some() && self.transport.is_none();
         let client = match self.client {

@@ -448,11 +448,13 @@ pub(crate) fn host_name(host: &str) -> Result<String, String> {
             "{host:?} is not a host: write the host alone, as `api.example.com` or `127.0.0.1:8080`"
         )
     };
-    // A URL's parser drops spaces and line breaks, and each scheme its own
-    // default port: a host is read as both schemes, and refused with any.
+    // A URL's parser drops line breaks and outer spaces, which no host
+    // has.
     if host.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err(refused());
     }
+    // Each scheme drops its own default port: read as both, a port given
+    // is in one of them.
     let parse = |scheme: &str| reqwest::Url::parse(&format!("{scheme}://{host}/")).ok();
     let (Some(http), Some(https)) = (parse("http"), parse("https")) else {
         return Err(refused());

@@ -218,7 +218,7 @@
 //!
 #![cfg_attr(not(feature = "redis"), doc = "[`store::RedisStore`]: crate#features")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
-#![warn(missing_docs)]
+#![warn(missing_docs, missing_debug_implementations)]
 #![forbid(unsafe_code)]
 
 mod adaptive;

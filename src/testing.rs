@@ -180,6 +180,16 @@ impl Drop for Vendor {
     }
 }
 
+/// Where it listens, once started.
+impl std::fmt::Debug for Vendor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let uri = self.server.as_ref().map(|server| server.uri());
+        f.debug_struct("Vendor")
+            .field("uri", &uri)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Vendor {
     /// A vendor that accepts at most `limit` requests in any sliding window
     /// of `window` and answers 429 beyond.

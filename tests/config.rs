@@ -666,7 +666,7 @@ async fn the_proxy_settings_are_named_as_the_file_names_them() {
     ] {
         let config = ShaperConfig::from_toml(&text).unwrap();
         let shaper = config.build().unwrap();
-        let error = config.proxy(shaper).build().err().expect(field);
+        let error = config.proxy(shaper).build().expect_err(field);
         assert_eq!(error.field, field, "{error}");
     }
 }

@@ -615,3 +615,19 @@ async fn a_redirect_is_relayed_and_followed_through_the_proxy() {
     assert_eq!(followed.url().path(), "/vendor/new");
     assert_eq!(followed.text().await.unwrap(), "moved here");
 }
+
+/// A proxy's debug output, and its builder's, names its upstreams and
+/// limits, never its client token: a debug line in a log is not a place
+/// for a secret.
+#[tokio::test]
+async fn a_proxys_debug_output_keeps_its_token_out() {
+    let shaper = common::shaper(10).build().unwrap();
+    let builder = proxy_of(shaper, "vendor", "http://127.0.0.1:9").client_token("s3cret-token");
+    let shown = format!("{builder:?}");
+    assert!(!shown.contains("s3cret"), "{shown}");
+    let proxy = builder.build().unwrap();
+    let shown = format!("{proxy:?}");
+    assert!(shown.contains("http://127.0.0.1:9"), "{shown}");
+    assert!(shown.contains("client_token: true"), "{shown}");
+    assert!(!shown.contains("s3cret"), "{shown}");
+}

@@ -56,6 +56,38 @@ pub struct ProxyBuilder {
     refused: Option<ConfigError>,
 }
 
+/// The client token stays out of logs: the output says only whether one
+/// is set.
+impl std::fmt::Debug for Proxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let served = &self.inner;
+        let upstreams: BTreeMap<&str, &str> = served
+            .upstreams
+            .iter()
+            .map(|(name, base)| (name.as_str(), base.as_str()))
+            .collect();
+        f.debug_struct("Proxy")
+            .field("upstreams", &upstreams)
+            .field("defaults", &served.defaults)
+            .field("client_token", &served.client_token.is_some())
+            .field("limits", &served.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+/// As [`Proxy`]'s: the client token stays out of logs.
+impl std::fmt::Debug for ProxyBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProxyBuilder")
+            .field("upstreams", &self.upstreams)
+            .field("defaults", &self.defaults)
+            .field("client_token", &self.client_token.is_some())
+            .field("limits", &self.limits)
+            .field("refused", &self.refused)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Proxy {
     /// A proxy sending through `shaper`; name its upstreams with
     /// [`ProxyBuilder::upstream`].

@@ -85,6 +85,16 @@ const REQUESTS: u64 = 10_000;
 /// a hostile `answering(u64::MAX)` must not fill the memory.
 const MOST_WORDS: u64 = 256;
 
+/// Where it listens, once started.
+impl std::fmt::Debug for LlmVendor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let uri = self.server.as_ref().map(|server| server.uri());
+        f.debug_struct("LlmVendor")
+            .field("uri", &uri)
+            .finish_non_exhaustive()
+    }
+}
+
 impl LlmVendor {
     /// OpenAI's chat completions API, `tokens` per `per`.
     pub fn openai(tokens: u64, per: Duration) -> Self {

@@ -176,7 +176,9 @@ pub struct VendorConfig {
     pub tokens: Option<TokenCost>,
     /// What `callshaper-proxy` gives this vendor's requests for the
     /// `x-callshaper-*` headers their clients did not send, e.g.
-    /// `{ max_wait = "10m", priority = "batch" }` (needs `upstream`).
+    /// `{ max_wait = "10m", priority = "batch" }` (needs `upstream`). A
+    /// `cost` past what the vendor's quotas take of one request is an
+    /// error: every request given it would be refused.
     pub proxy: Option<RequestOptions>,
 }
 
@@ -398,6 +400,18 @@ impl VendorConfig {
             ));
         }
         levels.push(Level::new(name, key, quotas));
+        // Every request of the vendor goes through these levels: a default
+        // cost past what one of them takes would end each request it is
+        // given, at once.
+        if let Some(cost) = self.proxy.as_ref().and_then(|options| options.cost)
+            && let Some(most) = levels.iter().map(Level::largest_cost).min()
+            && cost > most
+        {
+            return Err(ConfigError::new(
+                "proxy.cost",
+                format!("{cost} is more than the vendor's quotas take of one request, {most}"),
+            ));
+        }
 
         let mut routes = Vec::with_capacity(self.routes.len() + 1);
         for (i, route) in self.routes.iter().enumerate() {

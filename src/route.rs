@@ -230,6 +230,13 @@ pub struct Level {
 }
 
 impl Level {
+    /// The largest cost one request may have at this level: a cost past
+    /// it is refused at once (`Error::CostTooHigh`).
+    #[cfg(feature = "config")]
+    pub(crate) fn largest_cost(&self) -> u64 {
+        crate::meters::largest_cost(&self.quotas)
+    }
+
     /// Quotas named `name/<key>`, one set per key.
     pub fn new(
         name: impl Into<String>,

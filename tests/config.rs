@@ -671,6 +671,21 @@ async fn the_proxy_settings_are_named_as_the_file_names_them() {
     }
 }
 
+/// A vendor's default cost past what its quotas take of one request is
+/// refused when the file is read: every request the proxy gave it to
+/// would end at once with `CostTooHigh`.
+#[test]
+fn a_default_cost_no_quota_can_take_is_refused() {
+    let costing = |cost: &str| {
+        let text = EVERY_FIELD.replacen("cost = 100", &format!("cost = {cost}"), 1);
+        ShaperConfig::from_toml(&text).unwrap().builder()
+    };
+    let error = costing("90001").expect_err("past the 90,000 tokens a minute");
+    assert_eq!(error.field, "vendors.llm.proxy.cost");
+    assert!(error.problem.contains("90000"), "{error}");
+    assert!(costing("90000").is_ok(), "a cost the quotas take");
+}
+
 /// Every field a file can hold, with a value each: what the hostile sweep
 /// below changes, one value at a time.
 const EVERY_FIELD: &str = r#"

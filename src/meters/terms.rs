@@ -124,6 +124,14 @@ impl Terms {
     }
 }
 
+/// What a level of `quotas` takes of one request at most
+/// ([`Terms::capacity`]), known before any gate holds them: a config file
+/// checks a default cost against it.
+#[cfg(feature = "config")]
+pub(crate) fn largest_cost(quotas: &[Quota]) -> u64 {
+    Terms::new(quotas.into(), Duration::ZERO, Instant::now()).capacity()
+}
+
 /// The numbers of `quota`'s bucket stretched by `headroom`, if its meter
 /// is one (none for a meter kept whole).
 fn shape(quota: &Quota, headroom: Duration) -> Shape {

@@ -494,6 +494,28 @@ impl VendorConfig {
     }
 }
 
+/// `[defaults]`'s fields, as [`in_file`] names them (a test holds the
+/// list to `Defaults`).
+const DEFAULTS: [&str; 17] = [
+    "quotas",
+    "headroom",
+    "max_wait",
+    "max_pause",
+    "queue_capacity",
+    "max_in_flight",
+    "idle_timeout",
+    "fallback_pause",
+    "adaptive",
+    "batch_share",
+    "answers",
+    "tokens",
+    "retry",
+    "on_store_failure",
+    "metrics_per_lane",
+    "max_lanes",
+    "redirects",
+];
+
 /// A builder's error about a `[defaults]` setting, named as the file
 /// spells it (`defaults.retry.budget.ratio`, where the builder's method is
 /// `retry_budget`): the builder names its methods. One about a vendor's
@@ -506,26 +528,6 @@ fn in_file(error: ConfigError) -> ConfigError {
         ("retry_budget", "retry.budget"),
         ("fallback", "fallback_pause"),
         ("rate", "quotas"),
-    ];
-    /// `[defaults]`'s fields.
-    const DEFAULTS: [&str; 17] = [
-        "quotas",
-        "headroom",
-        "max_wait",
-        "max_pause",
-        "queue_capacity",
-        "max_in_flight",
-        "idle_timeout",
-        "fallback_pause",
-        "adaptive",
-        "batch_share",
-        "answers",
-        "tokens",
-        "retry",
-        "on_store_failure",
-        "metrics_per_lane",
-        "max_lanes",
-        "redirects",
     ];
     let at = error.field.find(['.', '[']).unwrap_or(error.field.len());
     let (head, rest) = error.field.split_at(at);
@@ -543,4 +545,20 @@ fn quotas_of(quotas: &[Quota]) -> Result<Vec<Quota>, ConfigError> {
         return Err(ConfigError::new("quotas", "at least one quota is needed"));
     }
     Ok(quotas.to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every `[defaults]` field is one `in_file` knows: serde lists them
+    /// all when it meets one it does not know.
+    #[test]
+    fn in_file_knows_every_defaults_field() {
+        let error = super::ShaperConfig::from_toml("[defaults]\nnone_such = 1").unwrap_err();
+        // "unknown field `none_such`, expected one of `quotas`, ..."
+        let fields: Vec<&str> = error.problem.split('`').skip(3).step_by(2).collect();
+        assert_eq!(fields.len(), super::DEFAULTS.len(), "{error}");
+        for field in fields {
+            assert!(super::DEFAULTS.contains(&field), "{field}");
+        }
+    }
 }

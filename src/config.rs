@@ -231,7 +231,9 @@ impl ShaperConfig {
     }
 
     /// A builder with everything the file says; add a client or transport,
-    /// then build. A file with a `[store]` needs [`connect`](Self::connect)
+    /// then build. A file that declares quotas is checked here, its errors
+    /// named by its fields; one without is settings for the quotas its
+    /// caller adds, checked with them when built. A file with a `[store]` needs [`connect`](Self::connect)
     /// instead: it is an error here, since a fleet member that quietly
     /// kept its own quotas would spend the fleet's N times over.
     pub fn builder(&self) -> Result<ShaperBuilder, ConfigError> {
@@ -294,7 +296,13 @@ impl ShaperConfig {
                 builder = builder.route(route);
             }
         }
-        builder.check().map_err(in_file)?;
+        // A file that declares quotas is a shaper, checked now and named
+        // by its fields; one that declares none is settings for quotas its
+        // caller adds (a meter of their own, which no file can hold), and
+        // the build checks them together.
+        if !d.quotas.is_empty() || !self.vendors.is_empty() {
+            builder.check().map_err(in_file)?;
+        }
         Ok(builder)
     }
 

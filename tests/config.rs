@@ -649,6 +649,16 @@ async fn a_store_table_shares_the_quota_between_shapers() {
     );
 }
 
+/// A file of settings alone is a builder for quotas its caller adds (a
+/// meter of their own, which no file can hold): it is not refused for
+/// lacking them before the caller had the chance.
+#[tokio::test]
+async fn a_file_of_settings_alone_takes_the_callers_quotas() {
+    let config = ShaperConfig::from_toml("[defaults]\nheadroom = \"5ms\"").unwrap();
+    let builder = config.builder().expect("settings alone");
+    builder.rate(10, SECOND).build().unwrap();
+}
+
 /// The `[proxy]` table's limits are named as the file names them: the
 /// proxy's builder names its own methods.
 #[tokio::test]

@@ -319,25 +319,37 @@ impl ShaperConfig {
     /// shaper, and a vendor or level the file no longer names keeps its
     /// quotas.
     pub fn reload(&self, shaper: &Shaper) -> Result<(), ConfigError> {
-        let mut changes: Vec<(String, Vec<Quota>)> = Vec::new();
+        // Each level's new quotas, and where the file holds them: the
+        // running shaper names its levels, a refusal names the file's path.
+        let mut changes: Vec<(String, Vec<Quota>, String)> = Vec::new();
         if !self.defaults.quotas.is_empty() {
-            changes.push((String::new(), self.defaults.quotas.clone()));
+            changes.push((
+                String::new(),
+                self.defaults.quotas.clone(),
+                "defaults".into(),
+            ));
         }
         for (name, vendor) in &self.vendors {
-            let routes = vendor
-                .routes(name)
-                .map_err(|e| e.within(&format!("vendors.{name}")))?;
+            let path = format!("vendors.{name}");
+            let routes = vendor.routes(name).map_err(|e| e.within(&path))?;
             // A vendor's own levels are in each of its routes: once each.
             for level in routes.into_iter().flat_map(|route| route.levels) {
-                if !changes.iter().any(|(seen, _)| *seen == level.name) {
-                    changes.push((level.name, level.quotas));
+                if changes.iter().any(|(seen, ..)| *seen == level.name) {
+                    continue;
                 }
+                let at = (vendor.levels.iter())
+                    .position(|own| level.name == format!("{name}.{}", own.name));
+                let path = at.map_or_else(|| path.clone(), |i| format!("{path}.levels[{i}]"));
+                changes.push((level.name, level.quotas, path));
             }
         }
-        for (level, quotas) in &changes {
-            shaper.registry().check_quotas(level, quotas)?;
+        for (level, quotas, path) in &changes {
+            shaper
+                .registry()
+                .check_quotas(level, quotas)
+                .map_err(|error| in_reload(error, level, path))?;
         }
-        for (level, quotas) in changes {
+        for (level, quotas, _) in changes {
             shaper.registry().apply_quotas(&level, quotas);
         }
         Ok(())
@@ -545,6 +557,18 @@ fn in_file(error: ConfigError) -> ConfigError {
         None => return error,
     };
     ConfigError::new(format!("defaults.{head}{rest}"), &error.problem)
+}
+
+/// A refusal of the running shaper's, named by its level `level`
+/// (`levels.llm.chat.quotas[0]`), named by `path`, where the file holds
+/// that level (`vendors.llm.levels[0].quotas[0]`).
+fn in_reload(error: ConfigError, level: &str, path: &str) -> ConfigError {
+    let named = format!("levels.{}", if level.is_empty() { "vendor" } else { level });
+    let field = match error.field.strip_prefix(&named) {
+        Some(rest) if rest.is_empty() || rest.starts_with(['.', '[']) => format!("{path}{rest}"),
+        _ => return error,
+    };
+    ConfigError::new(field, &error.problem)
 }
 
 /// A level's quotas: at least one (each was checked as it was read).

@@ -218,8 +218,44 @@ async fn a_config_file_reloads_its_quotas() {
         "[vendors.other]\nhost = \"other.example\"\nquotas = [{ algorithm = \"leaky_bucket\", count = 1, per = \"1s\" }]\n",
     );
     let refused = ShaperConfig::from_toml(&grown).unwrap().reload(&shaper);
-    assert_eq!(refused.unwrap_err().field, "levels.other");
+    assert_eq!(refused.unwrap_err().field, "vendors.other");
     assert_eq!(interval(), Duration::from_micros(50_250), "nothing changed");
+}
+
+/// A reload's refusal names the file's path, not the running shaper's
+/// level: a vendor's level is `vendors.llm.levels[0]`, which the user can
+/// find in the file; `levels.llm.tenant` is nowhere in it.
+#[tokio::test(start_paused = true)]
+async fn a_reload_names_the_files_path() {
+    let file = |levels: &str| {
+        format!(
+            "[vendors.llm]\nhost = \"llm.example\"\nquotas = [{{ algorithm = \"leaky_bucket\", count = 10, per = \"1s\" }}]\n{levels}"
+        )
+    };
+    let tenant = "[[vendors.llm.levels]]\nname = \"tenant\"\nkey = \"tag\"\nquotas = [{ algorithm = \"leaky_bucket\", count = 2, per = \"1s\" }]\n";
+    let shaper = ShaperConfig::from_toml(&file("")).unwrap().build().unwrap();
+    let refused = ShaperConfig::from_toml(&file(tenant))
+        .unwrap()
+        .reload(&shaper)
+        .unwrap_err();
+    assert_eq!(refused.field, "vendors.llm.levels[0]", "{refused}");
+    assert!(refused.problem.contains("no such level"), "{refused}");
+
+    let shaper = ShaperConfig::from_toml(&file(tenant))
+        .unwrap()
+        .build()
+        .unwrap();
+    let defaults =
+        "[defaults]\nquotas = [{ algorithm = \"leaky_bucket\", count = 5, per = \"1s\" }]\n";
+    let refused = ShaperConfig::from_toml(&format!("{defaults}{}", file(tenant)))
+        .unwrap()
+        .reload(&shaper)
+        .unwrap_err();
+    assert_eq!(refused.field, "defaults", "{refused}");
+    ShaperConfig::from_toml(&file(tenant))
+        .unwrap()
+        .reload(&shaper)
+        .unwrap();
 }
 
 /// With a shared store the quotas live in it for the whole fleet: a live

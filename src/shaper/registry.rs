@@ -170,7 +170,7 @@ impl Registry {
         if self.levels_named(level).next().is_none() {
             return Err(ConfigError::new(
                 format!("levels.{field}"),
-                "no such level: a new level or route needs a new shaper",
+                "the running shaper has no such level: a new vendor, level or route needs a new shaper",
             ));
         }
         if self.store.is_some() {

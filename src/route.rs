@@ -232,7 +232,7 @@ pub struct Level {
 impl Level {
     /// The largest cost one request may have at this level: a cost past
     /// it is refused at once (`Error::CostTooHigh`).
-    #[cfg(feature = "config")]
+    #[cfg(any(feature = "config", feature = "proxy"))]
     pub(crate) fn largest_cost(&self) -> u64 {
         crate::meters::largest_cost(&self.quotas)
     }
@@ -422,6 +422,19 @@ impl Route {
                     .as_ref()
                     .is_ok_and(|pattern| path_matches(pattern, request.url().path()))
             })
+    }
+}
+
+impl Route {
+    /// Whether a request to `url`'s scheme, host and port may match the
+    /// route, whatever its method and path; and whether every one does.
+    #[cfg(feature = "proxy")]
+    pub(crate) fn reaches(&self, url: &reqwest::Url) -> (bool, bool) {
+        let host = match &self.host {
+            None => true,
+            Some(host) => host.as_ref().is_ok_and(|host| host_matches(host, url)),
+        };
+        (host, host && self.method.is_none() && self.path.is_none())
     }
 }
 

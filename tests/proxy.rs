@@ -631,3 +631,53 @@ async fn a_proxys_debug_output_keeps_its_token_out() {
     assert!(shown.contains("client_token: true"), "{shown}");
     assert!(!shown.contains("s3cret"), "{shown}");
 }
+
+/// A default cost that no quota on its upstream's way can take is refused
+/// when the proxy is built, naming the upstream's defaults: it would end
+/// every request it is given, at once, with `CostTooHigh`. The bound is
+/// the most any route to that host allows: a route that takes only some
+/// of its paths counts, as some requests may go there.
+#[tokio::test]
+async fn a_default_cost_no_quota_on_its_way_can_take_is_refused() {
+    use callshaper::route::Route;
+    use callshaper::shaper::RequestOptions;
+    use callshaper::{Error, Quota};
+
+    let tokens = |count| Quota::sliding_log(count, 60 * SECOND).per_cost();
+    let shaper = || {
+        Shaper::builder()
+            .rate(10, SECOND)
+            .quota(tokens(90_000))
+            .route(
+                Route::new("batch")
+                    .host("batch.example")
+                    .path("/v1/batches/*")
+                    .alone()
+                    .quota(tokens(1_000_000)),
+            )
+            .build()
+            .unwrap()
+    };
+    let costing = |base: &str, cost: u64| {
+        let mut options = RequestOptions::default();
+        options.cost = Some(cost);
+        proxy_of(shaper(), "v", base).defaults("v", options).build()
+    };
+    let error = costing("http://llm.example", 90_001).expect_err("past 90,000 a minute");
+    assert_eq!(error.field, "defaults.v.cost", "{error}");
+    assert!(error.problem.contains("90000"), "{error}");
+    assert!(costing("http://llm.example", 90_000).is_ok());
+    // Its batches take a million; its other paths, 90,000.
+    assert!(costing("http://batch.example", 1_000_000).is_ok());
+    let error = costing("http://batch.example", 1_000_001).expect_err("past any route");
+    assert!(error.problem.contains("1000000"), "{error}");
+
+    // What the check spares a user: the request itself ends at once.
+    let refused = shaper()
+        .get("http://llm.example/v1")
+        .cost(90_001)
+        .send()
+        .await
+        .expect_err("no quota takes it");
+    assert!(matches!(refused, Error::CostTooHigh { .. }), "{refused}");
+}

@@ -73,6 +73,6 @@ pub(crate) use self::set::{FIRST_WORD, Meters};
 pub use self::sliding_log::SlidingLog;
 pub use self::sliding_window::SlidingWindow;
 pub(crate) use self::terms::Terms;
-#[cfg(feature = "config")]
+#[cfg(any(feature = "config", feature = "proxy"))]
 pub(crate) use self::terms::largest_cost;
 pub use self::token_bucket::TokenBucket;

@@ -126,8 +126,8 @@ impl Terms {
 
 /// What a level of `quotas` takes of one request at most
 /// ([`Terms::capacity`]), known before any gate holds them: a config file
-/// checks a default cost against it.
-#[cfg(feature = "config")]
+/// and a proxy check a default cost against it.
+#[cfg(any(feature = "config", feature = "proxy"))]
 pub(crate) fn largest_cost(quotas: &[Quota]) -> u64 {
     Terms::new(quotas.into(), Duration::ZERO, Instant::now()).capacity()
 }

@@ -194,7 +194,8 @@ impl ProxyBuilder {
 
     /// The proxy, or the first setting that cannot work: no upstream, a
     /// name that is empty or has a `/`, a name given twice, defaults for a
-    /// name no upstream has, a base that is
+    /// name no upstream has, a default cost more than the shaper's quotas
+    /// take of one request to its upstream, a base that is
     /// not an `http(s)` URL with a host (or has a query or fragment), a
     /// zero timeout or one over 1 h, or a head limit under 8 KiB.
     pub fn build(self) -> Result<Proxy, ConfigError> {
@@ -227,6 +228,23 @@ impl ProxyBuilder {
                 format!("defaults.{name}"),
                 "names no upstream",
             ));
+        }
+        // A default cost no quota on the upstream's way can take would
+        // end every request it is given, at once.
+        for (name, options) in &self.defaults {
+            let base = &upstreams[name];
+            if let Some(cost) = options.cost
+                && let Some(most) = self.shaper.registry().largest_cost_at(base)
+                && cost > most
+            {
+                return Err(ConfigError::new(
+                    format!("defaults.{name}.cost"),
+                    format!(
+                        "{cost} is more than the quotas a request to {} goes through take of one request, {most}",
+                        base.host_str().unwrap_or_default()
+                    ),
+                ));
+            }
         }
         if self
             .client_token

@@ -130,8 +130,9 @@ impl Shaper {
             .requote(level, quotas.into_iter().collect())
     }
 
-    /// The lanes and gates, for a config file's reload.
-    #[cfg(feature = "config")]
+    /// The lanes and gates, for a config file's reload and a proxy's
+    /// checks.
+    #[cfg(any(feature = "config", feature = "proxy"))]
     pub(crate) fn registry(&self) -> &Registry {
         &self.inner.registry
     }

@@ -242,6 +242,26 @@ impl Registry {
             .chain(shared)
     }
 
+    /// The most a request to `base`'s host can cost and still fit every
+    /// quota it goes through, over each route one may take there (routes
+    /// match in order: one that takes every such request ends the
+    /// search); `None` when none goes through a quota.
+    #[cfg(feature = "proxy")]
+    pub(crate) fn largest_cost_at(&self, base: &reqwest::Url) -> Option<u64> {
+        let most = |route| self.levels_for(route).map(Level::largest_cost).min();
+        let mut largest = None;
+        for route in &self.routes {
+            let (may, every) = route.reaches(base);
+            if may {
+                largest = largest.max(most(Some(route)));
+            }
+            if every {
+                return largest;
+            }
+        }
+        largest.max(most(None))
+    }
+
     fn route_for(&self, request: &Request) -> Option<&Route> {
         self.routes.iter().find(|route| route.matches(request))
     }

@@ -673,6 +673,10 @@ async fn the_proxy_settings_are_named_as_the_file_names_them() {
             with_proxy(r#"header_read_timeout = "2h""#),
             "proxy.header_read_timeout",
         ),
+        (
+            with_proxy(r#"body_read_timeout = "0s""#),
+            "proxy.body_read_timeout",
+        ),
     ] {
         let config = ShaperConfig::from_toml(&text).unwrap();
         let shaper = config.build().unwrap();
@@ -746,6 +750,7 @@ const EVERY_FIELD: &str = r#"
     replay_body = 1048576
     max_header_bytes = 65536
     header_read_timeout = "10s"
+    body_read_timeout = "1m"
     drain = "30s"
 "#;
 

@@ -681,3 +681,108 @@ async fn a_default_cost_no_quota_on_its_way_can_take_is_refused() {
         .expect_err("no quota takes it");
     assert!(matches!(refused, Error::CostTooHigh { .. }), "{refused}");
 }
+
+/// A client that leaves its request body silent past the body read
+/// timeout gets 408 and its connection closes, as nginx's
+/// `client_body_timeout` answers: a body kept whole never reaches the
+/// vendor; one streaming to it is cut there, so the vendor call ends and
+/// frees its in-flight slot for the next client. Real time: the timeout
+/// is the proxy's clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stalls_its_body_gets_408_and_frees_its_slot() {
+    const IDLE: Duration = Duration::from_millis(300);
+    let upstream = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", upstream.local_addr().unwrap());
+    let (cut, mut upstream_cut) = tokio::sync::mpsc::channel::<usize>(4);
+    // Answers a whole request at once; tells how much of a body it had
+    // when the proxy closed a call mid-body.
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = upstream.accept().await.unwrap();
+            let cut = cut.clone();
+            tokio::spawn(async move {
+                let mut read = Vec::new();
+                let mut buf = vec![0; 8192];
+                loop {
+                    let n = stream.read(&mut buf).await.unwrap_or(0);
+                    if n == 0 {
+                        let _ = cut.send(read.len()).await;
+                        return;
+                    }
+                    read.extend_from_slice(&buf[..n]);
+                    let text = String::from_utf8_lossy(&read);
+                    // A request whose body is all here is answered.
+                    let Some(head) = text.find("\r\n\r\n") else {
+                        continue;
+                    };
+                    let length: usize = text[..head]
+                        .lines()
+                        .find_map(|line| line.strip_prefix("content-length: "))
+                        .map_or(0, |n| n.parse().unwrap());
+                    if read.len() >= head + 4 + length {
+                        let ok = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                        stream.write_all(ok.as_bytes()).await.unwrap();
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let shaper = Shaper::builder()
+        .rate(100, SECOND)
+        .max_in_flight(1)
+        .build()
+        .unwrap();
+    let proxy = proxy_of(shaper, "up", &base)
+        .replay_body(1_000)
+        .body_read_timeout(IDLE);
+    let address = serve(proxy).await;
+    // Sends `sent` of a body of `length`, then nothing: the proxy's answer
+    // as the connection closed, and how long that took.
+    let stalled = |length: usize, sent: usize| {
+        let address = address.clone();
+        async move {
+            let mut client = TcpStream::connect(&address).await.unwrap();
+            let head =
+                format!("POST /up/x HTTP/1.1\r\nhost: a\r\ncontent-length: {length}\r\n\r\n");
+            client.write_all(head.as_bytes()).await.unwrap();
+            client.write_all(&vec![b'x'; sent]).await.unwrap();
+            let started = std::time::Instant::now();
+            let mut answer = Vec::new();
+            tokio::time::timeout(10 * SECOND, client.read_to_end(&mut answer))
+                .await
+                .expect("the proxy closes the connection")
+                .unwrap();
+            (
+                String::from_utf8_lossy(&answer).into_owned(),
+                started.elapsed(),
+            )
+        }
+    };
+
+    let (answer, took) = stalled(100, 10).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("body_stalled"), "{answer}");
+    assert!(took >= IDLE, "cut after {took:?}");
+
+    let (answer, took) = stalled(100_000, 5_000).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(took >= IDLE, "cut after {took:?}");
+    let had = tokio::time::timeout(10 * SECOND, upstream_cut.recv())
+        .await
+        .expect("the vendor call ends")
+        .unwrap();
+    assert!((5_000..100_000).contains(&had), "the vendor had {had} bytes");
+    let next = reqwest::Client::new()
+        .post(format!("http://{address}/up/y"))
+        .body("a whole body")
+        .timeout(10 * SECOND)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(next.status(), 200, "the slot is free");
+    assert!(
+        upstream_cut.try_recv().is_err(),
+        "only the stalled call was cut"
+    );
+}

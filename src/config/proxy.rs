@@ -19,6 +19,7 @@ use crate::time::human;
 /// replay_body = 4194304          # bytes kept whole to send again
 /// max_header_bytes = 65536
 /// header_read_timeout = "10s"
+/// body_read_timeout = "60s"      # a request body silent this long: 408
 /// client_token_env = "CALLSHAPER_CLIENT_TOKEN"  # clients send it in x-callshaper-token
 /// drain = "30s"                  # on SIGTERM, how long requests may finish
 /// ```
@@ -38,6 +39,9 @@ pub struct ProxyConfig {
     /// See `ProxyBuilder::header_read_timeout`.
     #[serde(default, with = "human::option")]
     pub header_read_timeout: Option<Duration>,
+    /// See `ProxyBuilder::body_read_timeout`.
+    #[serde(default, with = "human::option")]
+    pub body_read_timeout: Option<Duration>,
     /// The environment variable holding the client token (see
     /// `ProxyBuilder::client_token`): a secret stays out of the file, which
     /// is often committed or world-readable. Unset, or empty, when the
@@ -76,6 +80,7 @@ impl Default for ProxyConfig {
             replay_body: None,
             max_header_bytes: None,
             header_read_timeout: None,
+            body_read_timeout: None,
             client_token_env: None,
             drain: None,
         }
@@ -115,6 +120,9 @@ impl super::ShaperConfig {
         }
         if let Some(timeout) = settings.header_read_timeout {
             builder = builder.header_read_timeout(timeout);
+        }
+        if let Some(timeout) = settings.body_read_timeout {
+            builder = builder.body_read_timeout(timeout);
         }
         if let Err(error) = builder.check_limits() {
             builder = builder.refuse(error.within("proxy"));

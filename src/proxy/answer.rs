@@ -115,6 +115,21 @@ pub(super) fn cut_off_body() -> Response<ProxyBody> {
     )
 }
 
+/// A request body the client left silent for `idle`: 408, and the
+/// connection closes (the rest of the body is never read).
+pub(super) fn body_stalled(idle: Duration) -> Response<ProxyBody> {
+    let mut answer = own(
+        StatusCode::REQUEST_TIMEOUT,
+        "body_stalled",
+        &format!("the client sent nothing of its request body for {idle:?}"),
+        None,
+    );
+    answer
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    answer
+}
+
 /// An answer of the proxy's own: `status`, `x-callshaper-reason`, a
 /// `Retry-After` in whole seconds (rounded up) when given, and a JSON
 /// body saying the same.

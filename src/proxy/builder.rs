@@ -36,12 +36,14 @@ pub(super) struct Limits {
     pub(super) replay_body: usize,
     pub(super) max_header_bytes: usize,
     pub(super) header_read_timeout: Duration,
+    pub(super) body_read_timeout: Duration,
 }
 
 /// The largest request body kept whole by default, to be sent again.
 const REPLAY_BODY: usize = 4 << 20;
-/// The longest a client may be given to send a request's head.
-const MOST_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(3600);
+/// The longest a client may be given to send a request's head, or to
+/// leave its body silent.
+const MOST_READ_TIMEOUT: Duration = Duration::from_secs(3600);
 /// hyper's least buffer for a request's head.
 const LEAST_HEADER_BYTES: usize = 8192;
 
@@ -102,6 +104,7 @@ impl Proxy {
                 replay_body: REPLAY_BODY,
                 max_header_bytes: 64 << 10,
                 header_read_timeout: Duration::from_secs(10),
+                body_read_timeout: Duration::from_secs(60),
             },
         }
     }
@@ -171,17 +174,32 @@ impl ProxyBuilder {
         self
     }
 
+    /// How long a client may leave its request body silent, between two
+    /// reads (default 60 s, as nginx's `client_body_timeout`; at most
+    /// 1 h). A client that stalls mid-body gets 408 and its connection
+    /// closes; a body streaming to the vendor is cut there, so the vendor
+    /// call ends and frees its in-flight slot. The time the vendor takes
+    /// to accept what was read does not count.
+    pub fn body_read_timeout(mut self, timeout: Duration) -> Self {
+        self.limits.body_read_timeout = timeout;
+        self
+    }
+
     /// The limits' checks, which [`build`](Self::build) makes: a file's
     /// `[proxy]` table names its fields by them before.
     pub(crate) fn check_limits(&self) -> Result<(), ConfigError> {
-        let timeout = self.limits.header_read_timeout;
-        if timeout.is_zero() || timeout > MOST_HEADER_READ_TIMEOUT {
-            // hyper adds the timeout to the clock's now: a bound keeps
-            // that sum from overflowing.
-            return Err(ConfigError::new(
-                "header_read_timeout",
-                "must be longer than zero and at most 1h",
-            ));
+        for (field, timeout) in [
+            ("header_read_timeout", self.limits.header_read_timeout),
+            ("body_read_timeout", self.limits.body_read_timeout),
+        ] {
+            if timeout.is_zero() || timeout > MOST_READ_TIMEOUT {
+                // A timer adds the timeout to the clock's now: a bound
+                // keeps that sum from overflowing.
+                return Err(ConfigError::new(
+                    field,
+                    "must be longer than zero and at most 1h",
+                ));
+            }
         }
         if self.limits.max_header_bytes < LEAST_HEADER_BYTES {
             return Err(ConfigError::new(
@@ -197,7 +215,7 @@ impl ProxyBuilder {
     /// name no upstream has, a default cost more than the shaper's quotas
     /// take of one request to its upstream, a base that is
     /// not an `http(s)` URL with a host (or has a query or fragment), a
-    /// zero timeout or one over 1 h, or a head limit under 8 KiB.
+    /// zero read timeout or one over 1 h, or a head limit under 8 KiB.
     pub fn build(self) -> Result<Proxy, ConfigError> {
         if let Some(error) = self.refused {
             return Err(error);

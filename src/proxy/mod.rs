@@ -76,8 +76,10 @@
 //!   vendor as the client sends it and is **sent once**: a throttle or a
 //!   failure on it reaches the client as the vendor answered.
 //! - **Hostile clients:** a head over [`ProxyBuilder::max_header_bytes`]
-//!   gets 431, a body that stops half-way 400, and a head not sent within
-//!   [`ProxyBuilder::header_read_timeout`] a closed connection. Nothing is
+//!   gets 431, a body that stops half-way 400, a head not sent within
+//!   [`ProxyBuilder::header_read_timeout`] a closed connection, and a body
+//!   left silent for [`ProxyBuilder::body_read_timeout`] 408 (a streaming
+//!   one is cut at the vendor too, freeing its in-flight slot). Nothing is
 //!   forwarded for them, and every other connection is served as before.
 //! - **Stopping:** [`Proxy::serve_until`] closes the listener and lets each
 //!   connection finish the request it serves; bound it, then shut the

@@ -17,7 +17,7 @@ use super::answer;
 use super::body::ProxyBody;
 use super::builder::{Proxy, Served};
 use super::forward::{admitted, controls, end_to_end, target};
-use super::upload;
+use super::upload::{self, Cut};
 
 impl Proxy {
     /// Serve clients from `listener` until the returned future is dropped
@@ -120,9 +120,11 @@ async fn handle(served: &Served, request: Request<Incoming>) -> Response<ProxyBo
         },
         Err(refusal) => return answer::refused(&refusal, &[]),
     };
-    let body = match upload::read(body, served.limits.replay_body).await {
+    let limits = &served.limits;
+    let body = match upload::read(body, limits.replay_body, limits.body_read_timeout).await {
         Ok(body) => body,
-        Err(_) => return answer::cut_off_body(),
+        Err(Cut::Stalled(idle)) => return answer::body_stalled(idle),
+        Err(Cut::Failed(_)) => return answer::cut_off_body(),
     };
     // The log names the upstream path only: a query, like the headers,
     // often carries a key. Copied only when it is logged.
@@ -152,7 +154,12 @@ async fn handle(served: &Served, request: Request<Incoming>) -> Response<ProxyBo
             if let Some((method, path)) = &logged {
                 tracing::debug!(%method, path, %error, "callshaper proxy: ended by the shaper");
             }
-            answer::shaper_ended(&error, &served.shaper)
+            // A vendor call that failed as its streaming body stalled is
+            // the client's doing, not the vendor's.
+            match Cut::stalled_in(&error) {
+                Some(idle) => answer::body_stalled(idle),
+                None => answer::shaper_ended(&error, &served.shaper),
+            }
         }
     }
 }

@@ -2,23 +2,66 @@
 //! fits in [`ProxyBuilder::replay_body`](super::ProxyBuilder::replay_body),
 //! so that a throttled request is sent again from the copy; a larger one
 //! streams to the vendor as it arrives (after what was read of it) and is
-//! sent once, whatever the vendor answers.
+//! sent once, whatever the vendor answers. Either way a client that
+//! leaves its body silent for the body read timeout is cut off
+//! ([`Cut::Stalled`]), as nginx's `client_body_timeout` does: it would
+//! hold its connection, and a streaming call its in-flight slot, for
+//! good.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use tokio::time::{Instant, Sleep};
 
-/// The body to send: reusable when whole, streamed past `keep` bytes. An
-/// error is the client's body failing before `keep` bytes (cut off).
-pub(super) async fn read(mut body: Incoming, keep: usize) -> Result<reqwest::Body, hyper::Error> {
+/// Why a client's body did not reach its end.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum Cut {
+    /// The body failed: the client went, or sent less than it said.
+    #[error("the request body ended before its end: {0}")]
+    Failed(#[from] hyper::Error),
+    /// The client sent nothing of it for this long.
+    #[error("the client sent nothing of its request body for {0:?}")]
+    Stalled(Duration),
+}
+
+impl Cut {
+    /// The stall that cut a vendor call short, if one did: `error`'s
+    /// chain holds it (the vendor call failed as its body did).
+    pub(super) fn stalled_in(error: &(dyn std::error::Error + 'static)) -> Option<Duration> {
+        let mut link = Some(error);
+        while let Some(error) = link {
+            if let Some(Self::Stalled(idle)) = error.downcast_ref::<Self>() {
+                return Some(*idle);
+            }
+            link = error.source();
+        }
+        None
+    }
+}
+
+/// The body to send: reusable when whole, streamed past `keep` bytes,
+/// the client given `idle` between two reads. An error is the client's
+/// body cut before `keep` bytes.
+pub(super) async fn read(
+    mut body: Incoming,
+    keep: usize,
+    idle: Duration,
+) -> Result<reqwest::Body, Cut> {
     let mut kept = Vec::new();
     let mut size = 0usize;
-    while let Some(frame) = body.frame().await {
+    loop {
+        let frame = tokio::time::timeout(idle, body.frame())
+            .await
+            .map_err(|_| Cut::Stalled(idle))?;
+        let Some(frame) = frame else {
+            break;
+        };
         // Trailers do not cross: HTTP/1.1 to the vendor has no way to
         // send them after a body it frames itself.
         let Ok(data) = frame?.into_data() else {
@@ -30,6 +73,8 @@ pub(super) async fn read(mut body: Incoming, keep: usize) -> Result<reqwest::Bod
             return Ok(reqwest::Body::wrap(Streamed {
                 read: kept.into(),
                 rest: body,
+                idle,
+                stall: None,
             }));
         }
     }
@@ -47,28 +92,46 @@ fn whole(mut kept: Vec<Bytes>, size: usize) -> Bytes {
     all.into()
 }
 
-/// What was read of a large body, then the rest as the client sends it.
+/// What was read of a large body, then the rest as the client sends it,
+/// cut when the client leaves it silent for `idle`.
 struct Streamed {
     read: VecDeque<Bytes>,
     rest: Incoming,
+    idle: Duration,
+    /// When the client's silence runs out, while a read waits for it:
+    /// set as a read starts to wait, cleared as it gets a frame, so the
+    /// time the vendor takes to accept a chunk is not the client's.
+    stall: Option<Pin<Box<Sleep>>>,
 }
 
 impl Body for Streamed {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = Cut;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, Cut>>> {
         if let Some(chunk) = self.read.pop_front() {
             return Poll::Ready(Some(Ok(Frame::data(chunk))));
         }
-        loop {
+        let polled = loop {
             match Pin::new(&mut self.rest).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) if !frame.is_data() => continue,
-                polled => return polled,
+                polled => break polled,
             }
+        };
+        if polled.is_ready() {
+            self.stall = None;
+            return polled.map_err(Cut::Failed);
+        }
+        let idle = self.idle;
+        let stall = self
+            .stall
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(Instant::now() + idle)));
+        match stall.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Some(Err(Cut::Stalled(idle)))),
+            Poll::Pending => Poll::Pending,
         }
     }
 

@@ -105,7 +105,8 @@ pub(super) fn refused(refusal: &Refusal, upstreams: &[&str]) -> Response<ProxyBo
     }
 }
 
-/// A request body that ended before its end: nothing was sent.
+/// A request body that ended before its end: a body kept whole was never
+/// sent; a streaming one was cut at the vendor where it ended.
 pub(super) fn cut_off_body() -> Response<ProxyBody> {
     own(
         StatusCode::BAD_REQUEST,

@@ -154,10 +154,11 @@ async fn handle(served: &Served, request: Request<Incoming>) -> Response<ProxyBo
             if let Some((method, path)) = &logged {
                 tracing::debug!(%method, path, %error, "callshaper proxy: ended by the shaper");
             }
-            // A vendor call that failed as its streaming body stalled is
-            // the client's doing, not the vendor's.
-            match Cut::stalled_in(&error) {
-                Some(idle) => answer::body_stalled(idle),
+            // A vendor call that failed as its streaming body did is the
+            // client's doing, not the vendor's.
+            match Cut::in_chain(&error) {
+                Some(Cut::Stalled(idle)) => answer::body_stalled(*idle),
+                Some(Cut::Failed(_)) => answer::cut_off_body(),
                 None => answer::shaper_ended(&error, &served.shaper),
             }
         }

@@ -31,13 +31,13 @@ pub(super) enum Cut {
 }
 
 impl Cut {
-    /// The stall that cut a vendor call short, if one did: `error`'s
-    /// chain holds it (the vendor call failed as its body did).
-    pub(super) fn stalled_in(error: &(dyn std::error::Error + 'static)) -> Option<Duration> {
+    /// The cut that failed a vendor call, if one did: `error`'s chain
+    /// holds it (the call failed as its streaming body did).
+    pub(super) fn in_chain<'e>(error: &'e (dyn std::error::Error + 'static)) -> Option<&'e Self> {
         let mut link = Some(error);
         while let Some(error) = link {
-            if let Some(Self::Stalled(idle)) = error.downcast_ref::<Self>() {
-                return Some(*idle);
+            if let Some(cut) = error.downcast_ref::<Self>() {
+                return Some(cut);
             }
             link = error.source();
         }

@@ -677,6 +677,7 @@ async fn the_proxy_settings_are_named_as_the_file_names_them() {
             with_proxy(r#"body_read_timeout = "0s""#),
             "proxy.body_read_timeout",
         ),
+        (with_proxy(r#"send_timeout = "61m""#), "proxy.send_timeout"),
     ] {
         let config = ShaperConfig::from_toml(&text).unwrap();
         let shaper = config.build().unwrap();
@@ -751,6 +752,7 @@ const EVERY_FIELD: &str = r#"
     max_header_bytes = 65536
     header_read_timeout = "10s"
     body_read_timeout = "1m"
+    send_timeout = "1m"
     drain = "30s"
 "#;
 

@@ -801,3 +801,72 @@ async fn a_client_that_stalls_its_body_gets_408_and_frees_its_slot() {
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
     assert!(answer.contains("body_cut_off"), "{answer}");
 }
+
+/// A client that takes nothing of its answer for the send timeout is
+/// disconnected, as nginx's `send_timeout` does, and its vendor call ends:
+/// an answer is read from the vendor only as fast as the client takes it,
+/// so with `max_in_flight(1)` a client that stops reading an endless
+/// stream would otherwise hold the slot for good. Real time: the timeout
+/// is the proxy's clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_is_cut_off_and_frees_its_slot() {
+    let upstream = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", upstream.local_addr().unwrap());
+    let (closed, mut upstream_closed) = tokio::sync::mpsc::channel::<()>(4);
+    // `/stream` sends 64 KiB chunks until the proxy closes the call; any
+    // other path is answered at once.
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = upstream.accept().await.unwrap();
+            let closed = closed.clone();
+            tokio::spawn(async move {
+                let mut request = vec![0; 4096];
+                let n = stream.read(&mut request).await.unwrap();
+                if !request[..n].starts_with(b"GET /stream") {
+                    let ok = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                    stream.write_all(ok.as_bytes()).await.unwrap();
+                    return;
+                }
+                let head = "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n";
+                stream.write_all(head.as_bytes()).await.unwrap();
+                let chunk = format!("10000\r\n{}\r\n", "x".repeat(0x10000));
+                while stream.write_all(chunk.as_bytes()).await.is_ok() {}
+                let _ = closed.send(()).await;
+            });
+        }
+    });
+    let shaper = Shaper::builder()
+        .rate(100, SECOND)
+        .max_in_flight(1)
+        .build()
+        .unwrap();
+    let proxy = proxy_of(shaper, "up", &base).send_timeout(Duration::from_millis(300));
+    let address = serve(proxy).await;
+
+    // Asks for the stream, reads its head, then reads nothing more.
+    let mut reader = TcpStream::connect(&address).await.unwrap();
+    reader
+        .write_all(b"GET /up/stream HTTP/1.1\r\nhost: a\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = vec![0; 1024];
+    let n = reader.read(&mut head).await.unwrap();
+    assert!(head[..n].starts_with(b"HTTP/1.1 200"));
+    tokio::time::timeout(30 * SECOND, upstream_closed.recv())
+        .await
+        .expect("the client cut off, its vendor call ends");
+    let next = reqwest::Client::new()
+        .get(format!("http://{address}/up/next"))
+        .timeout(10 * SECOND)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(next.status(), 200, "the slot is free");
+    // The cut client's connection is closed: what it did not read, then
+    // its end.
+    let mut rest = Vec::new();
+    tokio::time::timeout(10 * SECOND, reader.read_to_end(&mut rest))
+        .await
+        .expect("the connection is closed")
+        .ok();
+}

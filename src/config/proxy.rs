@@ -20,6 +20,7 @@ use crate::time::human;
 /// max_header_bytes = 65536
 /// header_read_timeout = "10s"
 /// body_read_timeout = "60s"      # a request body silent this long: 408
+/// send_timeout = "60s"           # a client taking nothing of its answer this long: cut off
 /// client_token_env = "CALLSHAPER_CLIENT_TOKEN"  # clients send it in x-callshaper-token
 /// drain = "30s"                  # on SIGTERM, how long requests may finish
 /// ```
@@ -42,6 +43,9 @@ pub struct ProxyConfig {
     /// See `ProxyBuilder::body_read_timeout`.
     #[serde(default, with = "human::option")]
     pub body_read_timeout: Option<Duration>,
+    /// See `ProxyBuilder::send_timeout`.
+    #[serde(default, with = "human::option")]
+    pub send_timeout: Option<Duration>,
     /// The environment variable holding the client token (see
     /// `ProxyBuilder::client_token`): a secret stays out of the file, which
     /// is often committed or world-readable. Unset, or empty, when the
@@ -81,6 +85,7 @@ impl Default for ProxyConfig {
             max_header_bytes: None,
             header_read_timeout: None,
             body_read_timeout: None,
+            send_timeout: None,
             client_token_env: None,
             drain: None,
         }
@@ -123,6 +128,9 @@ impl super::ShaperConfig {
         }
         if let Some(timeout) = settings.body_read_timeout {
             builder = builder.body_read_timeout(timeout);
+        }
+        if let Some(timeout) = settings.send_timeout {
+            builder = builder.send_timeout(timeout);
         }
         if let Err(error) = builder.check_limits() {
             builder = builder.refuse(error.within("proxy"));

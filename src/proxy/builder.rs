@@ -37,12 +37,13 @@ pub(super) struct Limits {
     pub(super) max_header_bytes: usize,
     pub(super) header_read_timeout: Duration,
     pub(super) body_read_timeout: Duration,
+    pub(super) send_timeout: Duration,
 }
 
 /// The largest request body kept whole by default, to be sent again.
 const REPLAY_BODY: usize = 4 << 20;
-/// The longest a client may be given to send a request's head, or to
-/// leave its body silent.
+/// The longest a client may be given to send a request's head, to leave
+/// its body silent, or to take nothing of its answer.
 const MOST_READ_TIMEOUT: Duration = Duration::from_secs(3600);
 /// hyper's least buffer for a request's head.
 const LEAST_HEADER_BYTES: usize = 8192;
@@ -105,6 +106,7 @@ impl Proxy {
                 max_header_bytes: 64 << 10,
                 header_read_timeout: Duration::from_secs(10),
                 body_read_timeout: Duration::from_secs(60),
+                send_timeout: Duration::from_secs(60),
             },
         }
     }
@@ -185,12 +187,24 @@ impl ProxyBuilder {
         self
     }
 
+    /// How long a client may take nothing of its answer, between two
+    /// writes (default 60 s, as nginx's `send_timeout`; at most 1 h): a
+    /// client that stops reading is disconnected there, and its vendor
+    /// call ends, freeing its in-flight slot. An answer is read from the
+    /// vendor only as fast as the client takes it, so such a client would
+    /// otherwise hold both for as long as it keeps the connection.
+    pub fn send_timeout(mut self, timeout: Duration) -> Self {
+        self.limits.send_timeout = timeout;
+        self
+    }
+
     /// The limits' checks, which [`build`](Self::build) makes: a file's
     /// `[proxy]` table names its fields by them before.
     pub(crate) fn check_limits(&self) -> Result<(), ConfigError> {
         for (field, timeout) in [
             ("header_read_timeout", self.limits.header_read_timeout),
             ("body_read_timeout", self.limits.body_read_timeout),
+            ("send_timeout", self.limits.send_timeout),
         ] {
             if timeout.is_zero() || timeout > MOST_READ_TIMEOUT {
                 // A timer adds the timeout to the clock's now: a bound

@@ -79,8 +79,10 @@
 //!   gets 431, a body that stops half-way 400, a head not sent within
 //!   [`ProxyBuilder::header_read_timeout`] a closed connection, and a body
 //!   left silent for [`ProxyBuilder::body_read_timeout`] 408 (a streaming
-//!   one is cut at the vendor too, freeing its in-flight slot). Nothing is
-//!   forwarded for them, and every other connection is served as before.
+//!   one is cut at the vendor too, freeing its in-flight slot); a client
+//!   that takes nothing of its answer for [`ProxyBuilder::send_timeout`]
+//!   is disconnected, and its vendor call ends. Nothing is forwarded for
+//!   them, and every other connection is served as before.
 //! - **Stopping:** [`Proxy::serve_until`] closes the listener and lets each
 //!   connection finish the request it serves; bound it, then shut the
 //!   shaper down for what still waits.
@@ -95,6 +97,7 @@
 mod answer;
 mod body;
 mod builder;
+mod client;
 mod forward;
 mod server;
 mod upload;

@@ -16,6 +16,7 @@ use tokio::net::TcpListener;
 use super::answer;
 use super::body::ProxyBody;
 use super::builder::{Proxy, Served};
+use super::client::Client;
 use super::forward::{admitted, controls, end_to_end, target};
 use super::upload::{self, Cut};
 
@@ -72,7 +73,10 @@ impl Proxy {
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_read_timeout)
                 .max_header_size(limits.max_header_bytes)
-                .serve_connection(TokioIo::new(stream), service);
+                .serve_connection(
+                    TokioIo::new(Client::new(stream, limits.send_timeout)),
+                    service,
+                );
             let connection = connections.watch(connection);
             // A connection that fails (a client gone mid-request, a head
             // too large or too slow) concerns that client alone.

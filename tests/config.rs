@@ -639,7 +639,12 @@ async fn a_store_table_shares_the_quota_between_shapers() {
     // (alone, each shaper's two would be done in 0.5 s).
     let took = started.elapsed();
     assert!(took >= Duration::from_millis(1400), "{took:?}");
-    assert_eq!(vendor.throttled(), 0);
+    // The vendor counts sends in a sliding second: a first send the
+    // runtime polled later than the 5 ms headroom (a loaded machine: one
+    // run in ten with both cores kept busy) puts the third inside its
+    // second, and that one is refused and sent again. Unshared, two
+    // would be.
+    assert!(vendor.throttled() <= 1, "{} refused", vendor.throttled());
     let lane = &first.lanes()[0];
     assert_eq!(lane.store, Some(callshaper::store::StoreMode::Shared));
     assert!(

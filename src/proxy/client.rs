@@ -11,49 +11,39 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::time::Sleep;
 
-/// A client's stream whose writes fail once one has waited `timeout` for
-/// the client to take anything.
+use super::stall::Stall;
+
+/// A client's stream whose writes fail once one has waited the send
+/// timeout for the client to take anything.
 pub(super) struct Client<S> {
     stream: S,
-    timeout: Duration,
-    /// When the wait runs out, while a write waits: set as a write first
-    /// waits, cleared as one goes through.
-    stall: Option<Pin<Box<Sleep>>>,
+    stall: Stall,
 }
 
 impl<S> Client<S> {
     pub(super) fn new(stream: S, timeout: Duration) -> Self {
         Self {
             stream,
-            timeout,
-            stall: None,
+            stall: Stall::new(timeout),
         }
     }
 
     /// What a write that went through (or failed) says; a waiting one
-    /// waits on, unless it has waited `timeout` already.
+    /// waits on, unless the client has taken nothing for the timeout.
     fn waited<T>(
         &mut self,
         cx: &mut Context<'_>,
         written: Poll<io::Result<T>>,
     ) -> Poll<io::Result<T>> {
-        if written.is_ready() {
-            self.stall = None;
-            return written;
-        }
-        let timeout = self.timeout;
-        let stall = self
-            .stall
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
-        match stall.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("the client took nothing of its answer for {timeout:?}"),
-            ))),
-            Poll::Pending => Poll::Pending,
-        }
+        self.stall.wait(cx, written).map(|waited| {
+            waited.unwrap_or_else(|timeout| {
+                Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("the client took nothing of its answer for {timeout:?}"),
+                ))
+            })
+        })
     }
 }
 

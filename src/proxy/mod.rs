@@ -100,6 +100,7 @@ mod builder;
 mod client;
 mod forward;
 mod server;
+mod stall;
 mod upload;
 
 pub use self::builder::{Proxy, ProxyBuilder};

@@ -17,7 +17,8 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use tokio::time::{Instant, Sleep};
+
+use super::stall::Stall;
 
 /// Why a client's body did not reach its end.
 #[derive(Debug, thiserror::Error)]
@@ -73,8 +74,7 @@ pub(super) async fn read(
             return Ok(reqwest::Body::wrap(Streamed {
                 read: kept.into(),
                 rest: body,
-                idle,
-                stall: None,
+                stall: Stall::new(idle),
             }));
         }
     }
@@ -93,15 +93,11 @@ fn whole(mut kept: Vec<Bytes>, size: usize) -> Bytes {
 }
 
 /// What was read of a large body, then the rest as the client sends it,
-/// cut when the client leaves it silent for `idle`.
+/// cut when the client leaves it silent for the body read timeout.
 struct Streamed {
     read: VecDeque<Bytes>,
     rest: Incoming,
-    idle: Duration,
-    /// When the client's silence runs out, while a read waits for it:
-    /// set as a read starts to wait, cleared as it gets a frame, so the
-    /// time the vendor takes to accept a chunk is not the client's.
-    stall: Option<Pin<Box<Sleep>>>,
+    stall: Stall,
 }
 
 impl Body for Streamed {
@@ -121,18 +117,10 @@ impl Body for Streamed {
                 polled => break polled,
             }
         };
-        if polled.is_ready() {
-            self.stall = None;
-            return polled.map_err(Cut::Failed);
-        }
-        let idle = self.idle;
-        let stall = self
-            .stall
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(Instant::now() + idle)));
-        match stall.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Some(Err(Cut::Stalled(idle)))),
-            Poll::Pending => Poll::Pending,
-        }
+        self.stall.wait(cx, polled).map(|waited| match waited {
+            Ok(frame) => frame.map(|frame| frame.map_err(Cut::Failed)),
+            Err(idle) => Some(Err(Cut::Stalled(idle))),
+        })
     }
 
     fn is_end_stream(&self) -> bool {

@@ -37,7 +37,9 @@
 //! with every process built from the same file: such a file is built with
 //! [`ShaperConfig::connect`], which connects first. A `[proxy]` table
 //! ([`ProxyConfig`]) is `callshaper-proxy`'s, and a library shaper ignores
-//! it, so one file serves both.
+//! it, so one file serves both. A `[client]` table ([`ClientConfig`])
+//! gives the client the shaper sends through its timeouts, for the proxy
+//! and a library shaper alike.
 //!
 //! The file is read into the crate's own types ([`Quota`], [`RetryPolicy`],
 //! [`Backoff`], [`Adaptive`], [`StoreFailure`], [`LaneKey`]), which are
@@ -53,6 +55,7 @@ use std::time::Duration;
 use reqwest::Method;
 use serde::Deserialize;
 
+pub use self::client::ClientConfig;
 pub use self::proxy::ProxyConfig;
 pub use self::store::StoreConfig;
 
@@ -69,6 +72,7 @@ use crate::store::StoreFailure;
 use crate::time::human;
 use crate::tokens::TokenCost;
 
+mod client;
 mod proxy;
 mod store;
 
@@ -87,6 +91,8 @@ pub struct ShaperConfig {
     pub store: Option<StoreConfig>,
     /// `callshaper-proxy`'s own settings (a library shaper ignores them).
     pub proxy: Option<ProxyConfig>,
+    /// The timeouts of the client the shaper sends through.
+    pub client: Option<ClientConfig>,
 }
 
 /// How every lane behaves: each field is optional and, when given, does
@@ -287,6 +293,9 @@ impl ShaperConfig {
         }
         if let Some(retry) = &d.retry {
             builder = builder.retry(retry.clone());
+        }
+        if let Some(client) = &self.client {
+            builder = builder.file_client(client.client()?);
         }
         for (name, vendor) in &self.vendors {
             for route in vendor

@@ -868,3 +868,75 @@ async fn a_hostile_value_anywhere_in_a_file_builds_or_names_its_field() {
     assert!(panics.is_empty(), "panicked: {panics:#?}");
     assert!(built > 0 && refused > 0, "{built} built, {refused} refused");
 }
+
+/// A `[client]` table gives the client the file's shaper sends through
+/// its timeouts: a vendor silent past `read_timeout` fails the attempt as
+/// a transport error, where the default client would wait for good (the
+/// proxy's slot with it). Real time: the timeout is reqwest's timer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_table_times_out_a_silent_vendor() {
+    let server = wiremock::MockServer::start().await;
+    wiremock::Mock::given(wiremock::matchers::any())
+        .respond_with(wiremock::ResponseTemplate::new(200).set_delay(10 * SECOND))
+        .mount(&server)
+        .await;
+    let file = format!(
+        r#"
+        [defaults]
+        retry = {{ max_attempts = 1 }}
+        [vendors.v]
+        host = "{}"
+        quotas = [{{ algorithm = "leaky_bucket", count = 10, per = "1s" }}]
+        [client]
+        connect_timeout = "5s"
+        read_timeout = "200ms"
+        "#,
+        server.uri().trim_start_matches("http://")
+    );
+    let config = ShaperConfig::from_toml(&file).unwrap();
+    let shaper = config.build().unwrap();
+    let started = std::time::Instant::now();
+    let error = shaper.get(server.uri()).send().await.unwrap_err();
+    let took = started.elapsed();
+    let Error::Transport { source, .. } = &error else {
+        panic!("{error}");
+    };
+    assert!(source.is_timeout(), "{source:?}");
+    assert!(took < 5 * SECOND, "{took:?}");
+
+    // A client of the caller's own has its own timeouts: beside the
+    // table, which would be dropped, it is refused.
+    let refused = config
+        .builder()
+        .unwrap()
+        .client(reqwest::Client::new())
+        .build()
+        .unwrap_err();
+    assert_eq!(refused.field, "client", "{refused}");
+}
+
+/// Each `[client]` timeout is at least a millisecond and at most a day;
+/// any other value is refused naming it, whatever the file writes there.
+#[test]
+fn a_client_timeout_under_a_millisecond_or_past_a_day_is_refused() {
+    for field in ["connect_timeout", "read_timeout", "timeout"] {
+        for value in HOSTILE {
+            let file = format!("[client]\n{field} = {value}\n");
+            let Ok(config) = ShaperConfig::from_toml(&file) else {
+                continue;
+            };
+            let error = config.builder().unwrap_err();
+            assert_eq!(error.field, format!("client.{field}"), "{value}: {error}");
+        }
+        for (value, fits) in [
+            ("\"1d\"", true),
+            ("\"1ms\"", true),
+            ("\"25h\"", false),
+            ("\"999us\"", false),
+        ] {
+            let file = format!("[client]\n{field} = {value}\n");
+            let built = ShaperConfig::from_toml(&file).unwrap().builder();
+            assert_eq!(built.is_ok(), fits, "{field} = {value}");
+        }
+    }
+}

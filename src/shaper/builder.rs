@@ -71,6 +71,10 @@ pub struct ShaperBuilder {
     redirects: u32,
     client: Option<reqwest::Client>,
     transport: Option<Arc<dyn Transport>>,
+    /// The client a config file's `[client]` table made, sent through in
+    /// place of the default one; an error beside a caller's own.
+    #[cfg(feature = "config")]
+    file_client: Option<reqwest::Client>,
     wall: Arc<dyn WallClock>,
     cost: Option<Arc<CostFn>>,
     dialects: Vec<Arc<dyn Dialect>>,
@@ -93,6 +97,8 @@ impl Default for ShaperBuilder {
             redirects: DEFAULT_REDIRECTS,
             client: None,
             transport: None,
+            #[cfg(feature = "config")]
+            file_client: None,
             wall: Arc::new(SystemClock),
             cost: None,
             dialects: Vec::new(),
@@ -298,6 +304,15 @@ impl ShaperBuilder {
         self
     }
 
+    /// Send through `client` (a config file's `[client]` table's) unless
+    /// the caller gives a client or transport of their own, which `build`
+    /// then refuses: the file's timeouts would be silently dropped.
+    #[cfg(feature = "config")]
+    pub(crate) fn file_client(mut self, client: reqwest::Client) -> Self {
+        self.file_client = Some(client);
+        self
+    }
+
     /// Send attempts through `transport` instead of the client.
     pub fn transport(mut self, transport: impl Transport) -> Self {
         self.transport = Some(Arc::new(transport));
@@ -452,7 +467,20 @@ impl ShaperBuilder {
         let policy = self.policy;
         // A client given, not a transport: it may follow redirects itself.
         let client_given = self.client.is_some() && self.transport.is_none();
-        let client = match self.client {
+        #[cfg(feature = "config")]
+        let file_client = match self.file_client {
+            Some(_) if self.client.is_some() || self.transport.is_some() => {
+                return Err(ConfigError::new(
+                    "client",
+                    "the file's [client] timeouts are for the client it makes: \
+                     set them on the client or transport given instead",
+                ));
+            }
+            file_client => file_client,
+        };
+        #[cfg(not(feature = "config"))]
+        let file_client = None;
+        let client = match self.client.or(file_client) {
             Some(client) => client,
             None => default_client()?,
         };

@@ -83,6 +83,10 @@
 //!   that takes nothing of its answer for [`ProxyBuilder::send_timeout`]
 //!   is disconnected, and its vendor call ends. Nothing is forwarded for
 //!   them, and every other connection is served as before.
+//! - **A client that goes away** ends its request where it is: one queued
+//!   leaves its lane, a vendor call ends. Closing only its sending side is
+//!   going away too (hyper reads it so): such a client gets no answer, and
+//!   spends no quota once it is gone.
 //! - **Stopping:** [`Proxy::serve_until`] closes the listener and lets each
 //!   connection finish the request it serves; bound it, then shut the
 //!   shaper down for what still waits.

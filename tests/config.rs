@@ -683,6 +683,10 @@ async fn the_proxy_settings_are_named_as_the_file_names_them() {
             "proxy.body_read_timeout",
         ),
         (with_proxy(r#"send_timeout = "61m""#), "proxy.send_timeout"),
+        (
+            with_proxy(r#"header_read_timeout = "999us""#),
+            "proxy.header_read_timeout",
+        ),
     ] {
         let config = ShaperConfig::from_toml(&text).unwrap();
         let shaper = config.build().unwrap();

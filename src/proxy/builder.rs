@@ -45,6 +45,8 @@ const REPLAY_BODY: usize = 4 << 20;
 /// The longest a client may be given to send a request's head, to leave
 /// its body silent, or to take nothing of its answer.
 const MOST_READ_TIMEOUT: Duration = Duration::from_secs(3600);
+/// The shortest: a timer's tick (a shorter one cuts every client off).
+const LEAST_READ_TIMEOUT: Duration = Duration::from_millis(1);
 /// hyper's least buffer for a request's head.
 const LEAST_HEADER_BYTES: usize = 8192;
 
@@ -170,15 +172,16 @@ impl ProxyBuilder {
     }
 
     /// How long a client may take to send a request's head (default
-    /// 10 s, at most 1 h): a slower one is disconnected, and holds nothing meanwhile.
+    /// 10 s; from 1 ms to 1 h): a slower one is disconnected, and holds
+    /// nothing meanwhile.
     pub fn header_read_timeout(mut self, timeout: Duration) -> Self {
         self.limits.header_read_timeout = timeout;
         self
     }
 
     /// How long a client may leave its request body silent, between two
-    /// reads (default 60 s, as nginx's `client_body_timeout`; at most
-    /// 1 h). A client that stalls mid-body gets 408 and its connection
+    /// reads (default 60 s, as nginx's `client_body_timeout`; from 1 ms
+    /// to 1 h). A client that stalls mid-body gets 408 and its connection
     /// closes; a body streaming to the vendor is cut there, so the vendor
     /// call ends and frees its in-flight slot. The time the vendor takes
     /// to accept what was read does not count.
@@ -188,7 +191,7 @@ impl ProxyBuilder {
     }
 
     /// How long a client may take nothing of its answer, between two
-    /// writes (default 60 s, as nginx's `send_timeout`; at most 1 h): a
+    /// writes (default 60 s, as nginx's `send_timeout`; from 1 ms to 1 h): a
     /// client that stops reading is disconnected there, and its vendor
     /// call ends, freeing its in-flight slot. An answer is read from the
     /// vendor only as fast as the client takes it, so such a client would
@@ -206,12 +209,12 @@ impl ProxyBuilder {
             ("body_read_timeout", self.limits.body_read_timeout),
             ("send_timeout", self.limits.send_timeout),
         ] {
-            if timeout.is_zero() || timeout > MOST_READ_TIMEOUT {
-                // A timer adds the timeout to the clock's now: a bound
-                // keeps that sum from overflowing.
+            // A timer adds the timeout to the clock's now: a bound keeps
+            // that sum from overflowing.
+            if !(LEAST_READ_TIMEOUT..=MOST_READ_TIMEOUT).contains(&timeout) {
                 return Err(ConfigError::new(
                     field,
-                    "must be longer than zero and at most 1h",
+                    format!("{timeout:?} is not between 1ms and 1h"),
                 ));
             }
         }
@@ -229,7 +232,7 @@ impl ProxyBuilder {
     /// name no upstream has, a default cost more than the shaper's quotas
     /// take of one request to its upstream, a base that is
     /// not an `http(s)` URL with a host (or has a query or fragment), a
-    /// zero read timeout or one over 1 h, or a head limit under 8 KiB.
+    /// timeout under 1 ms or over 1 h, or a head limit under 8 KiB.
     pub fn build(self) -> Result<Proxy, ConfigError> {
         if let Some(error) = self.refused {
             return Err(error);

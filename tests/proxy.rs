@@ -31,6 +31,16 @@ fn proxy_of(shaper: Shaper, name: &str, base: &str) -> ProxyBuilder {
     Proxy::builder(shaper).upstream(name, base)
 }
 
+/// A shaper far below its rate that lets one request be in flight at a
+/// time: a test sees whether a call still holds the slot.
+fn one_in_flight() -> Shaper {
+    Shaper::builder()
+        .rate(100, SECOND)
+        .max_in_flight(1)
+        .build()
+        .unwrap()
+}
+
 /// A wiremock vendor answering 200 to everything.
 async fn answering_ok() -> MockServer {
     let server = MockServer::start().await;
@@ -486,11 +496,7 @@ async fn a_stream_holds_its_slot_until_the_client_goes() {
             });
         }
     });
-    let shaper = Shaper::builder()
-        .rate(100, SECOND)
-        .max_in_flight(1)
-        .build()
-        .unwrap();
+    let shaper = one_in_flight();
     let address = serve(proxy_of(shaper, "sse", &base)).await;
     let arrived = || arrivals.load(std::sync::atomic::Ordering::SeqCst);
 
@@ -730,11 +736,7 @@ async fn a_client_that_stalls_its_body_gets_408_and_frees_its_slot() {
             });
         }
     });
-    let shaper = Shaper::builder()
-        .rate(100, SECOND)
-        .max_in_flight(1)
-        .build()
-        .unwrap();
+    let shaper = one_in_flight();
     let proxy = proxy_of(shaper, "up", &base)
         .replay_body(1_000)
         .body_read_timeout(IDLE);
@@ -835,11 +837,7 @@ async fn a_client_that_stops_reading_is_cut_off_and_frees_its_slot() {
             });
         }
     });
-    let shaper = Shaper::builder()
-        .rate(100, SECOND)
-        .max_in_flight(1)
-        .build()
-        .unwrap();
+    let shaper = one_in_flight();
     let proxy = proxy_of(shaper, "up", &base).send_timeout(Duration::from_millis(300));
     let address = serve(proxy).await;
 

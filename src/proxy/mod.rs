@@ -83,6 +83,11 @@
 //!   that takes nothing of its answer for [`ProxyBuilder::send_timeout`]
 //!   is disconnected, and its vendor call ends. Nothing is forwarded for
 //!   them, and every other connection is served as before.
+//! - **The vendor's timeouts** are those of the shaper's client. With
+//!   none (reqwest's default) a vendor that never answers holds its call,
+//!   and its in-flight slot, until the client goes: give the shaper a
+//!   client with `connect_timeout` and `read_timeout` (in a file, the
+//!   `[client]` table), longer than the vendor's slowest answer.
 //! - **A client that goes away** ends its request where it is: one queued
 //!   leaves its lane, a vendor call ends. Closing only its sending side is
 //!   going away too (hyper reads it so): such a client gets no answer, and

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod nginx;
+pub mod proxy;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -1,8 +1,9 @@
 //! The proxy against clients that misbehave: a head too large or too
 //! slow, a body cut off or left silent, a client that goes or stops
-//! reading its answer. Each gets a status or a closed connection, frees
-//! what it held (its vendor call, its lane's in-flight slot), and every
-//! other client is served as before. Raw TCP clients and upstreams, real
+//! reading its answer; and a vendor that switches protocols unasked. Each
+//! gets a status or a closed connection, frees what it held (its vendor
+//! call, its lane's in-flight slot), and every other client is served as
+//! before. Raw TCP clients and upstreams, real
 //! time: the timeouts are the proxy's clock.
 
 mod common;
@@ -299,4 +300,49 @@ async fn a_client_that_stops_reading_is_cut_off_and_frees_its_slot() {
         .await
         .expect("the connection is closed")
         .ok();
+}
+
+/// A vendor that answers `101 Switching Protocols` to a request that
+/// asked for no upgrade (the proxy forwards none: `Upgrade` is
+/// hop-by-hop) gets its client a 502 saying so, not a 101 that leaves the
+/// client's connection in a protocol neither side speaks; the proxy goes
+/// on serving the same client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vendor_that_switches_protocols_unasked_is_a_bad_gateway() {
+    let upstream = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", upstream.local_addr().unwrap());
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = upstream.accept().await.unwrap();
+            tokio::spawn(async move {
+                let mut request = vec![0; 4096];
+                let n = stream.read(&mut request).await.unwrap();
+                let answer: &[u8] = if request[..n].starts_with(b"GET /switch") {
+                    b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n"
+                } else {
+                    b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+                };
+                stream.write_all(answer).await.unwrap();
+            });
+        }
+    });
+    let shaper = Shaper::builder().rate(100, SECOND).build().unwrap();
+    let address = serve(proxy_of(shaper, "up", &base)).await;
+    let client = reqwest::Client::new();
+    let switched = client
+        .get(format!("http://{address}/up/switch"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(switched.status(), 502);
+    assert_eq!(
+        switched.headers()["x-callshaper-reason"],
+        "vendor_switched_protocols"
+    );
+    let next = client
+        .get(format!("http://{address}/up/next"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(next.status(), 200);
 }

@@ -19,8 +19,19 @@ pub(super) const REASON: &str = "x-callshaper-reason";
 
 /// The vendor's answer from the upstream `name` at `base`, hop-by-hop
 /// headers aside, a redirect under the base kept under the proxy (see
-/// [`relocated`]), its body relayed.
+/// [`relocated`]), its body relayed. A `101 Switching Protocols` is 502:
+/// the proxy asks for no upgrade (`Upgrade` is hop-by-hop), so a vendor
+/// switching anyway answered what no client can follow, and relayed it
+/// would leave the client's connection in a protocol neither side speaks.
 pub(super) fn vendor(response: reqwest::Response, name: &str, base: &Url) -> Response<ProxyBody> {
+    if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+        return own(
+            StatusCode::BAD_GATEWAY,
+            "vendor_switched_protocols",
+            "the vendor answered 101 Switching Protocols to a request that asked for no upgrade",
+            None,
+        );
+    }
     let location = response
         .headers()
         .get(header::LOCATION)

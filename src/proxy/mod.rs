@@ -51,7 +51,9 @@
 //!   ([`TokenCost`](crate::tokens::TokenCost)) is charged what its clients'
 //!   calls use, read from the answers as they pass, streams included.
 //! - **The vendor's answer** reaches the client as the vendor sent it
-//!   (status, headers, body), hop-by-hop headers aside; the body streams
+//!   (status, headers, body), hop-by-hop headers aside (a `101 Switching
+//!   Protocols` no request asked for is a 502: the proxy forwards no
+//!   upgrade); the body streams
 //!   chunk by chunk as it arrives, so server-sent events pass through one
 //!   by one. A request holds its lane's `max_in_flight` slot until that
 //!   body's last byte, and a client that goes away mid-stream ends the

@@ -53,11 +53,11 @@
 //! - **The vendor's answer** reaches the client as the vendor sent it
 //!   (status, headers, body), hop-by-hop headers aside (a `101 Switching
 //!   Protocols` no request asked for is a 502: the proxy forwards no
-//!   upgrade); the body streams
-//!   chunk by chunk as it arrives, so server-sent events pass through one
-//!   by one. A request holds its lane's `max_in_flight` slot until that
-//!   body's last byte, and a client that goes away mid-stream ends the
-//!   upstream call and frees the slot, even while the vendor is silent.
+//!   upgrade); the body streams chunk by chunk as it arrives, so
+//!   server-sent events pass through one by one. A request holds its
+//!   lane's `max_in_flight` slot until that body's last byte, and a client
+//!   that goes away mid-stream ends the upstream call and frees the slot,
+//!   even while the vendor is silent.
 //! - **A redirect** is relayed, not followed: the client follows it, and
 //!   that hop takes its turn like any request. A `Location` under the
 //!   upstream's base (absolute or relative) becomes the same path under

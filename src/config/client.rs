@@ -3,9 +3,11 @@
 
 use std::time::Duration;
 
+use reqwest::ClientBuilder;
 use serde::Deserialize;
 
 use crate::error::ConfigError;
+use crate::shaper::own_client;
 use crate::time::human;
 
 /// The timeouts of the client a file's shaper sends through, as the file
@@ -47,14 +49,22 @@ const MOST: Duration = Duration::from_secs(86_400);
 const LEAST: Duration = Duration::from_millis(1);
 
 impl ClientConfig {
-    /// The client: as a shaper's own (redirects are the shaper's to
-    /// follow), with these timeouts.
+    /// The client: as a shaper makes its own, with these timeouts.
     pub(super) fn client(&self) -> Result<reqwest::Client, ConfigError> {
-        let mut client = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none());
-        for (field, timeout) in [
-            ("connect_timeout", self.connect_timeout),
-            ("read_timeout", self.read_timeout),
-            ("timeout", self.timeout),
+        type Set = fn(ClientBuilder, Duration) -> ClientBuilder;
+        let mut client = own_client();
+        for (field, timeout, set) in [
+            (
+                "connect_timeout",
+                self.connect_timeout,
+                ClientBuilder::connect_timeout as Set,
+            ),
+            (
+                "read_timeout",
+                self.read_timeout,
+                ClientBuilder::read_timeout,
+            ),
+            ("timeout", self.timeout, ClientBuilder::timeout),
         ] {
             let Some(timeout) = timeout else {
                 continue;
@@ -65,11 +75,7 @@ impl ClientConfig {
                     format!("{timeout:?} is not between 1ms and 1d"),
                 ));
             }
-            client = match field {
-                "connect_timeout" => client.connect_timeout(timeout),
-                "read_timeout" => client.read_timeout(timeout),
-                _ => client.timeout(timeout),
-            };
+            client = set(client, timeout);
         }
         client
             .build()

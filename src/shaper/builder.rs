@@ -555,15 +555,16 @@ fn check_retry(retry: &RetryPolicy) -> Result<(), ConfigError> {
 fn default_client() -> Result<reqwest::Client, ConfigError> {
     static DEFAULT: OnceLock<Result<reqwest::Client, String>> = OnceLock::new();
     DEFAULT
-        .get_or_init(|| {
-            reqwest::Client::builder()
-                // Each hop takes a turn: the shaper follows redirects.
-                .redirect(reqwest::redirect::Policy::none())
-                .build()
-                .map_err(|e| e.to_string())
-        })
+        .get_or_init(|| own_client().build().map_err(|e| e.to_string()))
         .clone()
         .map_err(|problem| ConfigError::new("client", problem))
+}
+
+/// A client the shaper makes for itself (its default one, a config
+/// file's): reqwest's defaults, but for redirects, which the shaper
+/// follows itself so that each hop takes a turn.
+pub(crate) fn own_client() -> reqwest::ClientBuilder {
+    reqwest::Client::builder().redirect(reqwest::redirect::Policy::none())
 }
 
 impl fmt::Debug for ShaperBuilder {

@@ -39,6 +39,8 @@ mod transport;
 mod usage;
 
 pub use self::builder::ShaperBuilder;
+#[cfg(feature = "config")]
+pub(crate) use self::builder::own_client;
 pub use self::call::MaxWait;
 pub use self::request::{RequestBuilder, RequestOptions};
 pub use self::settle::Settle;

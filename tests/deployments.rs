@@ -4,8 +4,9 @@
 //! Every server is a real `redis-server` the test starts on a free
 //! loopback port; the certificates are made with `openssl` at test time.
 //!
-//! `scripts/test` also runs `tests/fleet.rs` and `tests/fleet_faults.rs`
-//! over TLS (`CALLSHAPER_TEST_REDIS=tls`), with the same bounds.
+//! `scripts/test` also runs the fleet suites (`tests/fleet.rs`,
+//! `fleet_outages.rs`, `fleet_faults.rs`, `fleet_vendors.rs`) over TLS
+//! (`CALLSHAPER_TEST_REDIS=tls`), with the same bounds.
 
 mod common;
 

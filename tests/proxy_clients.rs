@@ -121,22 +121,12 @@ async fn a_stream_holds_its_slot_until_the_client_goes() {
     assert_eq!(arrived(), 2);
 }
 
-/// A client that leaves its request body silent past the body read
-/// timeout gets 408 and its connection closes, as nginx's
-/// `client_body_timeout` answers: a body kept whole never reaches the
-/// vendor; one streaming to it is cut there, so the vendor call ends and
-/// frees its in-flight slot for the next client; a streaming body the
-/// client ends early gets 400, as a kept one does. Real time: the timeout
-/// is the proxy's clock, started as it reads (a moment before the client
-/// starts its own), so the cut is held only to come late, not at once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_that_stalls_its_body_gets_408_and_frees_its_slot() {
-    const IDLE: Duration = Duration::from_millis(300);
+/// A raw vendor that answers each whole request at once, and tells how
+/// much of a body it had when the proxy closed a call mid-body.
+async fn body_counting_vendor() -> (String, tokio::sync::mpsc::Receiver<usize>) {
     let upstream = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", upstream.local_addr().unwrap());
-    let (cut, mut upstream_cut) = tokio::sync::mpsc::channel::<usize>(4);
-    // Answers a whole request at once; tells how much of a body it had
-    // when the proxy closed a call mid-body.
+    let (cut, upstream_cut) = tokio::sync::mpsc::channel::<usize>(4);
     tokio::spawn(async move {
         loop {
             let (mut stream, _) = upstream.accept().await.unwrap();
@@ -169,44 +159,55 @@ async fn a_client_that_stalls_its_body_gets_408_and_frees_its_slot() {
             });
         }
     });
-    let shaper = one_in_flight();
-    let proxy = proxy_of(shaper, "up", &base)
+    (base, upstream_cut)
+}
+
+/// A raw client of the proxy at `address` that sends `sent` bytes of a
+/// body of `length`, then nothing (or ends it there, when `cut`): the
+/// proxy's answer as the connection closed, and how long that took.
+async fn stalled(address: &str, length: usize, sent: usize, cut: bool) -> (String, Duration) {
+    let mut client = TcpStream::connect(address).await.unwrap();
+    let head = format!("POST /up/x HTTP/1.1\r\nhost: a\r\ncontent-length: {length}\r\n\r\n");
+    client.write_all(head.as_bytes()).await.unwrap();
+    client.write_all(&vec![b'x'; sent]).await.unwrap();
+    if cut {
+        client.shutdown().await.unwrap();
+    }
+    let started = std::time::Instant::now();
+    let mut answer = Vec::new();
+    tokio::time::timeout(10 * SECOND, client.read_to_end(&mut answer))
+        .await
+        .expect("the proxy closes the connection")
+        .unwrap();
+    (
+        String::from_utf8_lossy(&answer).into_owned(),
+        started.elapsed(),
+    )
+}
+
+/// A client that leaves its request body silent past the body read
+/// timeout gets 408 and its connection closes, as nginx's
+/// `client_body_timeout` answers: a body kept whole never reaches the
+/// vendor; one streaming to it is cut there, so the vendor call ends and
+/// frees its in-flight slot for the next client; a streaming body the
+/// client ends early gets 400, as a kept one does. Real time: the timeout
+/// is the proxy's clock, started as it reads (a moment before the client
+/// starts its own), so the cut is held only to come late, not at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stalls_its_body_gets_408_and_frees_its_slot() {
+    const IDLE: Duration = Duration::from_millis(300);
+    let (base, mut upstream_cut) = body_counting_vendor().await;
+    let proxy = proxy_of(one_in_flight(), "up", &base)
         .replay_body(1_000)
         .body_read_timeout(IDLE);
     let address = serve(proxy).await;
-    // Sends `sent` of a body of `length`, then nothing (or ends it there,
-    // when `cut`): the proxy's answer as the connection closed, and how
-    // long that took.
-    let stalled = |length: usize, sent: usize, cut: bool| {
-        let address = address.clone();
-        async move {
-            let mut client = TcpStream::connect(&address).await.unwrap();
-            let head =
-                format!("POST /up/x HTTP/1.1\r\nhost: a\r\ncontent-length: {length}\r\n\r\n");
-            client.write_all(head.as_bytes()).await.unwrap();
-            client.write_all(&vec![b'x'; sent]).await.unwrap();
-            if cut {
-                client.shutdown().await.unwrap();
-            }
-            let started = std::time::Instant::now();
-            let mut answer = Vec::new();
-            tokio::time::timeout(10 * SECOND, client.read_to_end(&mut answer))
-                .await
-                .expect("the proxy closes the connection")
-                .unwrap();
-            (
-                String::from_utf8_lossy(&answer).into_owned(),
-                started.elapsed(),
-            )
-        }
-    };
 
-    let (answer, took) = stalled(100, 10, false).await;
+    let (answer, took) = stalled(&address, 100, 10, false).await;
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(answer.contains("body_stalled"), "{answer}");
     assert!(took >= IDLE / 2, "cut after {took:?}, not at once");
 
-    let (answer, took) = stalled(100_000, 5_000, false).await;
+    let (answer, took) = stalled(&address, 100_000, 5_000, false).await;
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(took >= IDLE / 2, "cut after {took:?}, not at once");
     let had = tokio::time::timeout(10 * SECOND, upstream_cut.recv())
@@ -232,7 +233,7 @@ async fn a_client_that_stalls_its_body_gets_408_and_frees_its_slot() {
 
     // A streaming body the client ends early is the client's fault too:
     // 400, as for a body kept whole, not the vendor's 502.
-    let (answer, _) = stalled(100_000, 5_000, true).await;
+    let (answer, _) = stalled(&address, 100_000, 5_000, true).await;
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
     assert!(answer.contains("body_cut_off"), "{answer}");
 }

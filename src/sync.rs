@@ -30,8 +30,9 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 ///   held ([`FIRST_PAUSE`]), and the pauses add up to about a thousand
 ///   before the thread sleeps (9 µs on the cores these figures come from,
 ///   where a pause takes 9 ns). Tried after one pause, then two, and so
-///   on to 255 in all, 64 tasks on one lane took 120-137 ns a permit;
-///   after eight, 94-101 ns.
+///   on to 255 in all, 64 tasks on one lane took 120-137 ns a permit in
+///   a plain loop of 2 million, and 345-398 ns in `--bench permits`;
+///   after eight, 94-101 and 214-220 ns.
 pub(crate) fn lock_briefly<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     for round in 0..TRIES {
         match mutex.try_lock() {

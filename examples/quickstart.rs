@@ -19,7 +19,11 @@ use callshaper::testing::{Arrival, RetryAfter, Vendor};
 const QUOTA: u32 = 10;
 const BURST: usize = 50;
 
-#[tokio::main]
+// One thread: tasks are first polled in the order they were spawned, so
+// the calls join the lane's FIFO queue in the order of their numbers, and
+// the vendor's log shows them in that order. On several threads they join
+// in whatever order the threads reach them, FIFO all the same.
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "callshaper quickstart: {BURST} calls from {BURST} tasks at a vendor allowing {QUOTA} per second\n"

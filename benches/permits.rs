@@ -34,7 +34,8 @@ static GLOBAL: memory::Counting = memory::Counting;
 /// it measures is leaky-bucket refilling, as it does once it has run a
 /// while. At 200,000 permits it never refilled and its figure was its
 /// starting balance alone: 71-88 ns a permit with 64 tasks on one
-/// limiter, 130-167 ns at 2 million.
+/// limiter, 130-167 ns at 2 million (both counted by one heap counter
+/// for every thread, before `memory.rs` kept one per thread).
 const PERMITS: usize = 2_000_000;
 const QUEUED: usize = 10_000;
 /// Fast enough that no limiter ever has to wait: what is left is overhead.

@@ -198,11 +198,11 @@ impl Lane {
                     door: door.shut(now),
                 })
             });
+            shared.count_release();
             // Stamped once, by the first gate's meters, for the lane too.
             let stamp = meters.first().map(|m| m.last_release());
             Some((charged, stamp, strict))
         })?;
-        shared.released.fetch_add(1, Ordering::Relaxed);
         shared.active(stamp.unwrap_or_else(|| Stamp::of(charged_at)));
         shared.metrics().released();
         Some(Turn {

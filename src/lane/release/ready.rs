@@ -3,7 +3,6 @@
 //! hand the head its turn (or end everyone waiting).
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use tokio::sync::{OwnedSemaphorePermit, oneshot};
 use tokio::time::Instant;
@@ -108,7 +107,7 @@ impl<'a> Ready<'a> {
         let shared = self.shared;
         if handed {
             shared.count_out();
-            shared.released.fetch_add(1, Ordering::Relaxed);
+            shared.count_release();
             shared.active(Stamp::of(now));
             shared.metrics().released();
             self.queue.handed(taken.class, taken.batch_waited);

@@ -144,16 +144,14 @@ impl Lane {
     /// Wait for this caller's turn, in FIFO order, under the policy's
     /// `max_wait`, for a request of cost 1.
     pub async fn acquire(&self) -> Result<Turn, Error> {
-        let mut place = match self.acquiring() {
+        let mut place = match self.turn_now(1) {
             // Taken at the door, with no strict door to wait at: nothing
             // to await.
-            Ok(Ok(turn)) if turn.strict.is_none() => return Ok(turn),
-            Ok(Ok(turn)) => Place::ready(turn),
-            Ok(Err(place)) => place,
-            Err(error) => {
-                self.ended(error.reason());
-                return Err(error);
-            }
+            Some(turn) if turn.strict.is_none() => return Ok(turn),
+            Some(turn) => Place::ready(turn),
+            None => self
+                .take_place()
+                .inspect_err(|error| self.ended(error.reason()))?,
         };
         let mut turn = self
             .wait(&mut place)
@@ -166,19 +164,16 @@ impl Lane {
         Ok(turn)
     }
 
-    /// [`acquire`](Self::acquire)'s turn at once when nobody waits, else
-    /// its place in the queue. A turn taken at once needs no place: nothing
+    /// [`acquire`](Self::acquire)'s place in the queue, when its turn was
+    /// not free at once. A turn taken at once needs no place: nothing
     /// sends its request again, so nothing keeps its number. One that
     /// queues is not tried at once a second time, as `enter_at` would.
-    fn acquiring(&self) -> Result<Result<Turn, Place>, Error> {
-        if let Some(turn) = self.turn_now(1) {
-            return Ok(Ok(turn));
-        }
+    fn take_place(&self) -> Result<Place, Error> {
         self.admits(1)?;
         let max_wait = self.shared.road.policy.max_wait;
         let mut place = self.numbered(None, 1, Priority::Interactive, max_wait)?;
         self.join(&mut place)?;
-        Ok(Err(place))
+        Ok(place)
     }
 
     /// Hand the dispatcher a ticket already counted in `waiting`, starting

@@ -201,9 +201,9 @@ impl Shared {
 
     /// One more turn released. Called only with the lane's meters locked
     /// (the fast path, a local dispatcher), or by the one dispatcher of a
-    /// lane on a store, which has no fast path: its releases are counted
-    /// one at a time, so a load and a store count them: a locked add took
-    /// about 4 ns of a permit's 72 in a plain loop on one task.
+    /// lane on a store, which has no fast path. Its releases are counted
+    /// one at a time, so a load and a store count them, where a locked
+    /// add took about 4 ns of a permit's 72 (a plain loop on one task).
     pub(super) fn count_release(&self) {
         let released = self.released.load(Ordering::Relaxed);
         self.released

@@ -9,7 +9,6 @@
 //! burst-capable meter predicts a burst, a leaky bucket a trickle.
 
 use std::sync::MutexGuard;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -86,7 +85,7 @@ impl Lane {
                 Some(Box::new((later(now, max_wait), max_wait)))
             }
         };
-        let seq = seq.unwrap_or_else(|| shared.next_seq.fetch_add(1, Ordering::Relaxed));
+        let seq = seq.unwrap_or_else(|| shared.next_seq());
         Ok(Place {
             seq,
             cost,

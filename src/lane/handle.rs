@@ -85,19 +85,21 @@ impl Lane {
         let key: Arc<str> = key.into().into();
         let series = Series::new(Labels::standalone(&key), None);
         let road = Road::new(Some(key), series, (Arc::new(policy), vendor), (None, None));
-        Ok(Self::open(Arc::new(road), [own], None))
+        Ok(Self::open(Arc::new(road), [own], None, 0))
     }
 
     /// A lane on `road` (its policy already validated), named by the
     /// road's prefix and its gates' keys, releasing through `gates`
     /// (narrowest first, the vendor's last, whose model is the road's), by
     /// the store's reservations when it has a `remote`, else by the gates'
-    /// meters. No task runs for it until a request must wait; the road
+    /// meters; `listed` in its owner's map of lanes under that hash of its
+    /// name. No task runs for it until a request must wait; the road
     /// hears each one stop.
     pub(crate) fn open(
         road: Arc<Road>,
         gates: impl IntoIterator<Item = Arc<Gate>>,
         remote: Option<Arc<Remote>>,
+        listed: u64,
     ) -> Self {
         let shared = Arc::new(Shared {
             gates: gates.into_iter().collect(),
@@ -107,7 +109,7 @@ impl Lane {
                     .map(|n| Arc::new(Semaphore::new(n.min(Semaphore::MAX_PERMITS)))),
                 remote,
             ),
-            next_seq: AtomicU64::new(0),
+            listed,
             released: AtomicU64::new(0),
             waiting: Waiting::default(),
             road,
@@ -128,6 +130,11 @@ impl Lane {
     /// where it is shown.
     pub(crate) fn name(&self) -> LaneName<'_> {
         self.shared.name()
+    }
+
+    /// The hash of its name it was made with, for its owner's map of lanes.
+    pub(crate) fn listed(&self) -> u64 {
+        self.shared.listed
     }
 
     /// The lane's policy.
@@ -534,7 +541,7 @@ impl Lane {
         };
         if let Some(tickets) = &*door {
             let (turn, _) = oneshot::channel();
-            let seq = self.shared.next_seq.fetch_add(1, Ordering::Relaxed);
+            let seq = self.shared.next_seq();
             let _ = tickets.try_send(Ticket {
                 seq,
                 cost: 0,

@@ -24,6 +24,16 @@ use crate::sync::lock;
 use crate::time::{AtomicTick, Stamp};
 use crate::vendor::VendorModel;
 
+/// The counters places in lanes' queues are numbered from, each on a
+/// cache line of its own, a lane drawing from the one its address picks:
+/// a lane needs its numbers in the order its requests came, not a
+/// counter of its own (8 bytes of every tenant's lane), and lanes on
+/// other cores seldom draw from the same one.
+static NUMBERS: [Numbers; 64] = [const { Numbers(AtomicU64::new(0)) }; 64];
+
+#[repr(align(64))]
+struct Numbers(AtomicU64);
+
 /// Where tickets go while a dispatcher runs; `None` while none does.
 /// Tickets are sent, and a dispatcher starts and retires, under its lock,
 /// so none is sent to one that is leaving. A mutex, not a read-write lock:
@@ -38,7 +48,10 @@ pub(super) struct Shared {
     /// is the vendor's. A standalone [`Lane`] has one of its own; a
     /// shaper's lane holds the shared gate of each of its levels.
     pub(super) gates: Gates,
-    pub(super) next_seq: AtomicU64,
+    /// Its name's hash in its owner's map of lanes, which places it again
+    /// by it as its table grows: kept here, where the map's slot would
+    /// take 8 bytes more (0 for a standalone lane, which no map holds).
+    pub(super) listed: u64,
     /// Turns released: counted by [`count_release`](Self::count_release)
     /// alone.
     pub(super) released: AtomicU64,
@@ -171,6 +184,14 @@ impl Shared {
     /// holds it, and leaves the gate's queue as it goes).
     pub(super) fn id(&self) -> u64 {
         std::ptr::from_ref(self).addr() as u64
+    }
+
+    /// The next number of a place in its queue: higher than every number
+    /// it gave before (a 64-bit count, never wrapping).
+    pub(super) fn next_seq(&self) -> u64 {
+        // A lane's block is 16-byte aligned; its lowest bits say nothing.
+        let at = (self.id() >> 4) as usize % NUMBERS.len();
+        NUMBERS[at].0.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Its name: its owner's map of lanes finds it by it, and keeps no

@@ -249,7 +249,7 @@ async fn a_lane_alone_does_not_share_its_gate_with_its_vendor_model() {
     let series = Series::new(Labels::standalone("twin"), None);
     let behaves = (Arc::new(policy()), shared.vendor().clone());
     let road = Road::new(Some("twin".into()), series, behaves, (None, None));
-    let twin = Lane::open(Arc::new(road), shared.gates.to_vec(), None);
+    let twin = Lane::open(Arc::new(road), shared.gates.to_vec(), None, 0);
     assert!(shared.is_shared(&shared.gates[0]));
     assert!(twin.shared.is_shared(&twin.shared.gates[0]));
 }
@@ -272,7 +272,7 @@ async fn a_lane_goes_while_another_road_or_lane_keeps_its_vendors_count() {
     let behaves = (Arc::new(policy()), a.shared.vendor().clone());
     let series = Series::new(Labels::standalone("b"), None);
     let other = Arc::new(Road::new(Some("b".into()), series, behaves, (None, None)));
-    let b = Lane::open(other, gates(), None);
+    let b = Lane::open(other, gates(), None, 0);
     let now = Instant::now();
     let leaves = |lane: &Lane, going: &Going| lane.can_leave(now, Leaving::Resting, going);
 
@@ -284,7 +284,7 @@ async fn a_lane_goes_while_another_road_or_lane_keeps_its_vendors_count() {
 
     // A second lane on a's road: a goes while it stays; once both go, the
     // other road alone keeps the count.
-    let twin = Lane::open(a.shared.road.clone(), gates(), None);
+    let twin = Lane::open(a.shared.road.clone(), gates(), None, 0);
     let mut going = Going::default();
     assert!(leaves(&a, &going));
     a.goes(&mut going);
@@ -328,7 +328,7 @@ async fn a_snapshot_holds_no_meters_while_it_waits_for_the_store() {
     let series = Series::new(Labels::standalone("vendor"), None);
     let behaves = (Arc::new(policy()), lane.shared.vendor().clone());
     let road = Road::new(None, series, behaves, (None, None));
-    let linked = Lane::open(Arc::new(road), [gate.clone()], Some(remote.clone()));
+    let linked = Lane::open(Arc::new(road), [gate.clone()], Some(remote.clone()), 0);
 
     let state = remote.hold_state();
     let snapshot = std::thread::spawn(move || linked.snapshot().store);
@@ -449,7 +449,9 @@ async fn no_ticket_is_lost_to_a_retiring_dispatcher() {
 /// two gates in place in 16 bytes (`lane/gates.rs`), its rare ties, its
 /// dispatcher's door and its throttles in one box made when first
 /// needed, its waiting count and closed flag in one word, beside its last
-/// release to the millisecond, and its identity its address
+/// release to the millisecond, its identity its address, its places
+/// numbered from counters lanes share, and its name's hash kept for its
+/// owner's map of lanes, whose slot is then 8 bytes, not 16
 /// (`lane/shared.rs`): 56 bytes, where it took 152 and a name of its own
 /// (a block of 80 bytes from the allocator with its counts, 96 at 72
 /// bytes). A field that grows it shows here first.

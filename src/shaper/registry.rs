@@ -304,18 +304,21 @@ impl Registry {
             .iter()
             .map(|&(start, end)| &name[start..end])
             .collect();
-        self.lanes
-            .open(&hashed, || self.make_lane(&name, route, &levels, &keys))
+        self.lanes.open(&hashed, |listed| {
+            self.make_lane(&name, route, &levels, &keys, listed)
+        })
     }
 
     /// A new lane `name` for `levels`, named by `keys` in each (the
-    /// vendor's last), on `route`.
+    /// vendor's last), on `route`, `listed` in the map of lanes under that
+    /// hash of its name.
     fn make_lane(
         &self,
         name: &str,
         route: Option<&Route>,
         levels: &[&Level],
         keys: &[&str],
+        listed: u64,
     ) -> Lane {
         // `lane_for` made sure there is a level, and a key for each.
         let (vendor_level, vendor_key) = (levels[levels.len() - 1], keys[keys.len() - 1]);
@@ -361,7 +364,7 @@ impl Registry {
             let link = store.link(shared.to_vec(), keys, &quotas, headroom, failure, metrics);
             Arc::new(link)
         });
-        Lane::open(road, shared, remote)
+        Lane::open(road, shared, remote, listed)
     }
 
     /// How the lanes of `route` behave: the shaper's policy, with the

@@ -66,7 +66,8 @@ pub(crate) type Names<K, V> = HashMap<K, V, foldhash::quality::RandomState>;
 /// asks it to place the entry again as it grows or shrinks.
 pub(crate) trait Rehash {
     /// Its name's hash by `seed`, as [`Sharded::hashed`] reckons it (or as
-    /// it was reckoned when the entry went in, if the entry keeps it).
+    /// it was reckoned when the entry went in, if it keeps it, or what it
+    /// holds does).
     fn name_hash(&self, seed: &foldhash::quality::RandomState) -> u64;
 }
 

@@ -39,9 +39,10 @@ impl Lane {
 
     /// Join the back of the queue, at the place numbered `seq` when given
     /// (a request a layer above sends again keeps the place it had, ahead
-    /// of everything submitted after it): refused at once when the cost
-    /// can never fit, when the queue is full, or when the predicted wait
-    /// is past `max_wait`.
+    /// of everything submitted after it, unless it had it in a lane of
+    /// this name that went since: see `Shared::seq_for`): refused at once
+    /// when the cost can never fit, when the queue is full, or when the
+    /// predicted wait is past `max_wait`.
     pub(crate) fn enter_at(
         &self,
         seq: Option<u64>,
@@ -58,9 +59,9 @@ impl Lane {
         Ok(place)
     }
 
-    /// An admitted request's place, numbered `seq` when given (else the
-    /// next number), not yet in the queue: refused when its predicted
-    /// wait is past `max_wait`, which is its deadline.
+    /// An admitted request's place, numbered `seq` when given and this
+    /// lane's (else the next number), not yet in the queue: refused when
+    /// its predicted wait is past `max_wait`, which is its deadline.
     pub(super) fn numbered(
         &self,
         seq: Option<u64>,
@@ -85,7 +86,7 @@ impl Lane {
                 Some(Box::new((later(now, max_wait), max_wait)))
             }
         };
-        let seq = seq.unwrap_or_else(|| shared.next_seq());
+        let seq = shared.seq_for(seq);
         Ok(Place {
             seq,
             cost,

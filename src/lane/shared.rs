@@ -28,8 +28,13 @@ use crate::vendor::VendorModel;
 /// cache line of its own, a lane drawing from the one its address picks:
 /// a lane needs its numbers in the order its requests came, not a
 /// counter of its own (8 bytes of every tenant's lane), and lanes on
-/// other cores seldom draw from the same one.
+/// other cores seldom draw from the same one. A number carries its
+/// counter's index in its low bits ([`COUNTER_BITS`]), so numbers from
+/// two counters never meet.
 static NUMBERS: [Numbers; 64] = [const { Numbers(AtomicU64::new(0)) }; 64];
+
+/// The low bits of a place's number that name its counter.
+const COUNTER_BITS: u32 = NUMBERS.len().trailing_zeros();
 
 #[repr(align(64))]
 struct Numbers(AtomicU64);
@@ -187,11 +192,31 @@ impl Shared {
     }
 
     /// The next number of a place in its queue: higher than every number
-    /// it gave before (a 64-bit count, never wrapping).
+    /// it gave before (2⁵⁸ of them from each counter, centuries of
+    /// requests at a billion a second).
     pub(super) fn next_seq(&self) -> u64 {
+        let at = self.counter();
+        let drawn = NUMBERS[at].0.fetch_add(1, Ordering::Relaxed);
+        (drawn << COUNTER_BITS) | at as u64
+    }
+
+    /// `kept`, the number a request sent again had, where this lane's
+    /// counter gave it; else the next number. A number from another
+    /// counter came from a lane of the same name that went meanwhile: in
+    /// this queue it would sit at random among this lane's numbers, ahead
+    /// of or behind every one, so the request takes its place at the back.
+    pub(super) fn seq_for(&self, kept: Option<u64>) -> u64 {
+        let counter = |seq: u64| (seq % NUMBERS.len() as u64) as usize;
+        match kept {
+            Some(seq) if counter(seq) == self.counter() => seq,
+            _ => self.next_seq(),
+        }
+    }
+
+    /// The index of the counter this lane draws its numbers from.
+    fn counter(&self) -> usize {
         // A lane's block is 16-byte aligned; its lowest bits say nothing.
-        let at = (self.id() >> 4) as usize % NUMBERS.len();
-        NUMBERS[at].0.fetch_add(1, Ordering::Relaxed)
+        (self.id() >> 4) as usize % NUMBERS.len()
     }
 
     /// Its name: its owner's map of lanes finds it by it, and keeps no

@@ -443,6 +443,26 @@ async fn no_ticket_is_lost_to_a_retiring_dispatcher() {
     assert_eq!(lane.snapshot().released, 64 * 50);
 }
 
+/// A request sent again keeps its number where its lane's counter gave
+/// it, and only there: a number from another counter (a lane of its name
+/// that went meanwhile) could equal one of this lane's, or sit ahead of
+/// all of them, so it takes a new one, from this lane's counter, higher
+/// than any before.
+#[tokio::test]
+async fn a_kept_number_stays_only_in_the_lane_that_gave_it() {
+    let lane = Lane::new("t", ten(), policy()).unwrap();
+    let own = lane.shared.next_seq();
+    assert_eq!(lane.shared.seq_for(Some(own)), own, "its own: kept");
+    // The same count from the next counter over.
+    let other = own ^ 1;
+    let renumbered = lane.shared.seq_for(Some(other));
+    assert!(renumbered > own, "{renumbered} after {own}");
+    assert_eq!(renumbered % 64, own % 64, "from this lane's counter");
+    // Other tests' lanes may draw from the same counter meanwhile.
+    let next = lane.shared.seq_for(None);
+    assert!(next > renumbered && next % 64 == own % 64, "{next}");
+}
+
 /// A lane per tenant: its own state is what its requests need of it, and
 /// what the lanes of its route share is their road's, its vendor's model
 /// too (`lane/road.rs`), its name its gates' keys (`lane/name.rs`), its

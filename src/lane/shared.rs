@@ -192,8 +192,8 @@ impl Shared {
     }
 
     /// The next number of a place in its queue: higher than every number
-    /// it gave before (2⁵⁸ of them from each counter, centuries of
-    /// requests at a billion a second).
+    /// it gave before (2⁵⁸ of them from each counter: nine years of a
+    /// billion numbers a second from one counter).
     pub(super) fn next_seq(&self) -> u64 {
         let at = self.counter();
         let drawn = NUMBERS[at].0.fetch_add(1, Ordering::Relaxed);

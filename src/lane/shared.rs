@@ -33,8 +33,15 @@ use crate::vendor::VendorModel;
 /// two counters never meet.
 static NUMBERS: [Numbers; 64] = [const { Numbers(AtomicU64::new(0)) }; 64];
 
-/// The low bits of a place's number that name its counter.
+/// The low bits of a place's number that name its counter: all of an
+/// index, as the counters are a power of two.
 const COUNTER_BITS: u32 = NUMBERS.len().trailing_zeros();
+const _: () = assert!(NUMBERS.len().is_power_of_two());
+
+/// The counter a place's number came from.
+fn counter_of(seq: u64) -> usize {
+    (seq & ((1 << COUNTER_BITS) - 1)) as usize
+}
 
 #[repr(align(64))]
 struct Numbers(AtomicU64);
@@ -206,9 +213,8 @@ impl Shared {
     /// this queue it would sit at random among this lane's numbers, ahead
     /// of or behind every one, so the request takes its place at the back.
     pub(super) fn seq_for(&self, kept: Option<u64>) -> u64 {
-        let counter = |seq: u64| (seq % NUMBERS.len() as u64) as usize;
         match kept {
-            Some(seq) if counter(seq) == self.counter() => seq,
+            Some(seq) if counter_of(seq) == self.counter() => seq,
             _ => self.next_seq(),
         }
     }

@@ -153,6 +153,52 @@ async fn nothing_is_forwarded_elsewhere() {
     assert!(server.received_requests().await.unwrap().is_empty());
 }
 
+/// A path cannot climb out of its upstream's base, however it spells the
+/// climb: a URL parser takes `\` for `/` in an `http` URL and `%2e` for
+/// `.`, HTTP lets a client send both raw, and a vendor may decode `%2f`
+/// or drop a segment's `;` parameters before it routes. Each is refused
+/// with 400, and the vendor hears nothing; a backslash that climbs
+/// nowhere reaches it as written.
+#[tokio::test]
+async fn no_path_climbs_out_of_the_upstreams_base() {
+    let server = MockServer::start().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&server)
+        .await;
+    let shaper = Shaper::builder().rate(100, SECOND).build().unwrap();
+    let base = format!("{}/v1", server.uri());
+    let address = serve(proxy_of(shaper, "v", &base)).await;
+    for climb in [
+        "/v/../admin",
+        "/v/..\\admin",
+        "/v/a\\..\\..\\admin",
+        "/v/%2e%2e\\admin",
+        "/v/x/.%2E\\..\\y",
+        "/v/..%2fadmin",
+        "/v/..;/admin",
+    ] {
+        let mut raw = TcpStream::connect(&address).await.unwrap();
+        let request = format!("GET {climb} HTTP/1.1\r\nhost: proxy\r\nconnection: close\r\n\r\n");
+        raw.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        raw.read_to_string(&mut answer).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 400"), "{climb}: {answer}");
+        assert!(answer.contains("dot_segment"), "{climb}: {answer}");
+    }
+    assert!(server.received_requests().await.unwrap().is_empty());
+    // A backslash that climbs nowhere goes under the base, as written.
+    let mut raw = TcpStream::connect(&address).await.unwrap();
+    let request = "GET /v/a\\b HTTP/1.1\r\nhost: proxy\r\nconnection: close\r\n\r\n";
+    raw.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    raw.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let received = server.received_requests().await.unwrap();
+    assert_eq!(received.len(), 1);
+    assert_eq!(received[0].url.path(), "/v1/a%5Cb");
+}
+
 /// A request whose wait would pass the client's deadline is answered by
 /// the proxy at once: 429, the reason, and a `Retry-After` computed from
 /// the lane's predicted wait.

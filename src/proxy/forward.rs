@@ -2,6 +2,7 @@
 //! names, the URL there, the headers without hop-by-hop ones, and the
 //! controls it carried for the shaper.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use http::header::{self, HeaderMap, HeaderName};
@@ -72,9 +73,16 @@ pub(super) fn target<'a>(
     let Some((name, base)) = upstreams.get_key_value(name) else {
         return Err(Refusal::Unknown(name.to_owned()));
     };
-    if rest.split('/').any(is_dot_segment) {
+    if climbs(rest) {
         return Err(Refusal::DotSegment);
     }
+    // A backslash goes as the client wrote it, encoded: a URL parser
+    // would make it a `/`, another path than the client asked for.
+    let rest = if rest.contains('\\') {
+        Cow::Owned(rest.replace('\\', "%5C"))
+    } else {
+        Cow::Borrowed(rest)
+    };
     let mut url = base.clone();
     let prefix = base.path().trim_end_matches('/');
     url.set_path(&format!("{prefix}/{rest}"));
@@ -108,15 +116,29 @@ pub(super) fn relocated(location: &str, answered: &Url, name: &str, base: &Url) 
     Some(relocated)
 }
 
-/// `.` or `..`, written plainly or percent-encoded: a URL parser resolves
-/// either, which would move the path out of the base.
-fn is_dot_segment(segment: &str) -> bool {
-    // `%2e%2e` is the longest: anything longer is a name.
-    if segment.len() > 6 {
+/// True when `path` has a `.` or `..` segment, however it is spelled,
+/// which would move it out of the upstream's base. A URL parser resolves
+/// `%2e` as `.`, and takes `\` for `/` in an `http` URL (HTTP lets a
+/// client send it raw: `/llm/..\admin` went to
+/// `https://api.llm.example/admin`); a vendor that decodes `%2f` or `%5c`
+/// before it routes takes those for `/` too, and one on a servlet
+/// container reads `..;x` as `..` (a segment's parameters go). A name
+/// with dots in it (`v1.2`, `...`) is no climb.
+fn climbs(path: &str) -> bool {
+    if !path.contains('.') && !path.contains("%2") {
         return false;
     }
-    let decoded = segment.to_ascii_lowercase().replace("%2e", ".");
-    decoded == "." || decoded == ".."
+    let decoded = path
+        .to_ascii_lowercase()
+        .replace("%2e", ".")
+        .replace('\\', "/")
+        .replace("%2f", "/")
+        .replace("%5c", "/")
+        .replace("%3b", ";");
+    decoded.split('/').any(|segment| {
+        let name = segment.split_once(';').map_or(segment, |(name, _)| name);
+        name == "." || name == ".."
+    })
 }
 
 /// What the client asked of the shaper in `headers`, each control checked.
@@ -283,9 +305,31 @@ mod tests {
         let upstreams = upstreams();
         let refused = target(&Method::CONNECT, &connect, &upstreams);
         assert_eq!(refused, Err(Refusal::NotAProxy));
-        for climb in ["/llm/../admin", "/llm/a/%2e%2E/b", "/llm/.%2e", "/llm/./x"] {
+        for climb in [
+            "/llm/../admin",
+            "/llm/a/%2e%2E/b",
+            "/llm/.%2e",
+            "/llm/./x",
+            "/llm/..\\admin",
+            "/llm/a\\..\\..\\admin",
+            "/llm/%2E%2e\\admin",
+            "/llm/..%2Fadmin",
+            "/llm/x/..%5c..%5Cadmin",
+            "/llm/..",
+            "/llm/..;x=1/admin",
+            "/llm/.%2E%3b/admin",
+        ] {
             assert_eq!(get(climb), Err(Refusal::DotSegment), "{climb}");
         }
+        // Dots in a name climb nowhere; a backslash goes as written.
+        assert_eq!(
+            get("/llm/v1.2/.../a.b"),
+            Ok("https://api.llm.example/v1/v1.2/.../a.b".to_owned())
+        );
+        assert_eq!(
+            get("/llm/a\\b%2Fc"),
+            Ok("https://api.llm.example/v1/a%5Cb%2Fc".to_owned())
+        );
         assert_eq!(
             get("/llm//evil.example/x"),
             Ok("https://api.llm.example/v1//evil.example/x".to_owned())

@@ -22,6 +22,11 @@ pub(super) const PRIORITY: &str = "x-callshaper-priority";
 pub(super) const TOKEN: &str = "x-callshaper-token";
 const CONTROL_PREFIX: &str = "x-callshaper-";
 
+/// The longest tag a client may send: a level keyed by tag keeps a lane
+/// per tag, with the tag in its name, so a client sending long ones
+/// would make each lane as large as a request head allows (64 KiB).
+const LONGEST_TAG: usize = 256;
+
 /// Why a request is not forwarded, as the client is told.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Refusal {
@@ -171,7 +176,16 @@ pub(super) fn controls(headers: &HeaderMap) -> Result<RequestOptions, Refusal> {
             })
         })
         .transpose()?;
-    let tag = text(TAG)?.filter(|tag| !tag.is_empty()).map(str::to_owned);
+    let tag = text(TAG)?.filter(|tag| !tag.is_empty());
+    if let Some(tag) = tag
+        && tag.len() > LONGEST_TAG
+    {
+        return Err(Refusal::Control(
+            TAG,
+            format!("is {} bytes; at most {LONGEST_TAG}", tag.len()),
+        ));
+    }
+    let tag = tag.map(str::to_owned);
     let priority = text(PRIORITY)?
         .map(|value| match value {
             "interactive" => Ok(Priority::Interactive),
@@ -350,14 +364,19 @@ mod tests {
         assert_eq!(parsed.cost, Some(u64::MAX));
         assert_eq!(parsed.tag.as_deref(), Some("acme"));
         assert_eq!(parsed.priority, Some(Priority::Batch));
+        let longest = "t".repeat(LONGEST_TAG);
+        headers.insert(TAG, HeaderValue::from_str(&longest).unwrap());
+        assert_eq!(controls(&headers).unwrap().tag, Some(longest));
+        let too_long = "t".repeat(LONGEST_TAG + 1);
         for (name, bad) in [
             (MAX_WAIT, "soon"),
             (COST, "-1"),
             (COST, "18446744073709551616"),
             (PRIORITY, "urgent"),
+            (TAG, too_long.as_str()),
         ] {
             let mut headers = HeaderMap::new();
-            headers.insert(name, HeaderValue::from_static(bad));
+            headers.insert(name, HeaderValue::from_str(bad).unwrap());
             assert!(
                 matches!(controls(&headers), Err(Refusal::Control(n, _)) if n == name),
                 "{name}: {bad}"

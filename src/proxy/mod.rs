@@ -32,8 +32,10 @@
 //!
 //! - **Only to configured upstreams.** An unknown prefix gets 404 with a
 //!   JSON body naming the configured ones; an absolute-form target
-//!   (`GET http://elsewhere/`) or `CONNECT` gets 405. Nothing is ever sent
-//!   anywhere else: it is not an open proxy.
+//!   (`GET http://elsewhere/`) or `CONNECT` gets 405, and a path with a
+//!   `.` or `..` segment, however spelled (`%2e`, after `\`, `%2f` or
+//!   `%5c`, `..;x`), 400. Nothing is ever sent anywhere else, nor out of
+//!   an upstream's base path: it is not an open proxy.
 //! - **Hop-by-hop headers** (RFC 9110 §7.6.1: `Connection` and the headers
 //!   it names, `Keep-Alive`, `TE`, `Trailer`, `Transfer-Encoding`,
 //!   `Upgrade`, `Proxy-*`) are dropped both ways, and `Host` is the
@@ -41,7 +43,9 @@
 //! - **Per-request controls** travel as headers and are never forwarded:
 //!   `x-callshaper-max-wait: 5s`, `x-callshaper-cost: 1200`,
 //!   `x-callshaper-tag: acme`, `x-callshaper-priority: batch`. A value that
-//!   does not parse gets 400 naming the header. An upstream's
+//!   does not parse gets 400 naming the header, and so does a tag longer
+//!   than 256 bytes: a level keyed by tag keeps a lane for each, with its
+//!   tag in it. An upstream's
 //!   [`defaults`](ProxyBuilder::defaults) stand in for those a client does
 //!   not send.
 //! - **A client token**, when the proxy has one

@@ -19,7 +19,8 @@ use tokio::net::{TcpListener, TcpStream};
 /// Hostile clients get a clear status or a closed connection, nothing is
 /// forwarded for them, and the proxy goes on serving everyone else: a
 /// head over the limit gets 431, a body cut off half-way 400, and a
-/// client that never finishes its head is disconnected.
+/// client that never finishes its head is disconnected, as is one that
+/// sends no next request on its kept-alive connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_clients_get_a_status_and_others_are_served() {
     let server = answering_ok().await;
@@ -61,6 +62,29 @@ async fn hostile_clients_get_a_status_and_others_are_served() {
     assert!(server.received_requests().await.unwrap().is_empty());
     let served = reqwest::get(format!("http://{address}/v/x")).await.unwrap();
     assert_eq!(served.status(), 200);
+    // Kept alive for a next request, then idle: the connection (and the
+    // buffers it holds) is closed after the same timeout, not kept for
+    // good.
+    let mut idle = TcpStream::connect(&address).await.unwrap();
+    for _ in 0..2 {
+        idle.write_all(b"GET /v/x HTTP/1.1\r\nhost: a\r\ncontent-length: 0\r\n\r\n")
+            .await
+            .unwrap();
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            head.push(idle.read_u8().await.unwrap());
+        }
+        assert!(head.starts_with(b"HTTP/1.1 200"), "{head:?}");
+        let length = String::from_utf8_lossy(&head)
+            .lines()
+            .find_map(|line| line.strip_prefix("content-length: ")?.parse::<usize>().ok())
+            .expect("a content-length");
+        idle.read_exact(&mut vec![0; length]).await.unwrap();
+    }
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(5 * SECOND, idle.read_to_end(&mut rest)).await;
+    assert!(closed.is_ok(), "an idle connection stayed open 5 s");
+    assert!(rest.is_empty(), "{rest:?}");
 }
 
 /// A streamed answer holds its lane's in-flight slot until the client

@@ -350,6 +350,41 @@ mod tests {
         );
     }
 
+    /// Paths of every piece a climb is spelled with, at random: whatever
+    /// the URL parser makes of one, it either is refused or stays under
+    /// the upstream's base (the parser is the judge, not `climbs`).
+    #[test]
+    fn no_spelling_of_a_path_leaves_the_base() {
+        const PIECES: [&str; 14] = [
+            ".", "..", "%2e", "%2E", "/", "\\", "%2f", "%5C", ";", "a", "%3b", "v1", "x.", "%",
+        ];
+        let upstreams = upstreams();
+        let mut rng = fastrand::Rng::with_seed(27);
+        let (mut refused, mut sent) = (0, 0);
+        for _ in 0..20_000 {
+            let mut path = String::from("/llm/");
+            for _ in 0..rng.usize(1..8) {
+                path.push_str(PIECES[rng.usize(..PIECES.len())]);
+            }
+            let Ok(uri) = path.parse::<Uri>() else {
+                continue;
+            };
+            match target(&Method::GET, &uri, &upstreams) {
+                Err(Refusal::DotSegment) => refused += 1,
+                Ok((_, url)) => {
+                    sent += 1;
+                    assert!(url.path().starts_with("/v1/"), "{path} went to {url}");
+                    assert_eq!(url.host_str(), Some("api.llm.example"), "{path}");
+                }
+                Err(other) => panic!("{path}: {other:?}"),
+            }
+        }
+        assert!(
+            refused > 1_000 && sent > 1_000,
+            "{refused} refused, {sent} sent"
+        );
+    }
+
     /// Controls parse or name the header at fault.
     #[test]
     fn controls_parse_or_name_the_header() {

@@ -112,8 +112,9 @@ pub enum LaneKey {
     Origin,
     /// A request header's value (an API key), by its fingerprint (`#` and
     /// 16 hex digits of its SHA-1): the value itself is never in a lane's
-    /// name, snapshot, spans, metrics or Redis keys. Requests without the
-    /// header share one lane.
+    /// name, snapshot, spans, metrics or Redis keys, nor sent on a
+    /// redirect to another origin. Requests without the header share one
+    /// lane.
     Header(HeaderName),
     /// The request's [`Tag`]; untagged requests share one lane.
     Tag,

@@ -5,8 +5,10 @@ mod common;
 
 use std::time::Duration;
 
-use callshaper::{Error, Shaper};
+use callshaper::route::{LaneKey, Level};
+use callshaper::{Error, Quota, Shaper};
 use common::{SECOND, shaper};
+use reqwest::header::HeaderName;
 use wiremock::matchers::{body_json, body_string, header, method, path, query_param};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
@@ -244,8 +246,10 @@ async fn see_other_gets_and_a_temporary_redirect_sends_again() {
     assert_eq!(put.await.unwrap().status(), 204);
 }
 
-/// A hop to another origin (here another port) carries no credentials;
-/// one on the same origin keeps them.
+/// A hop to another origin (here another port) carries no credentials:
+/// no `Authorization`, no vendor's API-key header (which reqwest's own
+/// redirects would send on), no header a level is keyed by. A hop on the
+/// same origin keeps them all.
 #[tokio::test(start_paused = true)]
 async fn credentials_stay_with_their_origin() {
     let (home, abroad) = (MockServer::start().await, MockServer::start().await);
@@ -256,6 +260,8 @@ async fn credentials_stay_with_their_origin() {
     let elsewhere = format!("{}/there", abroad.uri());
     Mock::given(path("/still-here"))
         .and(header("authorization", "Bearer key"))
+        .and(header("x-api-key", "sk-ant"))
+        .and(header("x-tenant-key", "acme-secret"))
         .respond_with(ResponseTemplate::new(302).insert_header("location", elsewhere.as_str()))
         .expect(1)
         .mount(&home)
@@ -265,13 +271,25 @@ async fn credentials_stay_with_their_origin() {
         .expect(1)
         .mount(&abroad)
         .await;
-    let shaper = shaper(10).build().unwrap();
+    let tenant = HeaderName::from_static("x-tenant-key");
+    let per_tenant = Quota::leaky_bucket(10, SECOND);
+    let shaper = shaper(10)
+        .level(Level::new("tenant", LaneKey::Header(tenant), [per_tenant]))
+        .build()
+        .unwrap();
     let sent = shaper
         .get(format!("{}/here", home.uri()))
-        .bearer_auth("key");
+        .bearer_auth("key")
+        .header("x-api-key", "sk-ant")
+        .header("x-tenant-key", "acme-secret")
+        .header("x-request-id", "r-1");
     assert_eq!(sent.send().await.unwrap().status(), 200);
     let abroad = abroad.received_requests().await.unwrap();
-    assert!(abroad[0].headers.get("authorization").is_none());
+    let headers = &abroad[0].headers;
+    for secret in ["authorization", "x-api-key", "x-tenant-key"] {
+        assert!(headers.get(secret).is_none(), "{secret} went abroad");
+    }
+    assert_eq!(headers["x-request-id"], "r-1");
 }
 
 /// Past the limit the last redirect is the answer, and no more hops are

@@ -275,8 +275,11 @@ impl ShaperBuilder {
     /// under the request's options (its `max_wait` bounds each hop's wait)
     /// (default 10, reqwest's limit; 0: a redirect is the answer). Past the
     /// limit, the last redirect is the answer. A hop to another origin
-    /// carries no `Authorization` or `Cookie`; a request whose body is a
-    /// stream is not sent again, so its redirect is the answer.
+    /// carries no `Authorization` or `Cookie`, no vendor API-key header
+    /// (`x-api-key`, `api-key`, `x-goog-api-key`) and no header a level is
+    /// keyed by ([`LaneKey::Header`](crate::route::LaneKey::Header)); a
+    /// request whose body is a stream is not sent again, so its redirect
+    /// is the answer.
     ///
     /// The shaper follows them, not its client: a client that follows
     /// redirects itself sends each hop without a turn. The default client

@@ -183,9 +183,9 @@ impl Shaper {
                     Failure::Send { attempts, source } => Error::Transport { attempts, source },
                 })?;
                 // Each hop waits for its own turn, in the lane of its URL.
-                let next = sent
-                    .filter(|_| hops > 0)
-                    .and_then(|sent| redirect::next(sent, &response));
+                let next = sent.filter(|_| hops > 0).and_then(|sent| {
+                    redirect::next(sent, &response, self.inner.registry.key_headers())
+                });
                 let Some(next) = next else {
                     return Ok(response);
                 };

@@ -12,6 +12,7 @@ use std::fmt::{self, Write as _};
 use std::sync::Arc;
 
 use reqwest::Request;
+use reqwest::header::HeaderName;
 use smallvec::SmallVec;
 
 use super::lanes::Lanes;
@@ -21,7 +22,7 @@ use crate::lane::{JOIN, Lane, LanePolicy, LaneSnapshot, Road};
 use crate::meters::Quota;
 use crate::observability::{Labels, Series, StoreMetrics};
 use crate::retry::RetryBudget;
-use crate::route::{Level, Route, Tag};
+use crate::route::{LaneKey, Level, Route, Tag};
 use crate::store::{Store, StoreFailure, StoreMode};
 use crate::sync::{Listings, Names, found, listed, living};
 use crate::vendor::{VendorMap, VendorModel};
@@ -59,6 +60,9 @@ pub(crate) struct Registry {
     store_failure: StoreFailure,
     /// Series labelled by lane too (`ShaperBuilder::metrics_per_lane`).
     metrics_per_lane: bool,
+    /// The headers a level is keyed by: an API key the shaper never shows
+    /// (`LaneKey::Header`), which a redirect to another origin drops.
+    key_headers: Box<[HeaderName]>,
 }
 
 /// What a [`Registry`] makes its lanes and gates of, as the builder
@@ -120,6 +124,12 @@ impl Registry {
                 });
                 levels
             }),
+            key_headers: every_level(&plan)
+                .filter_map(|level| match &level.key {
+                    LaneKey::Header(name) => Some(name.clone()),
+                    _ => None,
+                })
+                .collect(),
             policy: plan.policy,
             budget: plan.budget,
             routes: plan.routes,
@@ -128,6 +138,11 @@ impl Registry {
             store_failure: plan.store_failure,
             metrics_per_lane: plan.metrics_per_lane,
         }
+    }
+
+    /// The headers a level is keyed by, which are the caller's secrets.
+    pub(super) fn key_headers(&self) -> &[HeaderName] {
+        &self.key_headers
     }
 
     /// What the lane `key` is doing, if it exists.

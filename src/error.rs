@@ -146,7 +146,8 @@ pub enum Error {
     /// has no default quota. Refused rather than sent unshaped.
     #[error("no quota covers {url}")]
     NoQuota {
-        /// The request's URL.
+        /// The request's URL, without its query, fragment or credentials
+        /// (which may carry a key).
         url: String,
     },
 

@@ -88,11 +88,15 @@ async fn the_shipped_config_holds_every_vendors_quotas() {
     assert!(chats[3] >= minute, "the fourth waits for tokens: {chats:?}");
     assert!(llm.max_cost_in_any_window(minute) <= 90_000);
 
-    let elsewhere = shaper.get("http://127.0.0.1:1/unknown").send().await;
-    assert!(
-        matches!(elsewhere, Err(Error::NoQuota { .. })),
-        "{elsewhere:?}"
-    );
+    // Refused, and named without what may carry a key.
+    let elsewhere = shaper
+        .get("http://user:token@127.0.0.1:1/unknown?key=AIza#top")
+        .send()
+        .await;
+    match elsewhere {
+        Err(Error::NoQuota { url }) => assert_eq!(url, "http://127.0.0.1:1/unknown"),
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]

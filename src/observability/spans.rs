@@ -8,6 +8,7 @@ use tracing::Span;
 use tracing::field::Empty;
 
 use super::labels::Labels;
+use super::shown::shown_url;
 
 /// A request's span, from submission to its one outcome.
 pub(crate) struct RequestSpan(Span);
@@ -33,14 +34,7 @@ impl RequestSpan {
         );
         // Nobody listening: no copy of the URL either.
         if !span.is_disabled() {
-            let mut url = request.url().clone();
-            url.set_query(None);
-            url.set_fragment(None);
-            // Only URLs that cannot carry credentials refuse these, and
-            // those have none to hide.
-            let _ = url.set_password(None);
-            let _ = url.set_username("");
-            span.record("url", url.as_str());
+            span.record("url", shown_url(request.url()));
         }
         Self(span)
     }

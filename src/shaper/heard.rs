@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use super::handle::Shaper;
 use super::settle::Settle;
 use crate::lane::Lane;
+use crate::observability::shown_url;
 use crate::signals::{AnswerClock, Signals, Spoken};
 use crate::throttle::{self, Verdict};
 
@@ -50,17 +51,17 @@ impl Shaper {
     /// The client the user gave followed a redirect by itself: its hops
     /// went on the wire without a turn, which the shaper cannot count
     /// (reqwest says neither how many there were nor where). Said once a
-    /// shaper, with the lane and where the request went and landed (no
-    /// query: it may carry a key), so the client is built again without.
+    /// shaper, with the lane and where the request went and landed (as
+    /// the crate shows a URL: no query or credentials, which may carry a
+    /// key), so the client is built again without.
     fn followed_by_client(&self, lane: &Lane, sent: &Url, landed: &Url) {
         if self.inner.warned_redirects.swap(true, Ordering::Relaxed) {
             return;
         }
-        let path = |url: &Url| format!("{}{}", url.origin().ascii_serialization(), url.path());
         tracing::warn!(
             lane = %lane.name(),
-            sent = path(sent),
-            landed = path(landed),
+            sent = shown_url(sent),
+            landed = shown_url(landed),
             "the client followed a redirect by itself, so its hops went without a turn: \
              build it with redirect(reqwest::redirect::Policy::none()), and the shaper \
              follows redirects through the lanes"

@@ -20,7 +20,7 @@ use crate::error::{ConfigError, Error};
 use crate::gate::{Gate, GateLevel, GateMap};
 use crate::lane::{JOIN, Lane, LanePolicy, LaneSnapshot, Road};
 use crate::meters::Quota;
-use crate::observability::{Labels, Series, StoreMetrics};
+use crate::observability::{Labels, Series, StoreMetrics, shown_url};
 use crate::retry::RetryBudget;
 use crate::route::{LaneKey, Level, Route, Tag};
 use crate::store::{Store, StoreFailure, StoreMode};
@@ -287,7 +287,7 @@ impl Registry {
         let route = self.route_for(request);
         if self.levels_for(route).next().is_none() {
             return Err(Error::NoQuota {
-                url: request.url().to_string(),
+                url: shown_url(request.url()),
             });
         }
         // The name is written in one string: a found lane (nearly every

@@ -327,6 +327,49 @@ async fn a_client_that_stops_reading_is_cut_off_and_frees_its_slot() {
         .ok();
 }
 
+/// A client that hangs up while its request waits in the lane takes the
+/// request out: the vendor never gets it, and its turn goes to whoever
+/// still waits. At 2 a second, six clients send at once; the first goes,
+/// four of the waiting hang up, and the last is sent at the next turn
+/// (half a second on), not after the four that left. Real time: the
+/// bound on the last one's wait holds on a loaded machine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_hangs_up_while_waiting_takes_its_request_out() {
+    let server = answering_ok().await;
+    let shaper = Shaper::builder().rate(2, SECOND).build().unwrap();
+    let address = serve(proxy_of(shaper, "v", &server.uri())).await;
+    let started = std::time::Instant::now();
+    let mut clients = Vec::new();
+    for i in 0..6 {
+        let mut raw = TcpStream::connect(&address).await.unwrap();
+        let request = format!("GET /v/{i} HTTP/1.1\r\nhost: a\r\n\r\n");
+        raw.write_all(request.as_bytes()).await.unwrap();
+        clients.push(raw);
+        // In order: the lane serves them as they came.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut last = clients.pop().unwrap();
+    drop(clients.split_off(1));
+    let mut answer = [0; 12];
+    tokio::time::timeout(10 * SECOND, last.read_exact(&mut answer))
+        .await
+        .expect("the last is answered")
+        .unwrap();
+    assert_eq!(&answer, b"HTTP/1.1 200");
+    let waited = started.elapsed();
+    assert!(waited < 2 * SECOND, "the last waited {waited:?}");
+    // Past the turns the four would have taken, had they stayed.
+    tokio::time::sleep(3 * SECOND).await;
+    let sent: Vec<String> = server
+        .received_requests()
+        .await
+        .unwrap()
+        .iter()
+        .map(|request| request.url.path().to_owned())
+        .collect();
+    assert_eq!(sent, ["/0", "/5"]);
+}
+
 /// A vendor that answers `101 Switching Protocols` to a request that
 /// asked for no upgrade (the proxy forwards none: `Upgrade` is
 /// hop-by-hop) gets its client a 502 saying so, not a 101 that leaves the

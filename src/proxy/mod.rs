@@ -61,7 +61,9 @@
 //!   server-sent events pass through one by one. A request holds its
 //!   lane's `max_in_flight` slot until that body's last byte, and a client
 //!   that goes away mid-stream ends the upstream call and frees the slot,
-//!   even while the vendor is silent.
+//!   even while the vendor is silent; one that hangs up while its request
+//!   waits in the lane takes it out, so the vendor never gets it and the
+//!   next one waiting takes its turn.
 //! - **A redirect** is relayed, not followed: the client follows it, and
 //!   that hop takes its turn like any request. A `Location` under the
 //!   upstream's base (absolute or relative) becomes the same path under

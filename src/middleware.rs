@@ -27,6 +27,7 @@ use reqwest_middleware::{Middleware, Next};
 
 use crate::Shaper;
 use crate::error::Error;
+use crate::observability::shown_error;
 use crate::shaper::again::{Failure, SendFailure};
 use crate::shaper::call::{Logical, Options};
 
@@ -70,7 +71,7 @@ impl Middleware for Shaper {
             } if logical.sends() >= max_attempts => {
                 reqwest_middleware::Error::middleware(Ended(Error::Transport {
                     attempts: logical.sends(),
-                    source,
+                    source: shown_error(source),
                 }))
             }
             Failure::Send { source, .. } => source,

@@ -110,11 +110,14 @@ async fn a_get_is_retried_after_5xx_until_max_attempts() {
     assert_eq!(sent(&server).await, 3);
 }
 
+/// A connection refused is tried again, then reported with reqwest's
+/// error, which names the URL without what may carry a key.
 #[tokio::test(start_paused = true)]
 async fn a_refused_connection_is_retried_then_reported() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}/op", closed.local_addr().unwrap());
+    let address = closed.local_addr().unwrap();
     drop(closed);
+    let url = format!("http://user:token@{address}/op?key=AIza#top");
     let shaper = shaper(10).build().unwrap();
 
     let outcome = shaper.post(url).body("never sent").send().await;
@@ -126,6 +129,13 @@ async fn a_refused_connection_is_retried_then_reported() {
                 "a connection never made is safe to retry, even for POST"
             );
             assert!(source.is_connect());
+            let shown = format!("http://{address}/op");
+            assert_eq!(source.url().map(|url| url.as_str()), Some(shown.as_str()));
+            let printed = format!("{source} {source:?}");
+            assert!(
+                !printed.contains("AIza") && !printed.contains("token"),
+                "{printed}"
+            );
         }
         other => panic!("expected Transport, got {other:?}"),
     }

@@ -7,7 +7,7 @@
 //! | `labels.rs` | the labels: which vendor, level and route a lane belongs to |
 //! | `metrics.rs` | the series, described with units, and their handles |
 //! | `series.rs` | a lane's labels and series together, shared by the lanes that carry the same labels |
-//! | `shown.rs` | what of a request's URL a span, a log line or an error shows |
+//! | `shown.rs` | what of a request's URL a span, a log line or an error shows (a transport error's too) |
 //! | `spans.rs` | the request and attempt spans, and what is recorded on them |
 
 mod labels;
@@ -19,5 +19,5 @@ mod spans;
 pub(crate) use self::labels::Labels;
 pub(crate) use self::metrics::{Count, InFlight, LaneMetrics, StoreMetrics};
 pub(crate) use self::series::Series;
-pub(crate) use self::shown::shown_url;
+pub(crate) use self::shown::{shown_error, shown_url};
 pub(crate) use self::spans::RequestSpan;

@@ -7,13 +7,26 @@ use reqwest::Url;
 /// `url` without its query, fragment and credentials.
 pub(crate) fn shown_url(url: &Url) -> String {
     let mut url = url.clone();
+    hide(&mut url);
+    url.into()
+}
+
+/// A transport `error` as the crate passes it on: its URL as
+/// [`shown_url`] shows one (reqwest's own errors print it whole).
+pub(crate) fn shown_error(mut error: reqwest::Error) -> reqwest::Error {
+    if let Some(url) = error.url_mut() {
+        hide(url);
+    }
+    error
+}
+
+fn hide(url: &mut Url) {
     url.set_query(None);
     url.set_fragment(None);
     // Only URLs that cannot carry credentials refuse these, and those
     // have none to hide.
     let _ = url.set_password(None);
     let _ = url.set_username("");
-    url.into()
 }
 
 #[cfg(test)]

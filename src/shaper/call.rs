@@ -19,7 +19,7 @@ use super::metering::Metering;
 use super::redirect;
 use crate::error::Error;
 use crate::lane::{Lane, Place, Priority, Turn};
-use crate::observability::RequestSpan;
+use crate::observability::{RequestSpan, shown_error};
 use crate::retry;
 use crate::route::Tag;
 use crate::signals::Signals;
@@ -180,7 +180,10 @@ impl Shaper {
                 let (outcome, sent) = self.hop(request, &options, |r| transport.send(r)).await;
                 let response = outcome.map_err(|failure| match failure {
                     Failure::Shaper(error) => error,
-                    Failure::Send { attempts, source } => Error::Transport { attempts, source },
+                    Failure::Send { attempts, source } => Error::Transport {
+                        attempts,
+                        source: shown_error(source),
+                    },
                 })?;
                 // Each hop waits for its own turn, in the lane of its URL.
                 let next = sent.filter(|_| hops > 0).and_then(|sent| {

@@ -363,8 +363,12 @@ fn serve_proxy(origin: SocketAddr) {
             .rate(10_000_000, Duration::from_secs(1))
             .build()
             .unwrap();
+        // Room for the idle connections the memory figure opens, beside
+        // the clients the rounds before it left open (the default cap is
+        // the same 10,000).
         let proxy = Proxy::builder(shaper)
             .upstream("origin", format!("http://{origin}"))
+            .max_connections(2 * CONNECTIONS)
             .build()
             .unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -473,6 +473,7 @@ async fn the_proxy_settings_are_named_as_the_file_names_them() {
             "proxy.body_read_timeout",
         ),
         (with_proxy(r#"send_timeout = "61m""#), "proxy.send_timeout"),
+        (with_proxy("max_connections = 0"), "proxy.max_connections"),
         (
             with_proxy(r#"header_read_timeout = "999us""#),
             "proxy.header_read_timeout",
@@ -552,6 +553,7 @@ const EVERY_FIELD: &str = r#"
     header_read_timeout = "10s"
     body_read_timeout = "1m"
     send_timeout = "1m"
+    max_connections = 10000
     drain = "30s"
 "#;
 

@@ -327,6 +327,38 @@ async fn a_client_that_stops_reading_is_cut_off_and_frees_its_slot() {
         .ok();
 }
 
+/// Past `max_connections` the proxy accepts no client until one closes:
+/// with two connections open and idle, a third client's request waits
+/// (in the listener's backlog, unanswered), and is answered once one of
+/// the two goes. Real time: "still waiting" can only pass late.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_its_connections_the_proxy_takes_the_next_when_one_closes() {
+    let server = answering_ok().await;
+    let shaper = Shaper::builder().rate(100, SECOND).build().unwrap();
+    let address = serve(proxy_of(shaper, "v", &server.uri()).max_connections(2)).await;
+    let request = b"GET /v/x HTTP/1.1\r\nhost: a\r\n\r\n";
+    let mut open = Vec::new();
+    for _ in 0..2 {
+        let mut client = TcpStream::connect(&address).await.unwrap();
+        client.write_all(request).await.unwrap();
+        let mut answer = [0; 12];
+        client.read_exact(&mut answer).await.unwrap();
+        assert_eq!(&answer, b"HTTP/1.1 200");
+        open.push(client);
+    }
+    let mut third = TcpStream::connect(&address).await.unwrap();
+    third.write_all(request).await.unwrap();
+    let mut answer = [0; 12];
+    let early = tokio::time::timeout(Duration::from_millis(300), third.read_exact(&mut answer));
+    assert!(early.await.is_err(), "answered past the cap");
+    drop(open.pop());
+    tokio::time::timeout(10 * SECOND, third.read_exact(&mut answer))
+        .await
+        .expect("answered once a connection closed")
+        .unwrap();
+    assert_eq!(&answer, b"HTTP/1.1 200");
+}
+
 /// A client that hangs up while its request waits in the lane takes the
 /// request out: the vendor never gets it, and its turn goes to whoever
 /// still waits. At 2 a second, six clients send at once; the first goes,

@@ -21,6 +21,7 @@ use crate::time::human;
 /// header_read_timeout = "10s"
 /// body_read_timeout = "60s"      # a request body silent this long: 408
 /// send_timeout = "60s"           # a client taking nothing of its answer this long: cut off
+/// max_connections = 10000        # client connections open at once
 /// client_token_env = "CALLSHAPER_CLIENT_TOKEN"  # clients send it in x-callshaper-token
 /// drain = "30s"                  # on SIGTERM, how long requests may finish
 /// ```
@@ -46,6 +47,8 @@ pub struct ProxyConfig {
     /// See `ProxyBuilder::send_timeout`.
     #[serde(default, with = "human::option")]
     pub send_timeout: Option<Duration>,
+    /// See `ProxyBuilder::max_connections`.
+    pub max_connections: Option<usize>,
     /// The environment variable holding the client token (see
     /// `ProxyBuilder::client_token`): a secret stays out of the file, which
     /// is often committed or world-readable. Unset, or empty, when the
@@ -86,6 +89,7 @@ impl Default for ProxyConfig {
             header_read_timeout: None,
             body_read_timeout: None,
             send_timeout: None,
+            max_connections: None,
             client_token_env: None,
             drain: None,
         }
@@ -131,6 +135,9 @@ impl super::ShaperConfig {
         }
         if let Some(timeout) = settings.send_timeout {
             builder = builder.send_timeout(timeout);
+        }
+        if let Some(connections) = settings.max_connections {
+            builder = builder.max_connections(connections);
         }
         if let Err(error) = builder.check_limits() {
             builder = builder.refuse(error.within("proxy"));

@@ -38,6 +38,7 @@ pub(super) struct Limits {
     pub(super) header_read_timeout: Duration,
     pub(super) body_read_timeout: Duration,
     pub(super) send_timeout: Duration,
+    pub(super) max_connections: usize,
 }
 
 /// The largest request body kept whole by default, to be sent again.
@@ -109,6 +110,7 @@ impl Proxy {
                 header_read_timeout: Duration::from_secs(10),
                 body_read_timeout: Duration::from_secs(60),
                 send_timeout: Duration::from_secs(60),
+                max_connections: 10_000,
             },
         }
     }
@@ -202,6 +204,20 @@ impl ProxyBuilder {
         self
     }
 
+    /// The most client connections open at once (default 10,000): past
+    /// it the proxy accepts none until one closes, and a new client waits
+    /// in the system's queue of connections (its backlog), as nginx does
+    /// past its `worker_connections`. An idle connection holds about
+    /// 15 KiB of buffers, so the default bounds idle clients to 150 MB;
+    /// a kept-alive connection that sends nothing closes after
+    /// [`header_read_timeout`](Self::header_read_timeout), which makes
+    /// room. At least 1; a number past what a semaphore holds (2⁶¹ − 1)
+    /// is taken as that.
+    pub fn max_connections(mut self, connections: usize) -> Self {
+        self.limits.max_connections = connections;
+        self
+    }
+
     /// The limits' checks, which [`build`](Self::build) makes: a file's
     /// `[proxy]` table names its fields by them before.
     pub(crate) fn check_limits(&self) -> Result<(), ConfigError> {
@@ -225,6 +241,9 @@ impl ProxyBuilder {
                 format!("must be at least {LEAST_HEADER_BYTES}"),
             ));
         }
+        if self.limits.max_connections == 0 {
+            return Err(ConfigError::new("max_connections", "must be at least 1"));
+        }
         Ok(())
     }
 
@@ -233,7 +252,8 @@ impl ProxyBuilder {
     /// name no upstream has, a default cost more than the shaper's quotas
     /// take of one request to its upstream, a base that is
     /// not an `http(s)` URL with a host (or has a query or fragment), a
-    /// timeout under 1 ms or over 1 h, or a head limit under 8 KiB.
+    /// timeout under 1 ms or over 1 h, a head limit under 8 KiB, or no
+    /// connection allowed.
     pub fn build(self) -> Result<Proxy, ConfigError> {
         if let Some(error) = self.refused {
             return Err(error);

@@ -90,7 +90,10 @@
 //!   one is cut at the vendor too, freeing its in-flight slot); a client
 //!   that takes nothing of its answer for [`ProxyBuilder::send_timeout`]
 //!   is disconnected, and its vendor call ends. Nothing is forwarded for
-//!   them, and every other connection is served as before.
+//!   them, and every other connection is served as before. A kept-alive
+//!   connection that sends no next request within `header_read_timeout`
+//!   closes, and past [`ProxyBuilder::max_connections`] (10,000) open at
+//!   once, the proxy accepts no client until one closes.
 //! - **The vendor's timeouts** are those of the shaper's client. With
 //!   none (reqwest's default) a vendor that never answers holds its call,
 //!   and its in-flight slot, until the client goes: give the shaper a

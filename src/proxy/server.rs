@@ -3,6 +3,7 @@
 
 use std::convert::Infallible;
 use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Response};
@@ -12,6 +13,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 
 use super::answer;
 use super::body::ProxyBody;
@@ -42,8 +44,23 @@ impl Proxy {
         stop: impl Future<Output = ()>,
     ) -> io::Result<()> {
         let connections = GracefulShutdown::new();
+        // A connection holds one until it closes: past the cap, the next
+        // client waits in the listener's backlog.
+        let room = Arc::new(Semaphore::new(
+            self.inner
+                .limits
+                .max_connections
+                .min(Semaphore::MAX_PERMITS),
+        ));
         tokio::pin!(stop);
         loop {
+            let held = tokio::select! {
+                held = room.clone().acquire_owned() => held,
+                () = &mut stop => break,
+            };
+            // Never closed: a failed acquire cannot happen, and would end
+            // the loop as a stop does.
+            let Ok(held) = held else { break };
             let accepted = tokio::select! {
                 accepted = listener.accept() => accepted,
                 () = &mut stop => break,
@@ -82,6 +99,7 @@ impl Proxy {
             // too large or too slow) concerns that client alone.
             tokio::spawn(async move {
                 let _ = connection.await;
+                drop(held);
             });
         }
         drop(listener);

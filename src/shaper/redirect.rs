@@ -21,10 +21,10 @@ pub(crate) const DEFAULT_REDIRECTS: u32 = 10;
 /// a `307` or `308` sends the same method and body again. A hop to
 /// another origin carries none of the request's credentials: those of
 /// [`CREDENTIALS`], and the `keys` its levels are keyed by.
-pub(super) fn next(
+pub(super) fn next<'a>(
     mut sent: Box<Request>,
     response: &Response,
-    keys: &[HeaderName],
+    keys: impl IntoIterator<Item = &'a HeaderName>,
 ) -> Option<Box<Request>> {
     let status = response.status();
     let to_get = match status {
@@ -74,7 +74,7 @@ static CREDENTIALS: [HeaderName; 7] = [
     HeaderName::from_static("x-goog-api-key"),
 ];
 
-fn remove(headers: &mut HeaderMap, names: &[HeaderName]) {
+fn remove<'a>(headers: &mut HeaderMap, names: impl IntoIterator<Item = &'a HeaderName>) {
     for name in names {
         headers.remove(name);
     }

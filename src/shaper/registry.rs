@@ -60,9 +60,6 @@ pub(crate) struct Registry {
     store_failure: StoreFailure,
     /// Series labelled by lane too (`ShaperBuilder::metrics_per_lane`).
     metrics_per_lane: bool,
-    /// The headers a level is keyed by: an API key the shaper never shows
-    /// (`LaneKey::Header`), which a redirect to another origin drops.
-    key_headers: Box<[HeaderName]>,
 }
 
 /// What a [`Registry`] makes its lanes and gates of, as the builder
@@ -124,12 +121,6 @@ impl Registry {
                 });
                 levels
             }),
-            key_headers: every_level(&plan)
-                .filter_map(|level| match &level.key {
-                    LaneKey::Header(name) => Some(name.clone()),
-                    _ => None,
-                })
-                .collect(),
             policy: plan.policy,
             budget: plan.budget,
             routes: plan.routes,
@@ -140,9 +131,13 @@ impl Registry {
         }
     }
 
-    /// The headers a level is keyed by, which are the caller's secrets.
-    pub(super) fn key_headers(&self) -> &[HeaderName] {
-        &self.key_headers
+    /// The headers a level is keyed by (`LaneKey::Header`): an API key the
+    /// shaper never shows, which a redirect to another origin drops.
+    pub(super) fn key_headers(&self) -> impl Iterator<Item = &HeaderName> {
+        self.all_levels().filter_map(|level| match &level.key {
+            LaneKey::Header(name) => Some(name),
+            _ => None,
+        })
     }
 
     /// What the lane `key` is doing, if it exists.
@@ -169,13 +164,15 @@ impl Registry {
         self.lanes.shut_down();
     }
 
+    /// Every level of the shaper, shaper-wide then in routes.
+    fn all_levels(&self) -> impl Iterator<Item = &Level> {
+        let routed = self.routes.iter().flat_map(|route| &route.levels);
+        self.levels.iter().chain(routed)
+    }
+
     /// Every level of the shaper named `name`, shaper-wide and in routes.
     fn levels_named<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Level> {
-        let routed = self.routes.iter().flat_map(|route| &route.levels);
-        self.levels
-            .iter()
-            .chain(routed)
-            .filter(move |level| level.name == name)
+        self.all_levels().filter(move |level| level.name == name)
     }
 
     /// Whether the levels named `level` may take `quotas` now: they exist,

@@ -73,6 +73,19 @@ impl Drop for Listed {
 pub(crate) struct GateSettings {
     pub(crate) headroom: Duration,
     pub(crate) max_pause: Duration,
+    /// A vendor answers the requests the gate releases (a shaper's
+    /// gates): a burst waits for its first word, and the meters keep a
+    /// ledger of releases to read its counts against. A standalone lane's
+    /// gate hears no vendor, and does neither (see `Terms::unheard`).
+    pub(crate) hears: bool,
+}
+
+impl GateSettings {
+    /// What meters with these settings make of `quotas` now.
+    fn terms(&self, quotas: Arc<[Quota]>) -> Terms {
+        let terms = Terms::new(quotas, self.headroom, Instant::now());
+        if self.hears { terms } else { terms.unheard() }
+    }
 }
 
 /// What every gate of a level shares: the level's name, the settings,
@@ -110,9 +123,9 @@ struct LevelQuotas {
 }
 
 impl LevelQuotas {
-    fn of(quotas: Arc<[Quota]>, headroom: Duration) -> Self {
+    fn of(quotas: Arc<[Quota]>, settings: GateSettings) -> Self {
         let requests = Requests::of(&quotas);
-        let terms = Arc::new(Terms::new(quotas.clone(), headroom, Instant::now()));
+        let terms = Arc::new(settings.terms(quotas.clone()));
         Self {
             quotas,
             requests,
@@ -125,7 +138,7 @@ impl LevelQuotas {
 impl GateLevel {
     /// The level `name`, holding `quotas` now, with `settings`.
     pub(crate) fn new(name: &str, quotas: Arc<[Quota]>, settings: GateSettings) -> Self {
-        let quotas = LevelQuotas::of(quotas, settings.headroom);
+        let quotas = LevelQuotas::of(quotas, settings);
         Self {
             name: name.into(),
             settings,
@@ -143,7 +156,7 @@ impl GateLevel {
     /// The level holds `quotas` from now on; its gates follow by
     /// [`Gate::requote`].
     pub(crate) fn requote(&self, quotas: &[Quota]) {
-        let quotas = LevelQuotas::of(Arc::from(quotas), self.settings.headroom);
+        let quotas = LevelQuotas::of(Arc::from(quotas), self.settings);
         let mut held = write(&self.quotas);
         self.capacity
             .store(quotas.terms.capacity(), Ordering::Relaxed);
@@ -174,7 +187,7 @@ impl GateLevel {
             return terms;
         }
         let local: Arc<[Quota]> = quotas.quotas.iter().map(|q| q.share(share)).collect();
-        let terms = Arc::new(Terms::new(local, self.settings.headroom, Instant::now()));
+        let terms = Arc::new(self.settings.terms(local));
         quotas.share = Some((share, terms.clone()));
         terms
     }

@@ -11,6 +11,7 @@ pub(super) fn settings(headroom: Duration) -> GateSettings {
     GateSettings {
         headroom,
         max_pause: Duration::from_secs(120),
+        hears: true,
     }
 }
 

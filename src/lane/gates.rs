@@ -54,6 +54,7 @@ mod tests {
         let settings = GateSettings {
             headroom: Duration::ZERO,
             max_pause: Duration::from_secs(60),
+            hears: true,
         };
         (0..n)
             .map(|_| {

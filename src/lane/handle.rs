@@ -18,7 +18,7 @@ use super::snapshot::LaneSnapshot;
 use super::turn::{Ticket, Turn};
 use super::waiter::Waiter;
 use crate::error::{ConfigError, Error};
-use crate::gate::{Booked, Gate, GateLevel, Listed, PauseCause, Stop};
+use crate::gate::{Booked, Gate, GateLevel, GateSettings, Listed, PauseCause, Stop};
 use crate::meters::{Quota, Rate};
 use crate::observability::{InFlight, Labels, Series};
 use crate::retry::RetryBudget;
@@ -78,7 +78,13 @@ impl Lane {
                 "a lane runs its dispatcher on tokio: create it within a runtime",
             ));
         }
-        let level = GateLevel::new("", Arc::from(quotas.as_slice()), policy.gate_settings());
+        // No vendor answers a standalone lane's releases: a burst goes at
+        // once, with no first word to wait for.
+        let settings = GateSettings {
+            hears: false,
+            ..policy.gate_settings()
+        };
+        let level = GateLevel::new("", Arc::from(quotas.as_slice()), settings);
         let own = Arc::new(Gate::new(Listed::nowhere(Arc::new(level)), 1));
         let settings = policy.vendor_settings(RetryBudget::default());
         let vendor = Arc::new(VendorModel::new(own.clone(), settings, None));

@@ -83,6 +83,7 @@ mod tests {
         let settings = GateSettings {
             headroom: Duration::ZERO,
             max_pause: Duration::from_secs(60),
+            hears: true,
         };
         let level = Arc::new(GateLevel::new("", quotas, settings));
         let map = Arc::new(GateMap::default());

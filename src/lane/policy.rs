@@ -111,6 +111,7 @@ impl LanePolicy {
         GateSettings {
             headroom: self.headroom,
             max_pause: self.max_pause,
+            hears: true,
         }
     }
 

@@ -117,6 +117,40 @@ async fn a_cost_beyond_every_capacity_is_refused_at_once() {
     }
 }
 
+/// A standalone lane hears no vendor: the burst its quota allows goes at
+/// once, not after the second a shaper's lane gives a vendor's first
+/// answer (every permit after the first came a second late), and the
+/// next goes when the quota refills.
+#[tokio::test(start_paused = true)]
+async fn a_standalone_lane_lets_its_burst_go_at_once() {
+    let second = Duration::from_secs(1);
+    for quota in [
+        Quota::token_bucket(5, 5, second),
+        Quota::fixed_window(5, second),
+        Quota::sliding_log(5, second),
+        Quota::sliding_window(5, second),
+    ] {
+        let policy = LanePolicy {
+            headroom: Duration::ZERO,
+            ..policy()
+        };
+        let lane = Lane::new("t", [quota.clone()], policy).unwrap();
+        let start = Instant::now();
+        for _ in 0..5 {
+            drop(lane.acquire().await.unwrap());
+        }
+        assert_eq!(start.elapsed(), Duration::ZERO, "{quota:?}");
+        drop(lane.acquire().await.unwrap());
+        let sixth = start.elapsed();
+        // Within two windows: a sliding window counter weighs the last
+        // window's five until 1.2 s.
+        assert!(
+            sixth > Duration::ZERO && sixth <= 2 * second,
+            "{quota:?}: the sixth at {sixth:?}"
+        );
+    }
+}
+
 /// Burst-capable meters predict a burst, not a trickle: a fixed window
 /// of 10 a minute admits ten at once and tells the eleventh a minute.
 #[tokio::test(start_paused = true)]

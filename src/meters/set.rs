@@ -76,7 +76,12 @@ impl Meters {
             ),
             last: Stamp::NONE,
             releases: terms.ledger(),
-            first: Stamp::NONE,
+            // Nobody to hear from: as if the vendor had answered.
+            first: if terms.hears() {
+                Stamp::NONE
+            } else {
+                Stamp::MARK
+            },
             terms,
         };
         meters.set_strict(meters.terms.strict());

@@ -34,6 +34,9 @@ pub(crate) struct Terms {
     capacity: u64,
     bursts: bool,
     bursts_requests: bool,
+    /// A vendor answers the gates counting by these terms (see
+    /// [`unheard`](Self::unheard)).
+    hears: bool,
 }
 
 impl Terms {
@@ -62,6 +65,7 @@ impl Terms {
             strict: strict_spacing(&quotas, headroom),
             bursts: quotas.iter().any(Quota::bursts),
             bursts_requests: quotas.iter().any(bursts_requests),
+            hears: true,
             capacity,
             shapes,
             headroom,
@@ -88,6 +92,22 @@ impl Terms {
     /// buckets.
     pub(crate) fn slack(&self) -> Duration {
         self.headroom / 2
+    }
+
+    /// The same terms for gates no vendor answers (a standalone lane's):
+    /// a burst has no first word to wait for, and no count of the
+    /// vendor's is read against a ledger, so the meters keep none. Its
+    /// release was a tenth of a standalone lane's permit, written and
+    /// never read.
+    pub(crate) fn unheard(mut self) -> Self {
+        self.hears = false;
+        self.reach = None;
+        self
+    }
+
+    /// A vendor answers the gates counting by these terms.
+    pub(crate) fn hears(&self) -> bool {
+        self.hears
     }
 
     /// A fresh ledger of releases over the request window (`None` when no

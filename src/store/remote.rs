@@ -402,6 +402,7 @@ mod tests {
         let settings = GateSettings {
             headroom: Duration::ZERO,
             max_pause: Duration::from_secs(60),
+            hears: true,
         };
         let level = GateLevel::new("vendor", Arc::from(quotas.as_slice()), settings);
         let gate = Arc::new(Gate::new(Listed::nowhere(Arc::new(level)), 2));

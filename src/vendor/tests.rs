@@ -22,6 +22,7 @@ fn model_with(quotas: &[Quota], headroom: Duration) -> VendorModel {
     let settings = GateSettings {
         headroom,
         max_pause: Duration::from_secs(120),
+        hears: true,
     };
     let level = Arc::new(GateLevel::new("", Arc::from(quotas), settings));
     let gate = Arc::new(Gate::new(Listed::nowhere(level), 1));

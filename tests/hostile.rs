@@ -331,3 +331,74 @@ async fn a_cost_settled_past_every_bound_costs_at_most_a_refill() {
         waited.as_secs() / 86_400
     );
 }
+
+/// The meters are public (`Quota::meter`, each algorithm's `new`) and
+/// unvalidated there: a caller may build one from any numbers a quota
+/// refuses at build. Every built-in meter takes any of them, and any cost
+/// and instant after, without a panic: a sliding window counter's
+/// `Duration::MAX` window overflowed the instant it computed, and a
+/// sliding log summed its costs past `u64::MAX` to predict a wait.
+#[tokio::test(start_paused = true)]
+async fn every_built_in_meter_takes_any_numbers() {
+    let counts = [0, 1, 7, u32::MAX];
+    let pers = [
+        Duration::ZERO,
+        Duration::from_nanos(1),
+        Duration::from_secs(1),
+        Duration::from_secs(400 * 86_400),
+        Duration::MAX,
+    ];
+    let now = tokio::time::Instant::now();
+    let instants = [
+        now - Duration::from_secs(1_000),
+        now,
+        now + Duration::from_nanos(1),
+        now + Duration::from_secs(1),
+        now + Duration::from_secs(200 * 365 * 86_400),
+    ];
+    let mut cases = 0;
+    for count in counts {
+        for per in pers {
+            for headroom in [Duration::ZERO, Duration::from_millis(5), Duration::MAX] {
+                let mut quotas = vec![
+                    Quota::leaky_bucket(count, per),
+                    Quota::fixed_window(count, per),
+                    Quota::sliding_log(count, per),
+                    Quota::sliding_window(count, per),
+                ];
+                for capacity in [0, 1, 1_000, u64::MAX] {
+                    quotas.push(Quota::token_bucket(capacity, count, per));
+                }
+                for quota in quotas {
+                    let _ = (quota.rate().interval(headroom), quota.rate().per_second());
+                    let mut meter = quota.meter(headroom, now);
+                    let capacity = meter.capacity();
+                    let costs = [0, 1, 2, capacity, u64::MAX];
+                    let mut rng = fastrand::Rng::with_seed(cases);
+                    for _ in 0..200 {
+                        let at = instants[rng.usize(..instants.len())];
+                        let cost = costs[rng.usize(..costs.len())];
+                        match rng.u8(..6) {
+                            0 => {
+                                let _ = meter.earliest(cost, at);
+                            }
+                            1 => meter.commit(cost, at),
+                            2 => meter.settle(cost, costs[rng.usize(..costs.len())], at),
+                            3 => {
+                                let _ = meter.eta(rng.u64(..), cost, at);
+                            }
+                            4 => {
+                                let _ = meter.eta(u64::MAX, cost, at);
+                            }
+                            _ => {
+                                let _ = (meter.is_idle(at), meter.interval());
+                            }
+                        }
+                    }
+                    cases += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(cases, 4 * 5 * 3 * 8);
+}

@@ -121,7 +121,9 @@ impl Meter for SlidingLog {
             .iter()
             .filter(|&&(at, _)| self.live(at, now))
             .collect();
-        let used: u64 = live.iter().map(|&&(_, units)| units).sum();
+        let used = live
+            .iter()
+            .fold(0_u64, |used, &&(_, units)| used.saturating_add(units));
         let need = ahead.saturating_add(cost);
         let Some(mut excess) = used
             .saturating_add(need)

@@ -7,6 +7,7 @@ use tokio::time::Instant;
 use super::meter::Meter;
 use super::rate::Rate;
 use super::windows::Windows;
+use crate::time::later;
 
 /// The previous and current fixed windows, weighted: the estimate at `t` is
 /// `previous × (1 − elapsed/per') + current`, and a request goes when the
@@ -70,10 +71,13 @@ impl SlidingWindow {
             return self.start(index);
         }
         let elapsed = 1.0 - room as f64 / previous as f64;
-        // Round up, so the estimate at the returned instant really fits.
-        let offset = Duration::from_secs_f64(self.windows.length().as_secs_f64() * elapsed)
-            + Duration::from_nanos(1);
-        self.start(index) + offset
+        // Round up, so the estimate at the returned instant really fits. A
+        // window past any clock's reach (a caller's `Duration::MAX`)
+        // saturates: far off, not a panic.
+        let offset = Duration::try_from_secs_f64(self.windows.length().as_secs_f64() * elapsed)
+            .unwrap_or(Duration::MAX)
+            .saturating_add(Duration::from_nanos(1));
+        later(self.start(index), offset)
     }
 }
 

@@ -171,7 +171,8 @@ impl Meters {
     }
 
     /// The ledger of releases over the request window (`None` when no
-    /// quota counts requests).
+    /// quota counts requests, or no vendor answers: see
+    /// `Terms::unheard`).
     pub(crate) fn releases(&self) -> Option<&Releases> {
         self.releases.as_ref()
     }

@@ -28,7 +28,7 @@ pub(crate) struct Terms {
     shapes: Box<[(Shape, Unit)]>,
     headroom: Duration,
     /// How far back the ledger keeps releases, when a quota counts
-    /// requests.
+    /// requests and a vendor answers.
     reach: Option<Reach>,
     strict: Option<Duration>,
     capacity: u64,
@@ -96,9 +96,9 @@ impl Terms {
 
     /// The same terms for gates no vendor answers (a standalone lane's):
     /// a burst has no first word to wait for, and no count of the
-    /// vendor's is read against a ledger, so the meters keep none. Its
-    /// release was a tenth of a standalone lane's permit, written and
-    /// never read.
+    /// vendor's is read against a ledger, so the meters keep none: writing
+    /// it was an eighth of a standalone lane's permit (114 of 839
+    /// instructions), for nobody to read.
     pub(crate) fn unheard(mut self) -> Self {
         self.hears = false;
         self.reach = None;
@@ -111,13 +111,13 @@ impl Terms {
     }
 
     /// A fresh ledger of releases over the request window (`None` when no
-    /// quota counts requests).
+    /// quota counts requests, or no vendor answers).
     pub(crate) fn ledger(&self) -> Option<Releases> {
         self.reach.map(|_| Releases::default())
     }
 
     /// How far back the ledger keeps releases (`None` when no quota counts
-    /// requests, and the meters keep no ledger).
+    /// requests or no vendor answers, and the meters keep no ledger).
     pub(crate) fn reach(&self) -> Option<&Reach> {
         self.reach.as_ref()
     }

@@ -86,6 +86,7 @@ use reqwest::{Method, Request};
 
 use crate::answers::Answers;
 use crate::error::ConfigError;
+use crate::lane::write_free;
 use crate::meters::Quota;
 use crate::store::StoreFailure;
 
@@ -143,9 +144,9 @@ impl LaneKey {
                     write_fingerprint(value.as_bytes(), out);
                 }
             }
-            Self::Tag => out.push_str(tag.map_or("", |t| t.0.as_str())),
+            Self::Tag => write_free(tag.map_or("", |t| t.0.as_str()), out),
             Self::Shared => {}
-            Self::Custom(key) => out.push_str(&key(request, tag)),
+            Self::Custom(key) => write_free(&key(request, tag), out),
         }
     }
 }
@@ -255,7 +256,7 @@ impl Level {
     /// written at the end of `out`.
     pub(crate) fn write_lane_name(&self, request: &Request, tag: Option<&Tag>, out: &mut String) {
         if !self.name.is_empty() {
-            out.push_str(&self.name);
+            write_free(&self.name, out);
             out.push('/');
         }
         self.key.write(request, tag, out);
@@ -326,8 +327,10 @@ impl Route {
 
     /// What this route's answers mean, instead of the shaper's (see
     /// [`Answers`]): for a vendor that throttles or fails in its own way.
-    /// A route without levels of its own still gets lanes of its own (under
-    /// the same gates), so its settings never reach other requests.
+    /// A route's lanes are its own (under the same gates): where another
+    /// route, or the shaper, goes through levels of the same names, its
+    /// lanes' names begin with its name, so its settings never reach
+    /// other requests.
     pub fn answers(mut self, answers: Answers) -> Self {
         self.answers = Some(answers);
         self

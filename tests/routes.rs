@@ -94,6 +94,23 @@ async fn a_route_whose_host_is_a_url_is_refused_at_build() {
     assert!(error.problem.contains("is not a host"), "{error}");
 }
 
+/// Two routes of one name are refused at build: a route's name labels
+/// its series, and begins its lanes' names where another route goes
+/// through the same levels.
+#[tokio::test(start_paused = true)]
+async fn two_routes_of_one_name_are_refused_at_build() {
+    let error = shaper(10)
+        .route(Route::new("search").path("/v1/search").rate(2, SECOND))
+        .route(Route::new("search").path("/v2/search").rate(5, SECOND))
+        .build()
+        .expect_err("one name, two routes");
+    assert_eq!(error.field, "routes.search");
+    assert!(
+        error.problem.contains("another route has this name"),
+        "{error}"
+    );
+}
+
 /// Tenant A floods 60 requests, then B sends 10, each tenant capped at
 /// `cap` per second under a vendor at 10/s. Returns when B's last request
 /// was done, after checking every request succeeded within the vendor's
@@ -237,4 +254,90 @@ async fn a_throttle_seen_by_one_tenant_pauses_every_tenant() {
         after >= 2 * SECOND,
         "tenant b sent {after:?} after a's 429: {arrivals:#?}"
     );
+}
+
+/// Two routes through a level of one name (a tenant's, on two of a
+/// vendor's endpoints) keep their own settings: a request of one never
+/// takes a lane the other made. Both wrote `tenant/t | origin`, and route
+/// `a`'s request took the lane route `b` had made, with `b`'s answers: a
+/// 418 that `a` says throttles came back as an answer.
+#[tokio::test(start_paused = true)]
+async fn routes_through_one_level_keep_their_own_settings() {
+    use wiremock::matchers::any;
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    let vendor = MockServer::start().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(418))
+        .mount(&vendor)
+        .await;
+    let tenant = || Level::new("tenant", LaneKey::Tag, [Quota::fixed_window(100, SECOND)]);
+    let teapot = callshaper::Answers::default().throttle(reqwest::StatusCode::IM_A_TEAPOT);
+    let shaper = shaper(100)
+        .route(Route::new("a").path("/a").level(tenant()).answers(teapot))
+        .route(Route::new("b").path("/b").level(tenant()))
+        .max_wait(SECOND)
+        .build()
+        .unwrap();
+    let base = vendor.uri();
+    let b = shaper.get(format!("{base}/b")).tag("t").send().await;
+    assert_eq!(
+        b.unwrap().status(),
+        418,
+        "b's answers do not throttle at 418"
+    );
+    let a = shaper.get(format!("{base}/a")).tag("t").send().await;
+    assert!(a.is_err(), "a's answers throttle at 418: {a:?}");
+    let origin = base.trim_end_matches('/');
+    let throttles = |name: &str| shaper.lane(name).map(|lane| lane.throttles);
+    assert_eq!(throttles(&format!("tenant/t | {origin}")), Some(0));
+    assert!(throttles(&format!("a | tenant/t | {origin}")) > Some(0));
+}
+
+/// Two levels keyed by text a caller gives (a tag, a custom key) never
+/// write one lane name for two tenants: `a | project/x` then `y`, and
+/// `a` then `x | project/y`, read `tenant/a | project/x | project/y`
+/// alike, and tenant `a` went past its quota in the lane of tenant
+/// `a | project/x`.
+#[tokio::test(start_paused = true)]
+async fn keys_never_read_as_another_tenants() {
+    let vendor = Vendor::strict(100, SECOND).start().await;
+    let project = LaneKey::Custom(std::sync::Arc::new(|request: &reqwest::Request, _| {
+        let project = request.headers().get("x-project");
+        project
+            .and_then(|value| value.to_str().ok())
+            .unwrap_or("")
+            .to_owned()
+    }));
+    let minute = Duration::from_secs(60);
+    let shaper = shaper(100)
+        .level(Level::new(
+            "tenant",
+            LaneKey::Tag,
+            [Quota::fixed_window(2, minute)],
+        ))
+        .level(Level::new(
+            "project",
+            project,
+            [Quota::fixed_window(100, minute)],
+        ))
+        .max_wait(SECOND)
+        .build()
+        .unwrap();
+    let send = |tag: &str, project: &str| {
+        shaper
+            .get(vendor.uri())
+            .tag(tag)
+            .header("x-project", project)
+            .send()
+    };
+    assert!(send("a", "p").await.is_ok());
+    assert!(send("a", "q").await.is_ok());
+    assert!(send("a | project/x", "y").await.is_ok());
+    match send("a", "x | project/y").await {
+        Err(callshaper::Error::WouldExceedMaxWait { .. }) => {}
+        other => panic!("tenant a had spent its 2 a minute: {other:?}"),
+    }
+    assert_eq!(vendor.arrivals().len(), 3);
+    assert_eq!(shaper.live_lanes(), 4);
 }

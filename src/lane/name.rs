@@ -19,6 +19,21 @@ pub(crate) struct LaneName<'a> {
 /// request's lane name with it, and a lane reads its own with it.
 pub(crate) const JOIN: &str = " | ";
 
+/// Text of any kind in a lane's name (a tag, a custom key, a route's
+/// name), each `|` doubled: the lone `|` of [`JOIN`] joins the name's
+/// parts, so no text can end one part and begin another. Two tenants'
+/// keys on two levels (`a | project/x` and `y`, against `a` and
+/// `x | project/y`) wrote one name, and a request of one took the
+/// other's lane and gates.
+pub(crate) fn write_free(text: &str, out: &mut String) {
+    let mut pieces = text.split('|');
+    out.push_str(pieces.next().unwrap_or_default());
+    for piece in pieces {
+        out.push_str("||");
+        out.push_str(piece);
+    }
+}
+
 impl<'a> LaneName<'a> {
     pub(super) fn new(prefix: Option<&'a str>, gates: &'a Gates) -> Self {
         Self { prefix, gates }

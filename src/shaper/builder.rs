@@ -433,7 +433,18 @@ impl ShaperBuilder {
             .unwrap_or_default();
         let policy = &self.policy;
         policy.validate(&probe)?;
-        for route in &self.routes {
+        for (at, route) in self.routes.iter().enumerate() {
+            // A route's name labels its series, and begins its lanes' names
+            // where another route goes through the same levels.
+            if self.routes[..at]
+                .iter()
+                .any(|other| other.name == route.name)
+            {
+                return Err(ConfigError::new(
+                    format!("routes.{}", route.name),
+                    "another route has this name: each route's series and lanes are named by it",
+                ));
+            }
             route
                 .check()
                 .map_err(|e| e.within(&format!("routes.{}", route.name)))?;

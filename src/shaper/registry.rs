@@ -18,7 +18,7 @@ use smallvec::SmallVec;
 use super::lanes::Lanes;
 use crate::error::{ConfigError, Error};
 use crate::gate::{Gate, GateLevel, GateMap};
-use crate::lane::{JOIN, Lane, LanePolicy, LaneSnapshot, Road};
+use crate::lane::{JOIN, Lane, LanePolicy, LaneSnapshot, Road, write_free};
 use crate::meters::Quota;
 use crate::observability::{Labels, Series, StoreMetrics, shown_url};
 use crate::retry::RetryBudget;
@@ -47,9 +47,9 @@ pub(crate) struct Registry {
     shaper_policy: Arc<LanePolicy>,
     /// `policy` with each route's answers and tokens, by route.
     route_policies: Vec<Arc<LanePolicy>>,
-    /// Each route's name, the first part of the names of its lanes that
-    /// wait under the shaper's levels alone (see `prefix`).
-    route_names: Vec<Arc<str>>,
+    /// The first part of the names of each route's lanes, if they have
+    /// one (see `prefix`), by route.
+    route_prefixes: Vec<Option<Arc<str>>>,
     /// Each vendor model's allowance of failure retries.
     budget: RetryBudget,
     routes: Vec<Route>,
@@ -97,11 +97,7 @@ impl Registry {
         Self {
             shaper_policy: Arc::new(plan.policy.clone()),
             route_policies,
-            route_names: plan
-                .routes
-                .iter()
-                .map(|route| Arc::from(route.name.as_str()))
-                .collect(),
+            route_prefixes: prefixes(&plan),
             lanes: Arc::new(Lanes::new(
                 plan.max_lanes,
                 plan.policy.idle_timeout,
@@ -243,15 +239,7 @@ impl Registry {
     /// The levels a request on `route` goes through: the route's, then the
     /// shaper's (unless the route stands alone).
     fn levels_for<'a>(&'a self, route: Option<&'a Route>) -> impl Iterator<Item = &'a Level> {
-        let shared = if route.is_some_and(|route| route.alone) {
-            &[][..]
-        } else {
-            &self.levels[..]
-        };
-        route
-            .into_iter()
-            .flat_map(|route| &route.levels)
-            .chain(shared)
+        levels_of(&self.levels, route)
     }
 
     /// The most a request to `base`'s host can cost and still fit every
@@ -394,13 +382,11 @@ impl Registry {
     }
 
     /// The first part of the names of `route`'s lanes, before their
-    /// levels' keys: a route without levels of its own still has settings
-    /// of its own (its answers, its store failure, its tokens), so its
-    /// requests wait in lanes of their own, under the same gates. Read by
-    /// a request writing its lane's name, and kept by the lanes' road.
+    /// levels' keys, if they have one (see [`prefixes`]). Read by a
+    /// request writing its lane's name, and kept by the lanes' road.
     fn prefix(&self, route: Option<&Route>) -> Option<&Arc<str>> {
-        let route = route.filter(|route| route.levels.is_empty());
-        self.route_at(route).map(|at| &self.route_names[at])
+        self.route_at(route)
+            .and_then(|at| self.route_prefixes[at].as_ref())
     }
 
     /// The road of the lanes on `route` labelled `names` (vendor, level,
@@ -504,6 +490,61 @@ fn labelled((vendor, level, route): (&str, &str, &str)) -> Labels {
         level: level.to_owned(),
         route: route.to_owned(),
     }
+}
+
+/// The levels a request on `route` goes through, given the shaper's
+/// `levels`: the route's, then the shaper's unless the route is alone.
+fn levels_of<'a>(levels: &'a [Level], route: Option<&'a Route>) -> impl Iterator<Item = &'a Level> {
+    let shared = if route.is_some_and(|route| route.alone) {
+        &[][..]
+    } else {
+        levels
+    };
+    route
+        .into_iter()
+        .flat_map(|route| &route.levels)
+        .chain(shared)
+}
+
+/// The first part of the names of each route's lanes, if any: the
+/// route's name, unless its lanes are the only ones under their levels.
+///
+/// A request finds its lane by name, and with the lane its road: the
+/// route's answers, tokens, store failure and series. Names are its
+/// levels' keys, and a level is one level by name wherever it is
+/// declared: two routes through levels of the same names (a tenant's
+/// level on each of a vendor's endpoints) would name the same lanes, and
+/// a request on one would take the other's lanes, and its settings, when
+/// that one had made them first. So the names of each level sequence go
+/// to one owner, unprefixed: the requests on no route (the shaper's
+/// levels), else the last route through them (a catch-all route comes
+/// last); every other route's lanes begin with its name. A route's name
+/// is its own (the builder refuses two of one name).
+fn prefixes(plan: &Plan) -> Vec<Option<Arc<str>>> {
+    let names = |route| -> Vec<&str> {
+        levels_of(&plan.levels, route)
+            .map(|level| level.name.as_str())
+            .collect()
+    };
+    let mut owned = vec![names(None)];
+    let mut prefixes: Vec<Option<Arc<str>>> = plan
+        .routes
+        .iter()
+        .rev()
+        .map(|route| {
+            let levels = names(Some(route));
+            if owned.contains(&levels) {
+                let mut prefix = String::new();
+                write_free(&route.name, &mut prefix);
+                Some(Arc::from(prefix))
+            } else {
+                owned.push(levels);
+                None
+            }
+        })
+        .collect();
+    prefixes.reverse();
+    prefixes
 }
 
 /// The shaper's levels, then its routes' (the order `levels_named` reads

@@ -142,4 +142,21 @@ mod tests {
         assert_eq!(name.to_string(), "standalone");
         assert!(name.is("standalone") && !name.is("standalone | "));
     }
+
+    /// Text doubles each `|`, so a lone `|` in a name is only ever the
+    /// join's: two keys that read as one name joined read apart.
+    #[test]
+    fn text_doubles_each_bar() {
+        let free = |text: &str| {
+            let mut out = String::new();
+            write_free(text, &mut out);
+            out
+        };
+        assert_eq!(free("acme"), "acme");
+        assert_eq!(free(""), "");
+        assert_eq!(free("|"), "||");
+        assert_eq!(free("a | b||c"), "a || b||||c");
+        let name = |keys: [&str; 2]| keys.map(free).join(JOIN);
+        assert_ne!(name(["a | x", "y"]), name(["a", "x | y"]));
+    }
 }

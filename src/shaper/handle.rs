@@ -142,8 +142,14 @@ impl Shaper {
         &self.inner.retry
     }
 
-    /// What the lane `key` is doing, if it exists. Lanes of the default
-    /// level are named by their key (the origin); others `level/key`.
+    /// What the lane `key` is doing, if it exists. A lane is named by its
+    /// key in each of its levels, joined by ` | ` (`tenant/acme |
+    /// https://api.vendor.com`): the vendor's level by its key alone (the
+    /// origin), others `level/key`, with each `|` of a name or key
+    /// doubled. A route whose levels another route or the shaper goes
+    /// through too begins its lanes' names with its own (`search |
+    /// tenant/acme | …`). [`Lane::key`](crate::lane::Lane::key) and
+    /// [`LaneSnapshot::key`](crate::lane::LaneSnapshot::key) read the same.
     pub fn lane(&self, key: &str) -> Option<LaneSnapshot> {
         self.inner.registry.snapshot(key)
     }

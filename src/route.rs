@@ -78,6 +78,7 @@
 //!   `1.5s`, `1min`, `1 minute`, `1h30m`. Errors name the field, e.g.
 //!   `` invalid `vendors.llm.quotas[1].per`: "soon" is not a duration (try "1s", "1.5s", "500ms", "1min") ``.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
@@ -379,7 +380,10 @@ impl Route {
     /// match any one segment, and a last `*` matches the rest of the path
     /// (`/v1/payments/*` matches `/v1/payments` and below). Written as a
     /// person writes a path (`/v1/files/my report`, `/v1/café`): each
-    /// segment matches the request's as its URL spells it, percent-encoded.
+    /// segment matches the request's as its URL spells it, percent-encoded,
+    /// and in every spelling a vendor reads alike (`%70ayments` is
+    /// `payments`, `%3a` is `:`, and `%2F` divides segments as `/` does),
+    /// so no spelling of a route's path escapes its quota.
     /// A query or fragment (`/search?q=*`), or a `.` or `..` segment, is
     /// refused when the shaper is built: a path pattern matches the path
     /// alone, and a request's path has no dot segments.
@@ -527,7 +531,7 @@ fn path_pattern(pattern: &str) -> Result<Vec<String>, String> {
             let url = reqwest::Url::parse(&format!("http://h/{segment}")).ok();
             match url.as_ref().and_then(|url| url.path().strip_prefix('/')) {
                 Some(spelled) if !spelled.is_empty() && !spelled.contains('/') => {
-                    Ok(spelled.to_owned())
+                    Ok(normalized(spelled).into_owned())
                 }
                 _ => Err(format!(
                     "{segment:?} in {pattern:?} is not a path segment a request can have"
@@ -541,8 +545,14 @@ fn segments(path: &str) -> impl Iterator<Item = &str> {
     path.split('/').filter(|s| !s.is_empty())
 }
 
+/// Whether a request's `path` matches `pattern` as its vendor would read
+/// the path: a segment in any of its spellings (see [`normalized`]), and
+/// `%2F` or `%5C` as the `/` a vendor may decode them to before it routes.
+/// Read as the pattern's route or not, a request for `/v1/%70ayments`
+/// went by the vendor's payments quota unheld.
 fn path_matches(pattern: &[String], path: &str) -> bool {
-    let mut path = segments(path);
+    let path = separated(path);
+    let mut path = segments(&path);
     for (i, want) in pattern.iter().enumerate() {
         let last = i + 1 == pattern.len();
         if last && want == "*" {
@@ -550,11 +560,71 @@ fn path_matches(pattern: &[String], path: &str) -> bool {
         }
         match path.next() {
             Some(_) if want == "*" || (want.starts_with('{') && want.ends_with('}')) => {}
-            Some(segment) if segment == want => {}
+            Some(segment) if normalized(segment) == want.as_str() => {}
             _ => return false,
         }
     }
     path.next().is_none()
+}
+
+/// `path` with each `%2F` and `%5C` (any case) as a `/`.
+fn separated(path: &str) -> Cow<'_, str> {
+    let escaped = |at: usize| {
+        let hex = path.get(at + 1..at + 3).map(str::to_ascii_uppercase);
+        matches!(hex.as_deref(), Some("2F" | "5C"))
+    };
+    if !path.match_indices('%').any(|(at, _)| escaped(at)) {
+        return Cow::Borrowed(path);
+    }
+    let mut out = String::with_capacity(path.len());
+    let mut rest = 0;
+    for (at, _) in path.match_indices('%').filter(|&(at, _)| escaped(at)) {
+        if at >= rest {
+            out.push_str(&path[rest..at]);
+            out.push('/');
+            rest = at + 3;
+        }
+    }
+    out.push_str(&path[rest..]);
+    Cow::Owned(out)
+}
+
+/// A path segment as one of its spellings a vendor reads alike: an
+/// escaped character a segment may hold as it is (RFC 3986's `pchar`: a
+/// letter, a digit, `-._~!$&'()*+,;=:@`) decoded, any other escape's hex
+/// digits in upper case. Patterns and requests are both read so.
+fn normalized(segment: &str) -> Cow<'_, str> {
+    use std::fmt::Write;
+
+    if !segment.contains('%') {
+        return Cow::Borrowed(segment);
+    }
+    let mut out = String::with_capacity(segment.len());
+    let mut rest = segment;
+    while let Some(at) = rest.find('%') {
+        out.push_str(&rest[..at]);
+        let escape = &rest[at..];
+        let byte = escape
+            .get(1..3)
+            .filter(|hex| hex.bytes().all(|b| b.is_ascii_hexdigit()))
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match byte {
+            Some(byte) if byte.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@".contains(&byte) => {
+                out.push(char::from(byte));
+            }
+            Some(byte) => {
+                let _ = write!(out, "%{byte:02X}");
+            }
+            None => {
+                out.push('%');
+                rest = &escape[1..];
+                continue;
+            }
+        }
+        rest = &escape[3..];
+    }
+    out.push_str(rest);
+    Cow::Owned(out)
 }
 
 #[cfg(test)]
@@ -598,6 +668,39 @@ mod tests {
         let exact = Route::new("e").path("/v1/products");
         assert!(exact.matches(&request(Method::GET, "http://h/v1/products/")));
         assert!(!exact.matches(&request(Method::GET, "http://h/v1/products/7")));
+    }
+
+    /// A path matches in any spelling its vendor reads alike: an escaped
+    /// letter or `:` decoded, hex digits in either case, `%2F` and `%5C`
+    /// as a `/`; the pattern is read the same way. Another character, or a
+    /// letter in another case, is another path.
+    #[test]
+    fn a_path_matches_in_every_spelling_its_vendor_reads_alike() {
+        let payments = Route::new("p").path("/v1/payments/*");
+        let run = Route::new("r").path("/v1/jobs/p:run");
+        let encoded = Route::new("e").path("/v1/jobs/p%3arun");
+        let hit = |route: &Route, path: &str| {
+            route.matches(&request(Method::GET, &format!("https://h{path}")))
+        };
+        for path in [
+            "/v1/%70ayments",
+            "/v1/%70%61yments/1",
+            "/v1/payments%2F1",
+            "/v1%2fpayments",
+            "/v1%5Cpayments%5c1",
+        ] {
+            assert!(hit(&payments, path), "{path}");
+        }
+        for path in ["/v1/PAYMENTS", "/v1/pay%2Dments", "/v1/payments%", "/v1/%7"] {
+            assert!(!hit(&payments, path), "{path}");
+        }
+        for route in [&run, &encoded] {
+            assert!(hit(route, "/v1/jobs/p:run"));
+            assert!(hit(route, "/v1/jobs/p%3Arun"));
+            assert!(hit(route, "/v1/jobs/%70%3arun"));
+            assert!(!hit(route, "/v1/jobs/p%3Brun"));
+        }
+        assert_eq!(normalized("a%2fb%20c%7e%"), "a%2Fb%20c~%");
     }
 
     /// A route's host matches as a URL spells its host, whatever its case

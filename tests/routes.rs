@@ -94,6 +94,37 @@ async fn a_route_whose_host_is_a_url_is_refused_at_build() {
     assert!(error.problem.contains("is not a host"), "{error}");
 }
 
+/// A route's quota holds a request however it spells the route's path,
+/// as its vendor reads them alike: `/v1/%70ayments/2` and
+/// `/v1/payments%2F3` went past the route's 2 a second as other paths.
+#[tokio::test(start_paused = true)]
+async fn a_route_holds_every_spelling_of_its_path() {
+    let vendor = Vendor::strict(10, SECOND).start().await;
+    let payments = Route::new("payments")
+        .path("/v1/payments/*")
+        .rate(2, SECOND);
+    let shaper = shaper(10).route(payments).build().unwrap();
+    let base = vendor.uri();
+    let spellings = [
+        "payments/1",
+        "%70ayments/2",
+        "payments%2F3",
+        "%70aym%65nts%2f4",
+    ];
+    let tasks = spellings
+        .iter()
+        .cycle()
+        .take(8)
+        .map(|path| tokio::spawn(shaper.post(format!("{base}/v1/{path}")).send()));
+    for outcome in join_all(tasks.collect()).await {
+        assert_eq!(outcome.unwrap().status(), 200);
+    }
+    let arrivals = vendor.arrivals();
+    assert_eq!(arrivals.len(), 8);
+    let at = arrivals.iter().map(|arrival| arrival.at);
+    assert_eq!(callshaper::testing::max_in_any_window(at, SECOND), 2);
+}
+
 /// Two routes of one name are refused at build: a route's name labels
 /// its series, and begins its lanes' names where another route goes
 /// through the same levels.

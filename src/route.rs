@@ -158,7 +158,7 @@ impl LaneKey {
 fn write_origin(url: &reqwest::Url, out: &mut String) {
     use std::fmt::Write;
 
-    match (url.scheme(), url.host_str()) {
+    match (url.scheme(), bare_host(url)) {
         (scheme @ ("http" | "https"), Some(host)) => {
             out.push_str(scheme);
             out.push_str("://");
@@ -492,7 +492,7 @@ pub(crate) fn host_name(host: &str) -> Result<String, String> {
         && http.fragment().is_none()
         && http.username().is_empty()
         && http.password().is_none();
-    match http.host_str() {
+    match bare_host(&http) {
         Some(name) if alone && !name.is_empty() => Ok(match http.port().or(https.port()) {
             Some(port) => format!("{name}:{port}"),
             None => name.to_owned(),
@@ -504,13 +504,22 @@ pub(crate) fn host_name(host: &str) -> Result<String, String> {
 fn host_matches(host: &str, url: &reqwest::Url) -> bool {
     match host.rsplit_once(':') {
         Some((name, port)) if !name.is_empty() && !name.ends_with(':') => {
-            url.host_str() == Some(name)
+            bare_host(url) == Some(name)
                 && url
                     .port_or_known_default()
                     .is_some_and(|p| p.to_string() == port)
         }
-        _ => url.host_str() == Some(host),
+        _ => bare_host(url) == Some(host),
     }
+}
+
+/// `url`'s host as routes and lanes know it: a name's one final `.` (the
+/// DNS root, `api.example.com.`) dropped, since it names the same host and
+/// the same vendor. Kept, it made a lane of its own with the vendor's
+/// whole quota, and matched no route of the host.
+fn bare_host(url: &reqwest::Url) -> Option<&str> {
+    url.host_str()
+        .map(|host| host.strip_suffix('.').unwrap_or(host))
 }
 
 /// `pattern`'s segments as a request's URL spells them (`*` and `{name}`
@@ -713,6 +722,10 @@ mod tests {
             ("bücher.example", "https://bücher.example/"),
             ("[::1]:8080", "http://[::1]:8080/"),
             ("api.example.com:443", "https://api.example.com/"),
+            // A name's final dot (the DNS root) names the same host.
+            ("api.example.com", "https://api.example.com./x"),
+            ("api.example.com.", "https://API.example.com/x"),
+            ("api.example.com:8443", "https://api.example.com.:8443/x"),
         ] {
             let route = Route::new("r").host(given);
             assert!(route.check().is_ok(), "{given}");
@@ -809,6 +822,14 @@ mod tests {
             let req = request(Method::GET, url);
             let origin = req.url().origin().ascii_serialization();
             assert_eq!(LaneKey::Origin.of(&req, None), origin, "{url}");
+        }
+        // One host, one lane: a name's final dot is the DNS root's.
+        for url in [
+            "https://api.example.com./x",
+            "https://API.example.COM.:443/",
+        ] {
+            let req = request(Method::GET, url);
+            assert_eq!(LaneKey::Origin.of(&req, None), "https://api.example.com");
         }
     }
 }

@@ -142,7 +142,7 @@ impl LaneKey {
             Self::Origin => write_origin(request.url(), out),
             Self::Header(name) => {
                 if let Some(value) = request.headers().get(name) {
-                    write_fingerprint(value.as_bytes(), out);
+                    write_fingerprint(name, value.as_bytes(), out);
                 }
             }
             Self::Tag => write_free(tag.map_or("", |t| t.0.as_str()), out),
@@ -176,10 +176,34 @@ fn write_origin(url: &reqwest::Url, out: &mut String) {
 /// lane's key travels far (snapshots, logs, metrics, the fleet's Redis):
 /// 64 bits of a digest keep keys apart (finding another value with the
 /// same fingerprint takes about 2^64 tries) and say nothing of the value.
-fn write_fingerprint(value: &[u8], out: &mut String) {
+///
+/// The digest is of the credential as its vendor reads it: without the
+/// spaces around the value, and in `Authorization` with its scheme in
+/// lower case and one space after it (RFC 9110 reads a scheme in any
+/// case: `Bearer sk-1` and `bearer  sk-1` are one key). Two spellings of
+/// one key were two lanes, each with the key's whole quota.
+fn write_fingerprint(name: &HeaderName, value: &[u8], out: &mut String) {
     use std::fmt::Write;
 
-    let digest = sha1_smol::Sha1::from(value).digest().bytes();
+    use reqwest::header::{AUTHORIZATION, PROXY_AUTHORIZATION};
+
+    let value = value.trim_ascii();
+    let mut digest = sha1_smol::Sha1::new();
+    let scheme = (name == AUTHORIZATION || name == PROXY_AUTHORIZATION)
+        .then(|| value.iter().position(|b| matches!(b, b' ' | b'\t')))
+        .flatten();
+    match scheme {
+        Some(at) => {
+            let (scheme, credentials) = value.split_at(at);
+            for byte in scheme {
+                digest.update(&[byte.to_ascii_lowercase()]);
+            }
+            digest.update(b" ");
+            digest.update(credentials.trim_ascii_start());
+        }
+        None => digest.update(value),
+    }
+    let digest = digest.digest().bytes();
     out.push('#');
     for byte in &digest[..8] {
         let _ = write!(out, "{byte:02x}");
@@ -677,6 +701,33 @@ mod tests {
         let exact = Route::new("e").path("/v1/products");
         assert!(exact.matches(&request(Method::GET, "http://h/v1/products/")));
         assert!(!exact.matches(&request(Method::GET, "http://h/v1/products/7")));
+    }
+
+    /// A key in a header is one key however the request spells it: the
+    /// spaces around a value are HTTP's, and an `Authorization` scheme
+    /// reads in any case, with any spaces after it. The credential itself
+    /// keeps its case.
+    #[test]
+    fn a_credential_is_one_key_however_it_is_spelled() {
+        let key = |name: &'static str, value: &str| {
+            let mut req = request(Method::GET, "https://h/");
+            let value = reqwest::header::HeaderValue::from_str(value).unwrap();
+            req.headers_mut().insert(name, value);
+            LaneKey::Header(HeaderName::from_static(name)).of(&req, None)
+        };
+        let bearer = key("authorization", "Bearer sk-1");
+        for spelled in ["bearer sk-1", "BEARER  sk-1", " Bearer\tsk-1 "] {
+            assert_eq!(key("authorization", spelled), bearer, "{spelled}");
+        }
+        for other in ["Bearer sk-2", "Bearer SK-1", "Basic sk-1", "Bearersk-1"] {
+            assert_ne!(key("authorization", other), bearer, "{other}");
+        }
+        assert_eq!(key("x-api-key", " k-1 "), key("x-api-key", "k-1"));
+        assert_ne!(key("x-api-key", "K-1"), key("x-api-key", "k-1"));
+        assert_ne!(
+            key("x-api-key", "bearer k-1"),
+            key("x-api-key", "Bearer k-1")
+        );
     }
 
     /// A path matches in any spelling its vendor reads alike: an escaped

@@ -442,7 +442,7 @@ impl VendorConfig {
             ));
         }
 
-        let mut routes = Vec::with_capacity(self.routes.len() + 1);
+        let mut routes: Vec<Route> = Vec::with_capacity(self.routes.len() + 1);
         for (i, route) in self.routes.iter().enumerate() {
             let within = |e: ConfigError| e.within(&format!("routes[{i}]"));
             let label = route.name.clone().unwrap_or_else(|| {
@@ -452,7 +452,15 @@ impl VendorConfig {
                     route.path.as_deref().unwrap_or("*")
                 )
             });
-            let mut shaped = Route::new(format!("{name}.{label}")).host(&host).alone();
+            // A route's name labels its series and lanes: one per route.
+            let full = format!("{name}.{label}");
+            if let Some(at) = routes.iter().position(|other| other.name == full) {
+                return Err(within(ConfigError::new(
+                    "name",
+                    format!("{label:?} names routes[{at}] too: give each route a name of its own"),
+                )));
+            }
+            let mut shaped = Route::new(full).host(&host).alone();
             if let Some(method) = &route.method {
                 let method =
                     Method::from_bytes(method.to_ascii_uppercase().as_bytes()).map_err(|_| {

@@ -224,6 +224,11 @@ fn a_malformed_config_names_the_field_and_the_problem() {
             "more than an hour",
         ),
         (with("[vendors.sms]", "[vendors.sms"), "(file)", "line"),
+        (
+            with(r#"name = "products""#, r#"name = "create-payment""#),
+            "vendors.payments.routes[1].name",
+            "names routes[0] too",
+        ),
     ];
     for (outcome, field, problem) in cases {
         let error = outcome.expect_err("a malformed config");

@@ -406,8 +406,9 @@ impl Route {
     /// person writes a path (`/v1/files/my report`, `/v1/café`): each
     /// segment matches the request's as its URL spells it, percent-encoded,
     /// and in every spelling a vendor reads alike (`%70ayments` is
-    /// `payments`, `%3a` is `:`, and `%2F` divides segments as `/` does),
-    /// so no spelling of a route's path escapes its quota.
+    /// `payments`, `%3a` is `:`, and `%2F` either divides segments as `/`
+    /// does or stays in its own), so no spelling of a route's path escapes
+    /// its quota.
     /// A query or fragment (`/search?q=*`), or a `.` or `..` segment, is
     /// refused when the shaper is built: a path pattern matches the path
     /// alone, and a request's path has no dot segments.
@@ -578,14 +579,22 @@ fn segments(path: &str) -> impl Iterator<Item = &str> {
     path.split('/').filter(|s| !s.is_empty())
 }
 
-/// Whether a request's `path` matches `pattern` as its vendor would read
+/// Whether a request's `path` matches `pattern` as its vendor may read
 /// the path: a segment in any of its spellings (see [`normalized`]), and
-/// `%2F` or `%5C` as the `/` a vendor may decode them to before it routes.
-/// Read as the pattern's route or not, a request for `/v1/%70ayments`
-/// went by the vendor's payments quota unheld.
+/// `%2F` or `%5C` either kept in their segment (`/v1/files/{name}` and
+/// `a%2Fb`) or as the `/` a vendor may decode them to before it routes.
+/// Either reading that matches counts the request under the route: one
+/// counted there needlessly waits, one missed goes past the route's quota
+/// (`/v1/%70ayments` did).
 fn path_matches(pattern: &[String], path: &str) -> bool {
-    let path = separated(path);
-    let mut path = segments(&path);
+    match separated(path) {
+        Cow::Owned(divided) => segments_match(pattern, path) || segments_match(pattern, &divided),
+        Cow::Borrowed(_) => segments_match(pattern, path),
+    }
+}
+
+fn segments_match(pattern: &[String], path: &str) -> bool {
+    let mut path = segments(path);
     for (i, want) in pattern.iter().enumerate() {
         let last = i + 1 == pattern.len();
         if last && want == "*" {
@@ -751,6 +760,10 @@ mod tests {
         ] {
             assert!(hit(&payments, path), "{path}");
         }
+        // An escaped `/` kept in its segment, as many vendors keep it.
+        let file = Route::new("f").path("/v1/files/{name}");
+        assert!(hit(&file, "/v1/files/a%2Fb") && hit(&file, "/v1/files/a%2fb"));
+        assert!(!hit(&file, "/v1/files/a/b"));
         for path in ["/v1/PAYMENTS", "/v1/pay%2Dments", "/v1/payments%", "/v1/%7"] {
             assert!(!hit(&payments, path), "{path}");
         }

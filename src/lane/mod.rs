@@ -60,7 +60,7 @@ mod waiter;
 pub use self::handle::Lane;
 pub(crate) use self::handle::Place;
 pub(crate) use self::leave::Leaving;
-pub(crate) use self::name::{JOIN, write_free};
+pub(crate) use self::name::JOIN;
 pub use self::policy::{LanePolicy, Priority};
 pub(crate) use self::road::Road;
 pub use self::snapshot::LaneSnapshot;

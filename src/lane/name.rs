@@ -19,27 +19,6 @@ pub(crate) struct LaneName<'a> {
 /// request's lane name with it, and a lane reads its own with it.
 pub(crate) const JOIN: &str = " | ";
 
-/// Text of any kind in a lane's name (a tag, a custom key, a route's
-/// name), each `|` doubled: the lone `|` of [`JOIN`] joins the name's
-/// parts, so no text can end one part and begin another. Two tenants'
-/// keys on two levels (`a | project/x` and `y`, against `a` and
-/// `x | project/y`) wrote one name, and a request of one took the
-/// other's lane and gates.
-pub(crate) fn write_free(text: &str, out: &mut String) {
-    // Every request writes a level's name and key so: nearly all hold no
-    // `|`, and a byte search is all they cost.
-    if !text.as_bytes().contains(&b'|') {
-        out.push_str(text);
-        return;
-    }
-    let mut pieces = text.split('|');
-    out.push_str(pieces.next().unwrap_or_default());
-    for piece in pieces {
-        out.push_str("||");
-        out.push_str(piece);
-    }
-}
-
 impl<'a> LaneName<'a> {
     pub(super) fn new(prefix: Option<&'a str>, gates: &'a Gates) -> Self {
         Self { prefix, gates }
@@ -141,22 +120,5 @@ mod tests {
         let name = LaneName::new(Some("standalone"), &alone);
         assert_eq!(name.to_string(), "standalone");
         assert!(name.is("standalone") && !name.is("standalone | "));
-    }
-
-    /// Text doubles each `|`, so a lone `|` in a name is only ever the
-    /// join's: two keys that read as one name joined read apart.
-    #[test]
-    fn text_doubles_each_bar() {
-        let free = |text: &str| {
-            let mut out = String::new();
-            write_free(text, &mut out);
-            out
-        };
-        assert_eq!(free("acme"), "acme");
-        assert_eq!(free(""), "");
-        assert_eq!(free("|"), "||");
-        assert_eq!(free("a | b||c"), "a || b||||c");
-        let name = |keys: [&str; 2]| keys.map(free).join(JOIN);
-        assert_ne!(name(["a | x", "y"]), name(["a", "x | y"]));
     }
 }

@@ -134,11 +134,25 @@ fn segments_match(pattern: &[String], path: &str) -> bool {
         }
         match path.next() {
             Some(_) if want == "*" || (want.starts_with('{') && want.ends_with('}')) => {}
-            Some(segment) if normalized(segment) == want.as_str() => {}
+            Some(segment) if segment_is(segment, want) => {}
             _ => return false,
         }
     }
     path.next().is_none()
+}
+
+/// Whether a request's `segment` is the pattern's `want`: in any spelling
+/// (see [`normalized`]), and with or without its `;` parameters, which a
+/// servlet container drops before it routes (`payments;jsessionid=1` is
+/// its `payments`), unless the pattern names them.
+fn segment_is(segment: &str, want: &str) -> bool {
+    if normalized(segment) == want {
+        return true;
+    }
+    match segment.split_once(';') {
+        Some((bare, _)) if !want.contains(';') => normalized(bare) == want,
+        _ => false,
+    }
 }
 
 /// `path` with each `%2F` and `%5C` (any case) as a `/`.

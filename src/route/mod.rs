@@ -260,9 +260,9 @@ impl Route {
     /// person writes a path (`/v1/files/my report`, `/v1/café`): each
     /// segment matches the request's as its URL spells it, percent-encoded,
     /// and in every spelling a vendor reads alike (`%70ayments` is
-    /// `payments`, `%3a` is `:`, and `%2F` either divides segments as `/`
-    /// does or stays in its own), so no spelling of a route's path escapes
-    /// its quota.
+    /// `payments`, `%3a` is `:`, `%2F` either divides segments as `/` does
+    /// or stays in its own, and `payments;jsessionid=1` is `payments` as
+    /// well), so no spelling of a route's path escapes its quota.
     /// A query or fragment (`/search?q=*`), or a `.` or `..` segment, is
     /// refused when the shaper is built: a path pattern matches the path
     /// alone, and a request's path has no dot segments.

@@ -97,6 +97,9 @@ fn a_path_matches_in_every_spelling_its_vendor_reads_alike() {
     let file = Route::new("f").path("/v1/files/{name}");
     assert!(hit(&file, "/v1/files/a%2Fb") && hit(&file, "/v1/files/a%2fb"));
     assert!(!hit(&file, "/v1/files/a/b"));
+    // A segment's `;` parameters, which servlet containers drop.
+    assert!(hit(&payments, "/v1/payments;jsessionid=1/2"));
+    assert!(hit(&payments, "/v1;v=2/%70ayments"));
     for path in ["/v1/PAYMENTS", "/v1/pay%2Dments", "/v1/payments%", "/v1/%7"] {
         assert!(!hit(&payments, path), "{path}");
     }

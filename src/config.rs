@@ -452,7 +452,8 @@ impl VendorConfig {
                     route.path.as_deref().unwrap_or("*")
                 )
             });
-            // A route's name labels its series and lanes: one per route.
+            // One route per name, as the builder refuses two of one name;
+            // refused here first, so the error names the file's field.
             let full = format!("{name}.{label}");
             if let Some(at) = routes.iter().position(|other| other.name == full) {
                 return Err(within(ConfigError::new(

@@ -158,20 +158,22 @@ fn segment_is(segment: &str, want: &str) -> bool {
 /// `path` with each `%2F` and `%5C` (any case) as a `/`.
 fn separated(path: &str) -> Cow<'_, str> {
     let escaped = |at: usize| {
-        let hex = path.get(at + 1..at + 3).map(str::to_ascii_uppercase);
-        matches!(hex.as_deref(), Some("2F" | "5C"))
+        path.get(at + 1..at + 3)
+            .is_some_and(|hex| hex.eq_ignore_ascii_case("2F") || hex.eq_ignore_ascii_case("5C"))
     };
-    if !path.match_indices('%').any(|(at, _)| escaped(at)) {
-        return Cow::Borrowed(path);
-    }
-    let mut out = String::with_capacity(path.len());
+    let mut out = String::new();
+    // Where the path is still to be copied from: past the last escape read
+    // as a `/`, and 0 while there was none.
     let mut rest = 0;
-    for (at, _) in path.match_indices('%').filter(|&(at, _)| escaped(at)) {
-        if at >= rest {
+    for (at, _) in path.match_indices('%') {
+        if at >= rest && escaped(at) {
             out.push_str(&path[rest..at]);
             out.push('/');
             rest = at + 3;
         }
+    }
+    if rest == 0 {
+        return Cow::Borrowed(path);
     }
     out.push_str(&path[rest..]);
     Cow::Owned(out)
